@@ -1,0 +1,232 @@
+#include "harness/backbone.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <fmt/format.h>
+
+#include "harness/errors.h"
+#include "harness/nvtx.h"
+
+namespace mixbench {
+
+ConfigSpec backbone_config() {
+  ConfigSpec s;
+  s.i("n_layer", 12, "number of layers (nanochat depth)", 1, 1024)
+      .i("d_model", 0, "model width; 0 = nanochat's rule ceil(64·n_layer/128)·128", 0, 1 << 16)
+      .i("head_dim", 128, "head dimension", 1, 1024)
+      .i("seq_len", 2048, "training sequence length T", 1, int64_t(1) << 24)
+      .i("vocab", 32768, "vocabulary size", 2, int64_t(1) << 24)
+      .rule([](const Config& c) {
+        ModelDims d = model_dims(c);
+        if (d.d_model % d.head_dim != 0)
+          throw InputError(fmt::format("d_model {} is not divisible by head_dim {}", d.d_model, d.head_dim));
+        if (d.d_model < 24) throw InputError(fmt::format("d_model {} is below 24 (the smear gate reads 24 channels)", d.d_model));
+      });
+  return s;
+}
+
+ModelDims model_dims(const Config& c) {
+  ModelDims d{};
+  d.n_layer = c.i("n_layer");
+  d.d_model = c.i("d_model");
+  if (d.d_model == 0) d.d_model = ((64 * d.n_layer + 127) / 128) * 128;
+  d.head_dim = c.i("head_dim");
+  d.n_head = d.d_model / d.head_dim;
+  d.seq_len = c.i("seq_len");
+  d.vocab = c.i("vocab");
+  return d;
+}
+
+namespace {
+std::vector<ParamDef> backbone_defs(const MethodSpec& method, const Config& cfg, std::vector<std::string>* owner) {
+  ModelDims d = model_dims(cfg);
+  const double s = std::sqrt(3.0) / std::sqrt(double(d.d_model));
+  std::vector<ParamDef> defs;
+  auto add = [&](ParamDef p, const std::string& own) {
+    defs.push_back(std::move(p));
+    if (owner) owner->push_back(own);
+  };
+  add({"wte", {d.vocab, d.d_model}, ParamGroup::Wte, false, "normal", 0.0, 0.8}, "");
+  add({"lm_head", {d.vocab, d.d_model}, ParamGroup::LmHead, true, "normal", 0.0, 0.001}, "");
+  add({"smear_gate", {1, 24}, ParamGroup::Scalar, true, "uniform", 0.0, 0.02}, "");
+  add({"smear_lambda", {1}, ParamGroup::Scalar, false, "const", 0.0, 0}, "");
+  add({"backout_lambda", {1}, ParamGroup::Scalar, false, "const", 0.2, 0}, "");
+  add({"resid_lambdas", {d.n_layer}, ParamGroup::Scalar, false, "resid_lambdas", 0, 0}, "");
+  add({"x0_lambdas", {d.n_layer}, ParamGroup::Scalar, false, "x0_lambdas", 0, 0}, "");
+  for (int64_t i = 0; i < d.n_layer; ++i) {
+    LayerCtx ctx{i, d.n_layer};
+    int64_t ve = method.ve_dim ? method.ve_dim(cfg, ctx) : 0;
+    if (ve > 0) add({fmt::format("ve.{}", i), {d.vocab, ve}, ParamGroup::ValueEmbed, false, "uniform", -s, s}, "");
+    for (auto p : method.params(cfg, ctx)) {
+      p.name = fmt::format("layers.{}.mixer.{}", i, p.name);
+      add(std::move(p), method.name);
+    }
+    add({fmt::format("layers.{}.mlp.c_fc", i), {4 * d.d_model, d.d_model}, ParamGroup::TransformerMatrix, true,
+         "uniform", -0.4 * s, 0.4 * s}, "");
+    add({fmt::format("layers.{}.mlp.c_proj", i), {d.d_model, 4 * d.d_model}, ParamGroup::TransformerMatrix, true,
+         "const", 0.0, 0}, "");
+  }
+  return defs;
+}
+
+at::Tensor rms_norm(const at::Tensor& x) {
+  return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + kRmsEps);
+}
+}  // namespace
+
+void init_param(at::Tensor& t, const ParamDef& def, at::Generator& gen) {
+  c10::NoGradGuard ng;
+  if (def.init == "uniform") t.uniform_(def.init_a, def.init_b, gen);
+  else if (def.init == "normal") t.normal_(def.init_a, def.init_b, gen);
+  else if (def.init == "const") t.fill_(def.init_a);
+  else if (def.init == "resid_lambdas" || def.init == "x0_lambdas") {
+    int64_t L = t.size(0);
+    for (int64_t i = 0; i < L; ++i) {
+      double frac = double(i) / double(std::max<int64_t>(L - 1, 1));
+      t[i].fill_(def.init == "resid_lambdas" ? 1.15 - 0.10 * frac : 0.20 - 0.15 * frac);
+    }
+  } else throw std::logic_error("unknown init rule " + def.init);
+}
+
+at::Tensor random_param(const ParamDef& def, at::Generator& gen, const at::TensorOptions& opts) {
+  at::Tensor t = at::randn(def.shape, gen, opts.dtype(at::kDouble));
+  if (def.matmul && def.shape.size() == 2) {
+    t = t / std::sqrt(double(def.shape[1]));
+  } else if (def.group == ParamGroup::Scalar || def.shape.size() == 1) {
+    // scalars and per-channel gains/biases: around 1 but not constant
+    t = 1.0 + 0.25 * t;
+  } else {
+    t = t * 0.5;
+  }
+  return t.to(opts);
+}
+
+Model build_model(const MethodSpec& method, const Config& cfg, at::Generator& gen, const at::TensorOptions& opts,
+                  bool random_nonzero) {
+  Model m;
+  m.method = &method;
+  m.cfg = cfg;
+  m.dims = model_dims(cfg);
+  m.layer_mixers.assign(size_t(m.dims.n_layer), method.name);
+  for (const auto& def : backbone_defs(method, cfg, nullptr)) {
+    at::Tensor t;
+    if (random_nonzero) t = random_param(def, gen, opts);
+    else {
+      t = at::empty(def.shape, opts);
+      init_param(t, def, gen);
+    }
+    m.params.set(def.name, t);
+    m.defs[def.name] = def;
+  }
+  return m;
+}
+
+ParamCount count_params(const Model& m) {
+  ParamCount c;
+  for (const auto& [name, t] : m.params) {
+    const ParamDef& d = m.defs.at(name);
+    int64_t n = t.numel();
+    switch (d.group) {
+      case ParamGroup::Wte: c.wte += n; break;
+      case ParamGroup::ValueEmbed: c.value_embeds += n; break;
+      case ParamGroup::LmHead: c.lm_head += n; break;
+      case ParamGroup::TransformerMatrix: c.transformer_matrices += n; break;
+      case ParamGroup::Scalar: c.scalars += n; break;
+    }
+    if (d.matmul) c.matmul += n;
+  }
+  return c;
+}
+
+at::Tensor model_forward(const Model& m, const at::Tensor& idx, Backend backend) {
+  const ModelDims& d = m.dims;
+  const auto& P = m.params;
+  if (idx.dim() != 2) throw InputError("model input must be [B, T] token ids");
+  const int64_t T = idx.size(1);
+  at::Tensor x = rms_norm(at::embedding(P.at("wte"), idx));
+  if (T > 1) {
+    at::Tensor gate = P.at("smear_lambda") * at::sigmoid(at::linear(x.slice(1, 1).slice(2, 0, 24), P.at("smear_gate")));
+    x = at::cat({x.slice(1, 0, 1), x.slice(1, 1) + gate * x.slice(1, 0, T - 1)}, 1);
+  }
+  at::Tensor x0 = x, x_backout;
+  const int64_t backout_layer = d.n_layer / 2;
+  for (int64_t i = 0; i < d.n_layer; ++i) {
+    const MethodSpec& mixer = Registry::get().method(m.layer_mixers[size_t(i)]);
+    ScopedMethod sm(mixer.name);
+    LayerCtx ctx{i, d.n_layer};
+    x = P.at("resid_lambdas")[i] * x + P.at("x0_lambdas")[i] * x0;
+    TensorMap in;
+    in.set("x", rms_norm(x));
+    std::string ve_name = fmt::format("ve.{}", i);
+    if (P.has(ve_name)) in.set("ve", at::embedding(P.at(ve_name), idx));
+    std::string prefix = fmt::format("layers.{}.mixer.", i);
+    for (const auto& [name, t] : P)
+      if (name.rfind(prefix, 0) == 0) in.set(name.substr(prefix.size()), t);
+    TensorMap out;
+    {
+      NvtxRange r(fmt::format("{}/layer{}/forward", mixer.name, i));
+      out = mixer.forward(in, m.cfg, ctx, backend);
+    }
+    x = x + out.at("y");
+    at::Tensor h = at::relu(at::linear(rms_norm(x), P.at(fmt::format("layers.{}.mlp.c_fc", i)))).square();
+    x = x + at::linear(h, P.at(fmt::format("layers.{}.mlp.c_proj", i)));
+    if (i == backout_layer) x_backout = x;
+  }
+  if (x_backout.defined()) x = x - P.at("backout_lambda") * x_backout;
+  x = rms_norm(x);
+  at::Tensor logits = at::linear(x, P.at("lm_head")).to(at::kFloat);
+  return 15.0 * at::tanh(logits / 15.0);
+}
+
+at::Tensor model_loss(const Model& m, const at::Tensor& idx, const at::Tensor& targets, Backend backend) {
+  at::Tensor logits = model_forward(m, idx, backend);
+  return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), {},
+                                at::Reduction::Mean, -1);
+}
+
+ModelCost account_model(const MethodSpec& method, const Config& cfg, const CostQuery& q) {
+  ModelCost mc;
+  ModelDims d = model_dims(cfg);
+  std::vector<std::string> owner;
+  auto defs = backbone_defs(method, cfg, &owner);
+  // Backbone parameters (everything the method does not own) are counted from their definitions;
+  // the mixer's parameters come from the method's accountant formula, so a wrong formula shows
+  // up as a mismatch against the built model.
+  for (size_t i = 0; i < defs.size(); ++i) {
+    if (!owner[i].empty()) continue;
+    int64_t n = 1;
+    for (auto s : defs[i].shape) n *= s;
+    ParamCount c;
+    switch (defs[i].group) {
+      case ParamGroup::Wte: c.wte = n; break;
+      case ParamGroup::ValueEmbed: c.value_embeds = n; break;
+      case ParamGroup::LmHead: c.lm_head = n; break;
+      case ParamGroup::TransformerMatrix: c.transformer_matrices = n; break;
+      case ParamGroup::Scalar: c.scalars = n; break;
+    }
+    if (defs[i].matmul) c.matmul = n;
+    mc.params += c;
+  }
+  double mixer_core_train = 0, mixer_fwd = 0, mixer_decode = 0;
+  for (int64_t i = 0; i < d.n_layer; ++i) {
+    LayerCost lc = method.account(cfg, LayerCtx{i, d.n_layer}, q);
+    mc.params += lc.params;
+    mixer_core_train += lc.nanochat_core_flops;
+    mixer_fwd += lc.fwd_flops - 2.0 * double(lc.params.matmul);
+    mixer_decode += lc.decode_flops - 2.0 * double(lc.params.matmul);
+    mc.act_bytes += lc.act_bytes;
+    mc.cache_bytes_per_token += lc.cache_bytes_per_token;
+    mc.state_bytes += lc.state_bytes;
+    mc.layers.push_back(std::move(lc));
+  }
+  const double N = double(mc.params.matmul);
+  mc.train_flops_nanochat = 6.0 * N + mixer_core_train;
+  mc.fwd_flops = 2.0 * N + mixer_fwd;
+  mc.decode_flops = 2.0 * N + mixer_decode;
+  // Backbone activations kept for backward per token: residual stream at each layer boundary,
+  // both norms' inputs, the MLP hidden (4d) before and after relu², and the fp32 logits.
+  mc.act_bytes += double(d.n_layer) * (3.0 * d.d_model + 8.0 * d.d_model) * double(q.dtype_bytes) + 4.0 * d.vocab;
+  return mc;
+}
+
+}  // namespace mixbench

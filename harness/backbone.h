@@ -1,0 +1,68 @@
+// The nanochat GPT backbone (karpathy/nanochat 92d63d4, nanochat/gpt.py), with the token mixer
+// of each layer taken from the registry. Parameters are plain tensors in a TensorMap named
+// "wte", "lm_head", "smear_gate", "smear_lambda", "backout_lambda", "resid_lambdas",
+// "x0_lambdas", "ve.<i>", "layers.<i>.mlp.c_fc", "layers.<i>.mlp.c_proj" and
+// "layers.<i>.mixer.<name>" for the mixer's own parameters.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <ATen/core/Generator.h>
+#include <string>
+#include <vector>
+
+#include "harness/accountant.h"
+#include "harness/config.h"
+#include "harness/registry.h"
+
+namespace mixbench {
+
+// Fields every method's config starts with.
+ConfigSpec backbone_config();
+
+struct ModelDims {
+  int64_t n_layer, d_model, n_head, head_dim, seq_len, vocab;
+};
+ModelDims model_dims(const Config& cfg);  // d_model = 0 -> nanochat's rule ceil(64L/128)·128
+
+// RMSNorm eps: nanochat calls F.rms_norm with eps=None, i.e. the float32 machine epsilon.
+constexpr double kRmsEps = 1.1920928955078125e-07;
+
+struct Model {
+  const MethodSpec* method = nullptr;
+  Config cfg;
+  ModelDims dims{};
+  std::vector<std::string> layer_mixers;  // per-layer method name (all = method->name for now)
+  TensorMap params;
+  std::map<std::string, ParamDef> defs;   // name -> definition (group, init)
+};
+
+// Builds all parameters with nanochat's initialisation (or `random_nonzero` for conformance).
+Model build_model(const MethodSpec& method, const Config& cfg, at::Generator& gen,
+                  const at::TensorOptions& opts, bool random_nonzero = false);
+
+// Parameter counts of the built tensors, split by group (the audit compares these to the accountant).
+ParamCount count_params(const Model& m);
+
+// logits [B,T,vocab] (fp32, softcapped) for idx [B,T] int64.
+at::Tensor model_forward(const Model& m, const at::Tensor& idx, Backend backend);
+// Mean cross-entropy (nats) over targets != -1.
+at::Tensor model_loss(const Model& m, const at::Tensor& idx, const at::Tensor& targets, Backend backend);
+
+// Fill a tensor per its ParamDef init rule (nanochat init).
+void init_param(at::Tensor& t, const ParamDef& def, at::Generator& gen);
+// Random, never-zero values of the right scale for conformance cases.
+at::Tensor random_param(const ParamDef& def, at::Generator& gen, const at::TensorOptions& opts);
+
+// Model-level accounting: backbone + Σ layers.
+struct ModelCost {
+  ParamCount params;
+  double train_flops_nanochat = 0;  // 6·N_matmul + Σ mixer core terms (nanochat's convention)
+  double fwd_flops = 0;             // executed forward FLOPs per token at T (exact causal pairs)
+  double decode_flops = 0;          // per token at context c
+  double act_bytes = 0;             // activation bytes per token (training)
+  double cache_bytes_per_token = 0; // KV cache growth per token (all layers)
+  double state_bytes = 0;           // fixed state per sequence (all layers)
+  std::vector<LayerCost> layers;
+};
+ModelCost account_model(const MethodSpec& method, const Config& cfg, const CostQuery& q);
+
+}  // namespace mixbench

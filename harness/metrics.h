@@ -1,0 +1,33 @@
+// Conformance metric and the per-dtype threshold table (one place, also written into reports).
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+
+namespace mixbench {
+
+struct Comparison {
+  double rel_rms = 0;   // RMS(ref - x) / (RMS(ref) + 1e-8)
+  double max_abs = 0;   // max |ref - x|
+  bool finite = true;   // x has no NaN/Inf
+  bool shape_ok = true;
+  bool absolute = false;  // reference was numerically zero: rel_rms holds the absolute RMS error
+};
+
+// RMS below which a reference tensor counts as numerically zero (see compare()).
+constexpr double kZeroReference = 1e-12;
+
+// Compares x to ref in FP64. Shape mismatch or a non-finite x is reported, not thrown.
+Comparison compare(const at::Tensor& ref, const at::Tensor& x);
+
+enum class TensorKind { Output, Gradient };
+
+// Threshold on rel_rms for the optimized path's compute dtype ("fp64", "fp32", "tf32", "bf16", "fp16").
+double threshold(const std::string& dtype, TensorKind kind);
+nlohmann::json threshold_table();
+
+// dtype names <-> ScalarType
+at::ScalarType parse_dtype(const std::string& name);  // UsageError on unknown names
+std::string dtype_name(at::ScalarType t);
+
+}  // namespace mixbench

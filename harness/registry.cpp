@@ -1,0 +1,216 @@
+#include "harness/registry.h"
+
+#include <fmt/format.h>
+
+#include "harness/errors.h"
+#include "harness/nvtx.h"
+
+#if defined(MIXBENCH_NVTX)
+#include <nvtx3/nvToolsExt.h>
+#endif
+
+namespace mixbench {
+
+const char* backend_name(Backend b) {
+  switch (b) {
+    case Backend::Reference: return "reference";
+    case Backend::CPU: return "cpu";
+    case Backend::CUDA: return "cuda";
+  }
+  return "?";
+}
+
+ParamCount& ParamCount::operator+=(const ParamCount& o) {
+  wte += o.wte;
+  value_embeds += o.value_embeds;
+  lm_head += o.lm_head;
+  transformer_matrices += o.transformer_matrices;
+  scalars += o.scalars;
+  matmul += o.matmul;
+  return *this;
+}
+
+// ------------------------------------------------------------------ TensorMap
+bool TensorMap::has(const std::string& name) const {
+  for (const auto& e : entries_)
+    if (e.first == name) return true;
+  return false;
+}
+const at::Tensor& TensorMap::at(const std::string& name) const {
+  for (const auto& e : entries_)
+    if (e.first == name) return e.second;
+  throw InputError(fmt::format("missing tensor '{}'", name));
+}
+at::Tensor TensorMap::get_or(const std::string& name, const at::Tensor& fallback) const {
+  for (const auto& e : entries_)
+    if (e.first == name) return e.second;
+  return fallback;
+}
+void TensorMap::set(const std::string& name, at::Tensor t) {
+  for (auto& e : entries_)
+    if (e.first == name) {
+      e.second = std::move(t);
+      return;
+    }
+  entries_.emplace_back(name, std::move(t));
+}
+void TensorMap::erase(const std::string& name) {
+  entries_.erase(std::remove_if(entries_.begin(), entries_.end(),
+                                [&](const Entry& e) { return e.first == name; }),
+                 entries_.end());
+}
+std::vector<std::string> TensorMap::names() const {
+  std::vector<std::string> out;
+  for (const auto& e : entries_) out.push_back(e.first);
+  return out;
+}
+
+// ------------------------------------------------------------------ Registry
+Registry& Registry::get() {
+  static Registry r;
+  return r;
+}
+
+bool Registry::add(OpSpec spec) {
+  if (ops_.count(spec.name)) throw std::logic_error("op registered twice: " + spec.name);
+  if (!spec.reference || !spec.cpu || !spec.make_inputs || !spec.cases)
+    throw std::logic_error("op " + spec.name + " lacks reference, cpu path, inputs or cases");
+  std::string name = spec.name;
+  ops_.emplace(name, std::move(spec));
+  return true;
+}
+
+bool Registry::add(MethodSpec spec) {
+  if (methods_.count(spec.name)) throw std::logic_error("method registered twice: " + spec.name);
+  if (!spec.reference || !spec.forward || !spec.params || !spec.make_inputs || !spec.cases || !spec.account)
+    throw std::logic_error("method " + spec.name + " lacks a required part");
+  std::string name = spec.name;
+  methods_.emplace(name, std::move(spec));
+  return true;
+}
+
+namespace {
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string suggestion(const std::string& name, const std::vector<std::string>& known) {
+  auto near = closest_names(name, known);
+  if (near.empty()) return "";
+  std::string s;
+  for (const auto& n : near) s += (s.empty() ? "" : ", ") + n;
+  return fmt::format(" (did you mean: {}?)", s);
+}
+}  // namespace
+
+std::vector<std::string> closest_names(const std::string& name, const std::vector<std::string>& known,
+                                       size_t max_results) {
+  std::vector<std::pair<size_t, std::string>> scored;
+  for (const auto& k : known) {
+    size_t d = edit_distance(name, k);
+    if (k.find(name) != std::string::npos || name.find(k) != std::string::npos) d = std::min<size_t>(d, 1);
+    if (d <= std::max<size_t>(2, name.size() / 2)) scored.emplace_back(d, k);
+  }
+  std::sort(scored.begin(), scored.end());
+  std::vector<std::string> out;
+  for (size_t i = 0; i < scored.size() && i < max_results; ++i) out.push_back(scored[i].second);
+  return out;
+}
+
+const OpSpec& Registry::op(const std::string& name) const {
+  auto it = ops_.find(name);
+  if (it == ops_.end()) {
+    std::vector<std::string> known;
+    for (const auto& [k, v] : ops_) known.push_back(k);
+    throw UsageError(fmt::format("unknown op '{}'{}", name, suggestion(name, known)));
+  }
+  return it->second;
+}
+
+const MethodSpec& Registry::method(const std::string& name) const {
+  auto it = methods_.find(name);
+  if (it == methods_.end()) {
+    std::vector<std::string> known;
+    for (const auto& [k, v] : methods_) known.push_back(k);
+    throw UsageError(fmt::format("unknown method '{}'{}", name, suggestion(name, known)));
+  }
+  return it->second;
+}
+
+std::vector<const OpSpec*> Registry::ops() const {
+  std::vector<const OpSpec*> out;
+  for (const auto& [k, v] : ops_) out.push_back(&v);
+  return out;
+}
+std::vector<const MethodSpec*> Registry::methods() const {
+  std::vector<const MethodSpec*> out;
+  for (const auto& [k, v] : methods_) out.push_back(&v);
+  return out;
+}
+
+// ------------------------------------------------------------------ method context, op calls
+namespace {
+thread_local std::string g_current_method = "op";
+thread_local bool g_nvtx_recording = false;
+thread_local std::vector<std::string> g_nvtx_names;
+}  // namespace
+
+ScopedMethod::ScopedMethod(const std::string& name) : prev_(g_current_method) { g_current_method = name; }
+ScopedMethod::~ScopedMethod() { g_current_method = prev_; }
+const std::string& ScopedMethod::current() { return g_current_method; }
+
+TensorMap call_op(const std::string& op, Backend backend, const TensorMap& inputs, const Config& params) {
+  const OpSpec& spec = Registry::get().op(op);
+  NvtxRange range(fmt::format("{}/{}/forward", ScopedMethod::current(), op));
+  switch (backend) {
+    case Backend::Reference: return spec.reference(inputs, params);
+    case Backend::CPU: return spec.cpu(inputs, params);
+    case Backend::CUDA:
+      if (!spec.cuda) throw UsageError(fmt::format("op '{}' has no CUDA path", op));
+      return spec.cuda(inputs, params);
+  }
+  throw std::logic_error("bad backend");
+}
+
+// ------------------------------------------------------------------ NVTX
+#if defined(MIXBENCH_NVTX)
+static nvtxDomainHandle_t nvtx_domain() {
+  static nvtxDomainHandle_t d = nvtxDomainCreateA("mixbench");
+  return d;
+}
+#endif
+
+NvtxRange::NvtxRange(const std::string& name) {
+  if (g_nvtx_recording) g_nvtx_names.push_back(name);
+#if defined(MIXBENCH_NVTX)
+  nvtxEventAttributes_t a{};
+  a.version = NVTX_VERSION;
+  a.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
+  a.messageType = NVTX_MESSAGE_TYPE_ASCII;
+  a.message.ascii = name.c_str();
+  nvtxDomainRangePushEx(nvtx_domain(), &a);
+#endif
+}
+NvtxRange::~NvtxRange() {
+#if defined(MIXBENCH_NVTX)
+  nvtxDomainRangePop(nvtx_domain());
+#endif
+}
+void NvtxRange::start_recording() {
+  g_nvtx_recording = true;
+  g_nvtx_names.clear();
+}
+std::vector<std::string> NvtxRange::stop_recording() {
+  g_nvtx_recording = false;
+  return std::move(g_nvtx_names);
+}
+
+}  // namespace mixbench

@@ -1,0 +1,138 @@
+// The registry: every op (sequence-mixing core on projected tensors) and every method (a full
+// token-mixer layer) is declared once, next to its code, by a single registration statement.
+// The harness and the suites only ever look things up here; they know no method by name.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <ATen/core/Generator.h>
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "harness/accountant.h"
+#include "harness/config.h"
+#include "harness/tensor_map.h"
+
+namespace mixbench {
+
+enum class Backend { Reference, CPU, CUDA };
+const char* backend_name(Backend b);
+
+// One conformance case: a configuration and a shape. For methods, `layer` selects which layer of
+// the method's (small) model the case builds, so that e.g. both short- and long-window layers of
+// `dense` are checked.
+struct CaseDef {
+  std::string label;
+  Config cfg;
+  int64_t B = 1, T = 1;
+  int64_t layer = 0;
+  std::vector<std::string> drop;  // optional inputs left out in this case (e.g. "h0")
+};
+
+// Forward of an op: inputs (on the target device/dtype) and params -> named outputs.
+using OpFn = std::function<TensorMap(const TensorMap&, const Config&)>;
+
+struct TensorDef {
+  std::string name;
+  bool differentiable = true;  // gradients are checked for it
+  bool optional = false;       // a case may drop it
+};
+
+struct OpSpec {
+  std::string name, family, summary, citation;
+  ConfigSpec params;
+  std::vector<TensorDef> inputs;
+  std::vector<std::string> outputs;
+  // Fresh random FP64 inputs (never zeros) for a case: shapes follow from cfg, B and T.
+  std::function<TensorMap(const Config&, int64_t B, int64_t T, at::Generator&)> make_inputs;
+  OpFn reference;  // FP64 plain loops; differentiable through autograd
+  OpFn cpu;        // optimized CPU path (LibTorch)
+  OpFn cuda;       // optional CUDA path
+  std::function<std::vector<CaseDef>()> cases;
+  // Shape and value checks on inputs (InputError naming the problem); golden files go through it.
+  std::function<void(const TensorMap&, const Config&)> check_inputs;
+  // Extra contract checks beyond ref-vs-optimized (chunked == recurrent, prefill+decode == prefill,
+  // ...). Each returns (name, relative error) pairs; the suite applies the dtype threshold.
+  std::function<std::vector<std::pair<std::string, double>>(const TensorMap& inputs, const Config&,
+                                                            Backend, at::ScalarType)> invariants;
+};
+
+// Parameter groups, as nanochat's num_scaling_params splits them.
+enum class ParamGroup { TransformerMatrix, Wte, ValueEmbed, LmHead, Scalar };
+
+struct ParamDef {
+  std::string name;
+  std::vector<int64_t> shape;
+  ParamGroup group = ParamGroup::TransformerMatrix;
+  bool matmul = true;     // participates in a matmul with the token stream (2 FLOPs/param fwd)
+  // Initialisation used when training (conformance uses random, non-zero values instead):
+  // "uniform" in [init_a, init_b], "normal" N(init_a, init_b), "const" init_a.
+  std::string init = "uniform";
+  double init_a = 0, init_b = 0;
+};
+
+// Where a layer sits in its model: needed for window patterns and value-embedding placement.
+struct LayerCtx {
+  int64_t layer = 0;
+  int64_t n_layer = 1;
+};
+
+struct MethodSpec {
+  std::string name, family, summary, citation;
+  // Model-level config: the backbone fields every method shares plus the method's own knobs.
+  ConfigSpec config;
+  std::vector<std::string> ops;  // ops this method's layer calls
+  std::function<std::vector<ParamDef>(const Config&, const LayerCtx&)> params;
+  // Non-parameter layer inputs ("x" [B,T,d], "ve" when the layer has a value embedding), FP64.
+  std::function<TensorMap(const Config&, const LayerCtx&, int64_t B, int64_t T, at::Generator&)> make_inputs;
+  // inputs = layer inputs + parameters by name. Returns at least "y" [B,T,d].
+  std::function<TensorMap(const TensorMap&, const Config&, const LayerCtx&)> reference;
+  std::function<TensorMap(const TensorMap&, const Config&, const LayerCtx&, Backend)> forward;
+  bool has_cuda = false;
+  std::function<std::vector<CaseDef>()> cases;
+  std::function<LayerCost(const Config&, const LayerCtx&, const CostQuery&)> account;
+  // Dimension of this layer's value-embedding table (0 = the layer takes no value embedding).
+  std::function<int64_t(const Config&, const LayerCtx&)> ve_dim;
+};
+
+class Registry {
+ public:
+  static Registry& get();
+  bool add(OpSpec spec);
+  bool add(MethodSpec spec);
+  const OpSpec& op(const std::string& name) const;          // UsageError with suggestions
+  const MethodSpec& method(const std::string& name) const;  // UsageError with suggestions
+  bool has_op(const std::string& name) const { return ops_.count(name) > 0; }
+  bool has_method(const std::string& name) const { return methods_.count(name) > 0; }
+  std::vector<const OpSpec*> ops() const;
+  std::vector<const MethodSpec*> methods() const;
+
+ private:
+  std::map<std::string, OpSpec> ops_;
+  std::map<std::string, MethodSpec> methods_;
+};
+
+// Closest names by edit distance, for "did you mean" messages.
+std::vector<std::string> closest_names(const std::string& name, const std::vector<std::string>& known,
+                                       size_t max_results = 3);
+
+// Call a registered op through the given backend, inside an NVTX range "<method>/<op>/forward".
+TensorMap call_op(const std::string& op, Backend backend, const TensorMap& inputs, const Config& params);
+
+// The method whose layer is running on this thread (names NVTX ranges); set by the suites.
+struct ScopedMethod {
+  explicit ScopedMethod(const std::string& name);
+  ~ScopedMethod();
+  static const std::string& current();
+ private:
+  std::string prev_;
+};
+
+}  // namespace mixbench
+
+#define MIXBENCH_CONCAT_(a, b) a##b
+#define MIXBENCH_CONCAT(a, b) MIXBENCH_CONCAT_(a, b)
+// Register an op or method: MIXBENCH_REGISTER(make_spec()); where make_spec returns OpSpec/MethodSpec.
+#define MIXBENCH_REGISTER(expr) \
+  static const bool MIXBENCH_CONCAT(mixbench_registered_, __LINE__) = ::mixbench::Registry::get().add(expr)

@@ -1,0 +1,167 @@
+// Op `attention`: causal softmax attention with GQA, a sliding window (visible keys including
+// self, 0 = unlimited), a softmax scale, and HypeNet's optional per-query logit scale
+// s_t = log_a(t + a). Layout [B,T,H,D] like flash-linear-attention's naive_parallel_attn.
+//
+// CPU path: LibTorch SDPA (is_causal, enable_gqa) for full attention; for windows, query blocks of
+// 64 against only the keys they can see, each one SDPA call with a boolean mask, so work follows
+// the number of visible blocks. The logit scale multiplies q_t before the call.
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include "harness/errors.h"
+#include "harness/registry.h"
+#include "mixers/attention/attention.h"
+#include "mixers/common/layers.h"
+#include "reference/reference.h"
+
+namespace mixbench {
+
+namespace {
+
+double resolve_scale(const Config& p, int64_t D) {
+  double s = p.f("scale");
+  return s > 0 ? s : 1.0 / std::sqrt(double(D));
+}
+
+void check_attention_inputs(const TensorMap& in, const Config& p) {
+  for (const char* n : {"q", "k", "v"}) {
+    if (!in.has(n)) throw InputError(fmt::format("attention: missing input '{}'", n));
+    if (in.at(n).dim() != 4) throw InputError(fmt::format("attention: '{}' must be [B,T,H,D], got {} dims", n, in.at(n).dim()));
+  }
+  const auto &q = in.at("q"), &k = in.at("k"), &v = in.at("v");
+  if (k.size(0) != q.size(0) || v.size(0) != q.size(0) || k.size(1) != q.size(1) || v.size(1) != q.size(1))
+    throw InputError("attention: q, k, v must share batch and length");
+  if (k.size(2) != v.size(2)) throw InputError("attention: k and v must have the same number of heads");
+  if (k.size(2) == 0 || q.size(2) % k.size(2) != 0)
+    throw InputError(fmt::format("attention: {} query heads are not a multiple of {} KV heads", q.size(2), k.size(2)));
+  if (k.size(3) != q.size(3)) throw InputError("attention: q and k head dims differ");
+}
+
+TensorMap reference_fn(const TensorMap& in, const Config& p) {
+  check_attention_inputs(in, p);
+  const auto& q = in.at("q");
+  return {{"o", reference::attention(q, in.at("k"), in.at("v"), resolve_scale(p, q.size(3)), p.i("window"),
+                                     p.f("logit_scale_a"))}};
+}
+
+TensorMap cpu_fn(const TensorMap& in, const Config& p) {
+  check_attention_inputs(in, p);
+  const auto& q = in.at("q");
+  return {{"o", attention_cpu(q, in.at("k"), in.at("v"), resolve_scale(p, q.size(3)), p.i("window"),
+                              p.f("logit_scale_a"))}};
+}
+
+TensorMap make_inputs(const Config& c, int64_t B, int64_t T, at::Generator& gen) {
+  auto o = at::TensorOptions().dtype(at::kDouble);
+  const int64_t H = c.i("H"), Hkv = c.i("Hkv"), D = c.i("D"), Dv = c.i("Dv") > 0 ? c.i("Dv") : c.i("D");
+  return {{"q", at::randn({B, T, H, D}, gen, o)},
+          {"k", at::randn({B, T, Hkv, D}, gen, o)},
+          {"v", at::randn({B, T, Hkv, Dv}, gen, o)}};
+}
+
+ConfigSpec params_spec() {
+  ConfigSpec s;
+  s.f("scale", 0.0, "softmax scale; 0 = D^-0.5", 0.0)
+      .i("window", 0, "visible keys including self; 0 = unlimited", 0)
+      .f("logit_scale_a", 0.0, "HypeNet logit scale base a (s_t = log_a(t+a)); 0 = off", 0.0)
+      .i("H", 4, "query heads (case shape)", 1)
+      .i("Hkv", 4, "KV heads (case shape)", 1)
+      .i("D", 16, "q/k head dim (case shape)", 1)
+      .i("Dv", 0, "v head dim (case shape); 0 = D", 0)
+      .rule([](const Config& c) {
+        if (c.i("H") % c.i("Hkv") != 0)
+          throw InputError(fmt::format("attention: H={} is not divisible by Hkv={}", c.i("H"), c.i("Hkv")));
+        double a = c.f("logit_scale_a");
+        if (a > 0 && a <= 1) throw InputError("attention: logit_scale_a must be > 1 (or 0 = off)");
+      });
+  return s;
+}
+
+std::vector<CaseDef> cases() {
+  ConfigSpec s = params_spec();
+  auto c = [&](const std::string& kv) { return s.parse(kv); };
+  return {
+      {"T1", c("H=2,Hkv=2,D=8"), 1, 1},
+      {"odd_B2", c("H=4,Hkv=4,D=16"), 2, 37},
+      {"gqa", c("H=4,Hkv=2,D=16"), 2, 45},
+      {"mqa", c("H=4,Hkv=1,D=8"), 1, 33},
+      {"window7_gqa", c("H=4,Hkv=2,D=16,window=7"), 2, 150},
+      {"window1", c("H=2,Hkv=1,D=8,window=1"), 1, 9},
+      {"window_ge_T", c("H=2,Hkv=2,D=8,window=25"), 1, 20},
+      {"window64_T130", c("H=2,Hkv=2,D=8,window=64"), 1, 130},
+      {"logit_scale_a4", c("H=2,Hkv=1,D=8,logit_scale_a=4"), 2, 40},
+      {"logit_scale_window", c("H=2,Hkv=2,D=8,logit_scale_a=300,window=5"), 1, 77},
+      {"scale_Dv", c("H=2,Hkv=2,D=8,Dv=12,scale=0.3"), 2, 19},
+  };
+}
+
+OpSpec make_spec() {
+  OpSpec s;
+  s.name = "attention";
+  s.family = "attention";
+  s.summary = "causal softmax attention: GQA, sliding window, optional HypeNet logit scale";
+  s.citation = "Vaswani et al. 2017; GQA (Ainslie et al. 2023); HypeNet logit scale (seed 000)";
+  s.params = params_spec();
+  s.inputs = {{"q"}, {"k"}, {"v"}};
+  s.outputs = {"o"};
+  s.make_inputs = make_inputs;
+  s.reference = reference_fn;
+  s.cpu = cpu_fn;
+#if defined(MIXBENCH_WITH_CUDA)
+  s.cuda = [](const TensorMap& in, const Config& p) {
+    check_attention_inputs(in, p);
+    const auto& q = in.at("q");
+    return TensorMap{{"o", attention_cuda(q, in.at("k"), in.at("v"), resolve_scale(p, q.size(3)), p.i("window"),
+                                          p.f("logit_scale_a"))}};
+  };
+#endif
+  s.cases = cases;
+  s.check_inputs = check_attention_inputs;
+  return s;
+}
+
+}  // namespace
+
+at::Tensor apply_logit_scale(const at::Tensor& q, double a) {
+  if (a <= 0) return q;
+  const int64_t T = q.size(1);
+  return q * layers::logit_scale(T, a).to(q.options()).view({1, T, 1, 1});
+}
+
+at::Tensor attention_cpu(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& v, double scale,
+                         int64_t window, double logit_scale_a) {
+  const int64_t T = q_in.size(1), H = q_in.size(2), Hkv = k.size(2);
+  at::Tensor q = apply_logit_scale(q_in, logit_scale_a).transpose(1, 2);  // [B,H,T,D]
+  at::Tensor kt = k.transpose(1, 2), vt = v.transpose(1, 2);
+  const bool gqa = H != Hkv;
+  if (window <= 0 || window >= T)
+    return at::scaled_dot_product_attention(q, kt, vt, {}, 0.0, /*is_causal=*/true, scale, gqa)
+        .transpose(1, 2)
+        .contiguous();
+  constexpr int64_t kBlock = 64;
+  std::vector<at::Tensor> outs;
+  for (int64_t q0 = 0; q0 < T; q0 += kBlock) {
+    const int64_t q1 = std::min(T, q0 + kBlock);
+    const int64_t lo = std::max<int64_t>(0, q0 - window + 1);
+    at::Tensor qpos = at::arange(q0, q1, at::kLong).view({-1, 1});
+    at::Tensor kpos = at::arange(lo, q1, at::kLong).view({1, -1});
+    at::Tensor mask = (kpos <= qpos).logical_and(qpos - kpos < window);
+    outs.push_back(at::scaled_dot_product_attention(q.slice(2, q0, q1), kt.slice(2, lo, q1), vt.slice(2, lo, q1),
+                                                    mask, 0.0, false, scale, gqa));
+  }
+  return at::cat(outs, 2).transpose(1, 2).contiguous();
+}
+
+MIXBENCH_REGISTER(make_spec());
+
+}  // namespace mixbench
+
+#if defined(MIXBENCH_WITH_CUDA)
+namespace mixbench {
+// On the GPU the same LibTorch code dispatches to SDPA's CUDA backends (flash / cuDNN / efficient).
+at::Tensor attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                          int64_t window, double logit_scale_a) {
+  return attention_cpu(q, k, v, scale, window, logit_scale_a);
+}
+}  // namespace mixbench
+#endif

@@ -1,0 +1,192 @@
+// Dense attention methods at layer level: nanochat's CausalSelfAttention exactly (projections,
+// value-embedding gate on alternate layers, RoPE base 100000 half-split, QK RMSNorm, ×1.2,
+// softmax scale dh^-0.5), with the per-layer window from a pattern string.
+//   dense_full  every layer full causal MHA            (the leaderboard baseline)
+//   dense       SSSL pattern, last layer long           (nanochat's default, the FLOP anchor)
+//   mqa         dense_full with one KV head
+//   gqa         dense_full with H/2 KV heads
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include "harness/backbone.h"
+#include "harness/errors.h"
+#include "harness/registry.h"
+#include "mixers/attention/attention.h"
+#include "mixers/common/layers.h"
+#include "reference/reference.h"
+
+namespace mixbench {
+namespace {
+
+constexpr int64_t kVeGateChannels = 12;
+
+struct AttnDims {
+  ModelDims m;
+  int64_t n_kv_head;
+};
+
+AttnDims attn_dims(const Config& c) {
+  AttnDims d{model_dims(c), 0};
+  const int64_t ratio = c.i("kv_ratio");
+  d.n_kv_head = ratio == 0 ? 1 : d.m.n_head / ratio;
+  return d;
+}
+
+bool has_ve(const LayerCtx& ctx) { return ctx.layer % 2 == (ctx.n_layer - 1) % 2; }
+
+// nanochat's left window for this layer: L = T (full), S = ceil(T/4/128)·128 unless overridden.
+// Returns 0 for full attention, else visible keys including self (= left + 1).
+int64_t layer_window(const Config& c, const LayerCtx& ctx) {
+  const std::string& pat = c.s("window_pattern");
+  const bool last = ctx.layer == ctx.n_layer - 1;
+  const char ch = pat[size_t(ctx.layer % int64_t(pat.size()))];
+  if (last || ch == 'L') return 0;
+  const int64_t T = c.i("seq_len");
+  const int64_t left = c.i("short_window") > 0 ? c.i("short_window") : ((T / 4 + 127) / 128) * 128;
+  return left + 1;
+}
+
+std::vector<ParamDef> params(const Config& c, const LayerCtx& ctx) {
+  AttnDims d = attn_dims(c);
+  const int64_t D = d.m.d_model, H = d.m.n_head, Hkv = d.n_kv_head, dh = d.m.head_dim;
+  const double s = std::sqrt(3.0) / std::sqrt(double(D));
+  std::vector<ParamDef> p = {
+      {"c_q", {H * dh, D}, ParamGroup::TransformerMatrix, true, "uniform", -s, s},
+      {"c_k", {Hkv * dh, D}, ParamGroup::TransformerMatrix, true, "uniform", -s, s},
+      {"c_v", {Hkv * dh, D}, ParamGroup::TransformerMatrix, true, "uniform", -s, s},
+      {"c_proj", {D, H * dh}, ParamGroup::TransformerMatrix, true, "const", 0.0, 0},
+  };
+  if (has_ve(ctx)) p.push_back({"ve_gate", {Hkv, kVeGateChannels}, ParamGroup::TransformerMatrix, true, "uniform", 0.0, 0.02});
+  return p;
+}
+
+TensorMap make_inputs(const Config& c, const LayerCtx& ctx, int64_t B, int64_t T, at::Generator& gen) {
+  AttnDims d = attn_dims(c);
+  auto o = at::TensorOptions().dtype(at::kDouble);
+  TensorMap in{{"x", at::randn({B, T, d.m.d_model}, gen, o)}};
+  if (has_ve(ctx)) in.set("ve", at::randn({B, T, d.n_kv_head * d.m.head_dim}, gen, o));
+  return in;
+}
+
+TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx& ctx) {
+  AttnDims d = attn_dims(c);
+  reference::AttnLayerWeights w{in.at("c_q"), in.at("c_k"), in.at("c_v"), in.at("c_proj"),
+                                in.get_or("ve_gate", at::Tensor())};
+  return {{"y", reference::nanochat_attention_layer(in.at("x"), in.get_or("ve", at::Tensor()), w, d.m.n_head,
+                                                     d.n_kv_head, d.m.head_dim, layer_window(c, ctx),
+                                                     c.f("rope_base"), c.f("logit_scale_a"))}};
+}
+
+TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Backend backend) {
+  AttnDims d = attn_dims(c);
+  const at::Tensor& x = in.at("x");
+  const int64_t B = x.size(0), T = x.size(1), H = d.m.n_head, Hkv = d.n_kv_head, dh = d.m.head_dim;
+  at::Tensor q = at::linear(x, in.at("c_q")).view({B, T, H, dh});
+  at::Tensor k = at::linear(x, in.at("c_k")).view({B, T, Hkv, dh});
+  at::Tensor v = at::linear(x, in.at("c_v")).view({B, T, Hkv, dh});
+  if (in.has("ve")) {
+    at::Tensor gate = 3.0 * at::sigmoid(at::linear(x.slice(-1, 0, kVeGateChannels), in.at("ve_gate")));
+    v = v + gate.unsqueeze(-1) * in.at("ve").view({B, T, Hkv, dh});
+  }
+  q = layers::rms_norm(layers::rope(q, c.f("rope_base"))) * 1.2;
+  k = layers::rms_norm(layers::rope(k, c.f("rope_base"))) * 1.2;
+  Config op;
+  op.set("scale", 1.0 / std::sqrt(double(dh)));
+  op.set("window", layer_window(c, ctx));
+  op.set("logit_scale_a", c.f("logit_scale_a"));
+  at::Tensor y = call_op("attention", backend, {{"q", q}, {"k", k}, {"v", v}}, op).at("o");
+  return {{"y", at::linear(y.reshape({B, T, H * dh}), in.at("c_proj"))}};
+}
+
+// Per-token cost of one layer at length T (see LayerCost):
+//   matmul params N_l = d·H·dh + 2·d·Hkv·dh + H·dh·d (+ 12·Hkv for the VE gate)
+//   fwd   = 2·N_l + 4·H·dh·v̄(T, w), v̄ = mean visible keys per query (exact causal pairs)
+//   nanochat training core term = 12·H·dh·min(left, T), left = w − 1 (T for full): no causal halving
+//   decode at context c = 2·N_l + 4·H·dh·min(c, left)
+//   KV cache = 2·Hkv·dh bytes-per-element per token (a window bounds it at left+1 tokens)
+LayerCost account(const Config& c, const LayerCtx& ctx, const CostQuery& q) {
+  AttnDims d = attn_dims(c);
+  const int64_t D = d.m.d_model, H = d.m.n_head, Hkv = d.n_kv_head, dh = d.m.head_dim;
+  const int64_t w = layer_window(c, ctx);
+  LayerCost lc;
+  int64_t n = D * H * dh + 2 * D * Hkv * dh + H * dh * D + (has_ve(ctx) ? kVeGateChannels * Hkv : 0);
+  lc.params.transformer_matrices = n;
+  lc.params.matmul = n;
+  const int64_t left = w > 0 ? w - 1 : q.T;
+  lc.fwd_flops = 2.0 * double(n) + 4.0 * double(H * dh) * layers::mean_visible(q.T, w);
+  lc.nanochat_core_flops = 12.0 * double(H * dh) * double(std::min(left, q.T));
+  lc.decode_flops = 2.0 * double(n) + 4.0 * double(H * dh) * double(std::min(w > 0 ? left : q.context, q.context));
+  const double kv = 2.0 * double(Hkv * dh) * double(q.dtype_bytes);
+  if (w > 0) lc.state_bytes = kv * double(w);
+  else lc.cache_bytes_per_token = kv;
+  // saved for backward: x, q, k, v (post-RoPE/norm and pre), o, plus softmax stats (fp32 per head)
+  lc.act_bytes = double(q.dtype_bytes) * double(D + 2 * H * dh + 4 * Hkv * dh + H * dh) + 4.0 * double(H);
+  lc.formula = w > 0 ? fmt::format("window {} keys: fwd 2N + 4·H·dh·v̄(T,{}); nanochat 12·H·dh·min({},T)", w, w, left)
+                     : "full: fwd 2N + 4·H·dh·(T+1)/2; nanochat 12·H·dh·T";
+  return lc;
+}
+
+std::vector<CaseDef> cases_for(const ConfigSpec& spec, const std::string& pattern_note) {
+  // A 4-layer model, d=64, 4 heads of 16; short window 8 left keys (9 visible) so windows bite.
+  Config base = spec.parse("n_layer=4,d_model=64,head_dim=16,seq_len=64,vocab=64,short_window=8");
+  std::vector<CaseDef> out = {
+      {"layer0_T1", base, 1, 1, 0},
+      {"layer0_B2_T37", base, 2, 37, 0},
+      {"layer1_ve_B2_T45", base, 2, 45, 1},
+      {"layer3_last_ve_T29", base, 1, 29, 3},
+      {"layer2_T70", base, 1, 70, 2},
+      {"layer1_logit_scale", base.with("logit_scale_a", 4.0), 2, 33, 1},
+  };
+  return out;
+}
+
+MethodSpec attention_method(const std::string& name, const std::string& summary, const std::string& pattern,
+                            int64_t kv_ratio) {
+  MethodSpec m;
+  m.name = name;
+  m.family = "attention";
+  m.summary = summary;
+  m.citation = "karpathy/nanochat 92d63d4 nanochat/gpt.py (CausalSelfAttention)";
+  m.config = backbone_config();
+  m.config.s("window_pattern", pattern, "per-layer windows, tiled: S = short, L = full; last layer forced L")
+      .i("short_window", 0, "left keys of S layers; 0 = nanochat's ceil(T/4/128)·128", 0)
+      .i("kv_ratio", kv_ratio, "query heads per KV head; 0 = one KV head (MQA)", 0)
+      .f("rope_base", 100000.0, "RoPE base", 1.0)
+      .f("logit_scale_a", 0.0, "HypeNet logit scale base a; 0 = off", 0.0)
+      .rule([](const Config& c) {
+        const std::string& p = c.s("window_pattern");
+        if (p.empty() || p.find_first_not_of("SL") != std::string::npos)
+          throw InputError(fmt::format("window_pattern '{}' must be a non-empty string of S and L", p));
+        ModelDims d = model_dims(c);
+        int64_t r = c.i("kv_ratio");
+        if (r > 0 && d.n_head % r != 0)
+          throw InputError(fmt::format("{} heads are not divisible by kv_ratio {}", d.n_head, r));
+        if (d.d_model < kVeGateChannels) throw InputError("d_model must be at least 12 (VE gate channels)");
+        double a = c.f("logit_scale_a");
+        if (a > 0 && a <= 1) throw InputError("logit_scale_a must be > 1 (or 0 = off)");
+      });
+  m.ops = {"attention"};
+  m.params = params;
+  m.make_inputs = make_inputs;
+  m.reference = reference_fn;
+  m.forward = forward;
+#if defined(MIXBENCH_WITH_CUDA)
+  m.has_cuda = true;
+#endif
+  ConfigSpec spec = m.config;
+  m.cases = [spec, pattern]() { return cases_for(spec, pattern); };
+  m.account = account;
+  m.ve_dim = [](const Config& c, const LayerCtx& ctx) -> int64_t {
+    AttnDims d = attn_dims(c);
+    return has_ve(ctx) ? d.n_kv_head * d.m.head_dim : 0;
+  };
+  return m;
+}
+
+MIXBENCH_REGISTER(attention_method("dense_full", "full causal MHA in every layer (leaderboard baseline)", "L", 1));
+MIXBENCH_REGISTER(attention_method("dense", "nanochat SSSL: short windows, every 4th and the last layer full", "SSSL", 1));
+MIXBENCH_REGISTER(attention_method("mqa", "full causal attention with a single KV head", "L", 0));
+MIXBENCH_REGISTER(attention_method("gqa", "full causal attention, 2 query heads per KV head", "L", 2));
+
+}  // namespace
+}  // namespace mixbench

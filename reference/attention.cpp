@@ -1,0 +1,79 @@
+// FP64 reference for causal (windowed, GQA, logit-scaled) attention and nanochat's attention layer.
+#include <ATen/ATen.h>
+
+#include "reference/reference.h"
+
+namespace mixbench::reference {
+
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                     int64_t window, double logit_scale_a) {
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Hkv = k.size(2);
+  const int64_t G = H / Hkv;
+  // Expand KV heads so that query head h reads KV head h / G.
+  at::Tensor ke = k.repeat_interleave(G, 2);  // [B,T,H,D]
+  at::Tensor ve = v.repeat_interleave(G, 2);  // [B,T,H,Dv]
+  std::vector<at::Tensor> outs;
+  outs.reserve(size_t(T));
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t lo = window > 0 ? std::max<int64_t>(0, t - window + 1) : 0;
+    double s = scale;
+    if (logit_scale_a > 0) s *= std::log(double(t) + logit_scale_a) / std::log(logit_scale_a);
+    at::Tensor qt = q.select(1, t);                   // [B,H,D]
+    at::Tensor ks = ke.slice(1, lo, t + 1);           // [B,S,H,D]
+    at::Tensor vs = ve.slice(1, lo, t + 1);           // [B,S,H,Dv]
+    at::Tensor logits = (qt.unsqueeze(1) * ks).sum(-1) * s;  // [B,S,H]
+    at::Tensor m = std::get<0>(logits.max(1, true));
+    at::Tensor p = (logits - m.detach()).exp();
+    p = p / p.sum(1, true);
+    outs.push_back((p.unsqueeze(-1) * vs).sum(1));    // [B,H,Dv]
+  }
+  return at::stack(outs, 1);
+}
+
+namespace {
+at::Tensor rms(const at::Tensor& x) {
+  const double eps = 1.1920928955078125e-07;  // float32 epsilon, as nanochat's F.rms_norm(eps=None)
+  return x / (x.pow(2).mean(-1, true) + eps).sqrt();
+}
+
+// nanochat's rotation: y1 = x1 cos + x2 sin, y2 = -x1 sin + x2 cos, angle t·base^(-2i/D).
+at::Tensor rope(const at::Tensor& x, double base) {
+  const int64_t T = x.size(1), D = x.size(3), half = D / 2;
+  std::vector<at::Tensor> rows;
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<double> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
+    for (int64_t i = 0; i < half; ++i) {
+      const double ang = double(t) * std::pow(base, -double(2 * i) / double(D));
+      c[size_t(i)] = std::cos(ang);
+      s[size_t(i)] = std::sin(ang);
+    }
+    at::Tensor cos = at::tensor(c, x.options().requires_grad(false));
+    at::Tensor sin = at::tensor(s, x.options().requires_grad(false));
+    at::Tensor xt = x.select(1, t);
+    at::Tensor x1 = xt.slice(-1, 0, half), x2 = xt.slice(-1, half);
+    rows.push_back(at::cat({x1 * cos + x2 * sin, -x1 * sin + x2 * cos}, -1));
+  }
+  return at::stack(rows, 1);
+}
+
+at::Tensor project(const at::Tensor& x, const at::Tensor& w) { return (x.unsqueeze(-2) * w).sum(-1); }
+}  // namespace
+
+at::Tensor nanochat_attention_layer(const at::Tensor& x, const at::Tensor& ve, const AttnLayerWeights& w,
+                                    int64_t n_head, int64_t n_kv_head, int64_t head_dim, int64_t window,
+                                    double rope_base, double logit_scale_a) {
+  const int64_t B = x.size(0), T = x.size(1);
+  at::Tensor q = project(x, w.c_q).view({B, T, n_head, head_dim});
+  at::Tensor k = project(x, w.c_k).view({B, T, n_kv_head, head_dim});
+  at::Tensor v = project(x, w.c_v).view({B, T, n_kv_head, head_dim});
+  if (ve.defined() && w.ve_gate.defined()) {
+    at::Tensor gate = 3.0 * at::sigmoid(project(x.slice(-1, 0, w.ve_gate.size(1)), w.ve_gate));  // [B,T,Hkv]
+    v = v + gate.unsqueeze(-1) * ve.view({B, T, n_kv_head, head_dim});
+  }
+  q = rms(rope(q, rope_base)) * 1.2;
+  k = rms(rope(k, rope_base)) * 1.2;
+  at::Tensor y = attention(q, k, v, 1.0 / std::sqrt(double(head_dim)), window, logit_scale_a);
+  return project(y.reshape({B, T, n_head * head_dim}), w.c_proj);
+}
+
+}  // namespace mixbench::reference

@@ -1,0 +1,25 @@
+// FP64 references: plain per-token loops over LibTorch FP64 tensors (autograd gives their
+// gradients, which the conformance suite checks against central finite differences). Nothing
+// here is shared with the optimized code in mixers/.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+namespace mixbench::reference {
+
+// Causal attention, GQA by head groups (query head h reads KV head h / (H/Hkv)).
+// q [B,T,H,D], k [B,T,Hkv,D], v [B,T,Hkv,Dv]. window = visible keys including self (0 = all).
+// logit_scale_a > 0 multiplies the logits of query t by log_a(t + a).
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                     int64_t window, double logit_scale_a);
+
+// nanochat's attention layer (CausalSelfAttention) on x [B,T,d] (already normed):
+// projections, value-embedding gate (when ve is defined), RoPE (base, half-split, nanochat's
+// sign), QK RMSNorm, ×1.2, attention, output projection.
+struct AttnLayerWeights {
+  at::Tensor c_q, c_k, c_v, c_proj, ve_gate;  // ve_gate undefined when the layer has no VE
+};
+at::Tensor nanochat_attention_layer(const at::Tensor& x, const at::Tensor& ve, const AttnLayerWeights& w,
+                                    int64_t n_head, int64_t n_kv_head, int64_t head_dim, int64_t window,
+                                    double rope_base, double logit_scale_a);
+
+}  // namespace mixbench::reference

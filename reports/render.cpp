@@ -1,0 +1,103 @@
+// Markdown rendering of reports (`mixbench report FILE`).
+#include <fmt/format.h>
+
+#include <map>
+#include <sstream>
+
+#include "harness/report.h"
+
+namespace mixbench {
+
+namespace {
+using Json = nlohmann::json;
+
+std::string str_or(const Json& j, const char* key, const std::string& def = "-") {
+  if (!j.contains(key) || j[key].is_null()) return def;
+  if (j[key].is_string()) return j[key].get<std::string>();
+  return j[key].dump();
+}
+
+std::string num(double v) { return fmt::format("{:.3g}", v); }
+}  // namespace
+
+std::string render_markdown(const Json& r) {
+  std::ostringstream md;
+  const std::string kind = r.value("kind", std::string("?"));
+  md << "# mixbench " << kind << " report\n\n";
+  md << "- created: " << str_or(r, "created") << "\n";
+  md << "- commit: `" << str_or(r, "git_commit") << "`\n";
+  md << "- command: `" << str_or(r, "command") << "`\n";
+  const Json& m = r["machine"];
+  md << "- machine: " << str_or(m, "cpu") << "; GPU " << str_or(m, "gpu", "none") << "; driver "
+     << str_or(m, "driver", "-") << "; CUDA " << str_or(m, "cuda_runtime", "-") << "; LibTorch "
+     << str_or(m, "libtorch") << "\n";
+  md << "- config hash: `" << str_or(r, "config_hash") << "`\n\n";
+  if (r.contains("summary")) md << "Summary: `" << r["summary"].dump() << "`\n\n";
+  const Json& results = r["results"];
+  if (kind == "conformance") {
+    md << "| status | method | op | level | case | device | dtype | worst tensor | rel RMS | threshold |\n";
+    md << "|---|---|---|---|---|---|---|---|---|---|\n";
+    for (const auto& x : results) {
+      std::string worst = "-", err = "-", thr = "-";
+      double ratio = -1;
+      if (x.contains("checks"))
+        for (const auto& c : x["checks"]) {
+          double e = c["rel_rms"].is_null() ? INFINITY : c["rel_rms"].get<double>();
+          double t = c["threshold"].get<double>();
+          if (e / t > ratio) {
+            ratio = e / t;
+            worst = c["tensor"];
+            err = c["rel_rms"].is_null() ? "non-finite" : num(e);
+            thr = num(t);
+          }
+        }
+      std::string status = str_or(x, "status");
+      if (x.contains("message")) status += " (" + x["message"].get<std::string>().substr(0, 80) + ")";
+      if (x.contains("reason")) status += " (" + x["reason"].get<std::string>() + ")";
+      md << "| " << status << " | " << str_or(x, "method") << " | " << str_or(x, "op") << " | " << str_or(x, "level")
+         << " | " << str_or(x, "case") << " | " << str_or(x, "device") << " | " << str_or(x, "dtype") << " | " << worst
+         << " | " << err << " | " << thr << " |\n";
+    }
+    if (r.contains("thresholds")) {
+      md << "\nThresholds (relative RMS error):\n\n| dtype | output | gradient |\n|---|---|---|\n";
+      for (auto it = r["thresholds"].begin(); it != r["thresholds"].end(); ++it)
+        md << "| " << it.key() << " | " << it.value()["output"].get<double>() << " | "
+           << it.value()["gradient"].get<double>() << " |\n";
+    }
+  } else if (kind == "account") {
+    for (const auto& x : results) {
+      md << "## " << str_or(x, "method") << "\n\n| quantity | value |\n|---|---|\n";
+      for (const char* k : {"train_flops_per_token_nanochat", "fwd_flops_per_token", "decode_flops_per_token",
+                            "activation_bytes_per_token", "kv_cache_bytes_per_token", "state_bytes_per_sequence"})
+        if (x.contains(k)) md << "| " << k << " | " << num(x[k].get<double>()) << " |\n";
+      if (x.contains("params"))
+        for (auto it = x["params"].begin(); it != x["params"].end(); ++it)
+          md << "| params." << it.key() << " | " << it.value().dump() << " |\n";
+      if (x.contains("audit"))
+        for (auto it = x["audit"].begin(); it != x["audit"].end(); ++it)
+          if (!it.value().is_object()) md << "| audit." << it.key() << " | " << it.value().dump() << " |\n";
+      md << "\n";
+    }
+  } else {
+    // Generic: one row per result with its scalar fields.
+    std::vector<std::string> cols;
+    for (const auto& x : results)
+      for (auto it = x.begin(); it != x.end(); ++it)
+        if (!it.value().is_object() && !it.value().is_array() &&
+            std::find(cols.begin(), cols.end(), it.key()) == cols.end())
+          cols.push_back(it.key());
+    md << "|";
+    for (const auto& c : cols) md << " " << c << " |";
+    md << "\n|";
+    for (size_t i = 0; i < cols.size(); ++i) md << "---|";
+    md << "\n";
+    for (const auto& x : results) {
+      md << "|";
+      for (const auto& c : cols) md << " " << (x.contains(c) ? (x[c].is_string() ? x[c].get<std::string>() : x[c].dump()) : "") << " |";
+      md << "\n";
+    }
+  }
+  return md.str();
+}
+
+}  // namespace mixbench

@@ -1,0 +1,475 @@
+#include "suites/conformance.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <ATen/core/Generator.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <set>
+
+#include "harness/alloc.h"
+#include "harness/backbone.h"
+#include "harness/errors.h"
+#include "harness/metrics.h"
+#include "harness/nvtx.h"
+#include "harness/safetensors.h"
+
+namespace mixbench {
+
+namespace {
+
+using Json = nlohmann::json;
+
+// A conformance unit: an op or a layer, with its config bound.
+struct Unit {
+  std::string method;  // "op" for op-level units
+  std::string name;    // op name or "layer"
+  std::string level;   // "op" | "layer"
+  std::function<TensorMap(const TensorMap&)> reference;
+  std::function<TensorMap(const TensorMap&, Backend)> optimized;
+  std::set<std::string> nondiff;  // inputs without gradients
+};
+
+at::Generator make_gen(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
+
+uint64_t case_seed(uint64_t seed, const std::string& unit, const std::string& label) {
+  return seed ^ std::stoull(fnv1a_hex(unit + "/" + label), nullptr, 16);
+}
+
+bool floating(const at::Tensor& t) { return at::isFloatingType(t.scalar_type()); }
+
+at::Device device_of(Backend b) { return b == Backend::CUDA ? at::Device(at::kCUDA) : at::Device(at::kCPU); }
+
+// Σ_outputs sum(out · dout) and the gradients of every differentiable input.
+std::pair<TensorMap, TensorMap> forward_backward(const Unit& u, const TensorMap& inputs, const TensorMap& cot,
+                                                 Backend backend, bool reference) {
+  std::vector<at::Tensor> diff;
+  std::vector<std::string> diff_names;
+  for (const auto& [n, t] : inputs)
+    if (floating(t) && !u.nondiff.count(n) && t.requires_grad()) {
+      diff.push_back(t);
+      diff_names.push_back(n);
+    }
+  TensorMap outs;
+  {
+    NvtxRange r(fmt::format("{}/{}/forward", u.method, u.name));
+    outs = reference ? u.reference(inputs) : u.optimized(inputs, backend);
+  }
+  at::Tensor loss;
+  for (const auto& [n, o] : outs) {
+    if (!cot.has(n) || !o.requires_grad()) continue;
+    at::Tensor term = (o * cot.at(n).to(o.options())).sum().to(at::kDouble);
+    loss = loss.defined() ? loss + term : term;
+  }
+  TensorMap grads;
+  if (loss.defined() && !diff.empty()) {
+    NvtxRange r(fmt::format("{}/{}/backward", u.method, u.name));
+    auto g = torch::autograd::grad({loss}, diff, {}, false, false, /*allow_unused=*/true);
+    for (size_t i = 0; i < g.size(); ++i)
+      grads.set("grad_" + diff_names[i], g[i].defined() ? g[i] : at::zeros_like(diff[i]));
+  }
+  TensorMap detached;
+  for (const auto& [n, o] : outs) detached.set(n, o.detach());
+  return {detached, grads};
+}
+
+TensorMap prepare(const TensorMap& inputs64, const Unit& u, at::ScalarType dt, at::Device dev, bool as_double) {
+  TensorMap out;
+  for (const auto& [n, t] : inputs64) {
+    at::Tensor x = t;
+    if (floating(t)) {
+      x = t.to(dt);  // round to the compute dtype
+      x = as_double ? x.to(at::kDouble) : x.to(dev);
+      x = x.detach().clone();
+      if (!u.nondiff.count(n)) x.requires_grad_(true);
+    } else if (!as_double) {
+      x = t.to(dev);
+    }
+    out.set(n, x);
+  }
+  return out;
+}
+
+Json check_json(const std::string& tensor, const char* kind, const Comparison& c, double thr) {
+  bool ok = c.shape_ok && c.finite && c.rel_rms <= thr;
+  auto num = [](double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); };
+  return {{"tensor", tensor}, {"kind", kind},       {"rel_rms", num(c.rel_rms)}, {"max_abs", num(c.max_abs)},
+          {"threshold", thr}, {"finite", c.finite}, {"absolute", c.absolute}, {"status", ok ? "pass" : "fail"}};
+}
+
+Json run_case(const Unit& u, const TensorMap& inputs64, const ConformanceOptions& opt, uint64_t seed) {
+  const at::ScalarType dt = parse_dtype(opt.dtype);
+  const at::Device dev = device_of(opt.backend);
+  at::Generator gen = make_gen(seed + 1);
+  TensorMap ref_in = prepare(inputs64, u, dt, dev, true);
+  TensorMap opt_in = prepare(inputs64, u, dt, dev, false);
+
+  // Reference outputs decide the cotangents' shapes.
+  TensorMap ref_out_probe;
+  {
+    c10::NoGradGuard ng;
+    ref_out_probe = u.reference(ref_in);
+  }
+  TensorMap cot;
+  for (const auto& [n, o] : ref_out_probe)
+    if (floating(o)) cot.set("d" + n, at::randn(o.sizes(), gen, at::TensorOptions().dtype(at::kDouble)));
+  TensorMap cot_by_out;
+  for (const auto& [n, t] : cot) cot_by_out.set(n.substr(1), t);
+
+  auto [ref_out, ref_grad] = forward_backward(u, ref_in, cot_by_out, Backend::Reference, true);
+  TensorMap opt_cot;
+  for (const auto& [n, t] : cot_by_out) opt_cot.set(n, t.to(dt).to(dev));
+  TensorMap opt_out, opt_grad;
+  {
+    PoisonScope poison(true);
+    std::tie(opt_out, opt_grad) = forward_backward(u, opt_in, opt_cot, opt.backend, false);
+  }
+  if (opt.fault == "output" && !opt_out.empty()) {
+    auto first = *opt_out.begin();
+    opt_out.set(first.first, first.second * (1.0 + opt.fault_scale));
+  }
+  if (opt.fault == "gradient" && !opt_grad.empty()) {
+    auto first = *opt_grad.begin();
+    opt_grad.set(first.first, first.second * (1.0 + opt.fault_scale));
+  }
+  Json checks = Json::array();
+  bool ok = true;
+  for (const auto& [n, r] : ref_out) {
+    if (!opt_out.has(n)) throw std::runtime_error(fmt::format("optimized path did not return '{}'", n));
+    Json c = check_json(n, "output", compare(r, opt_out.at(n)), threshold(opt.dtype, TensorKind::Output));
+    ok = ok && c["status"] == "pass";
+    checks.push_back(c);
+  }
+  for (const auto& [n, r] : ref_grad) {
+    at::Tensor g = opt_grad.has(n) ? opt_grad.at(n) : at::Tensor();
+    Comparison cmp = g.defined() ? compare(r, g) : Comparison{INFINITY, INFINITY, false, false};
+    Json c = check_json(n, "gradient", cmp, threshold(opt.dtype, TensorKind::Gradient));
+    ok = ok && c["status"] == "pass";
+    checks.push_back(c);
+  }
+  return {{"status", ok ? "pass" : "fail"}, {"checks", checks}};
+}
+
+// Reference gradients against central differences along random directions, FP64.
+Json run_finite_differences(const Unit& u, const TensorMap& inputs64, uint64_t seed) {
+  at::Generator gen = make_gen(seed + 7);
+  TensorMap in;
+  for (const auto& [n, t] : inputs64) {
+    at::Tensor x = t.detach().clone();
+    if (floating(x) && !u.nondiff.count(n)) x.requires_grad_(true);
+    in.set(n, x);
+  }
+  TensorMap outs0;
+  {
+    c10::NoGradGuard ng;
+    outs0 = u.reference(in);
+  }
+  TensorMap cot;
+  for (const auto& [n, o] : outs0)
+    if (floating(o)) cot.set(n, at::randn(o.sizes(), gen, at::TensorOptions().dtype(at::kDouble)));
+  auto loss_of = [&](const TensorMap& inputs) {
+    c10::NoGradGuard ng;
+    TensorMap o = u.reference(inputs);
+    double l = 0;
+    for (const auto& [n, t] : o)
+      if (cot.has(n)) l += (t * cot.at(n)).sum().item<double>();
+    return l;
+  };
+  auto [outs, grads] = forward_backward(u, in, cot, Backend::Reference, true);
+  Json checks = Json::array();
+  bool ok = true;
+  const double thr = 1e-6;
+  for (const auto& [n, t] : in) {
+    if (!t.requires_grad()) continue;
+    const at::Tensor& g = grads.at("grad_" + n);
+    for (int rep = 0; rep < 2; ++rep) {
+      at::Tensor dir = at::randn(t.sizes(), gen, t.options().requires_grad(false));
+      const double eps = 1e-5;
+      TensorMap plus, minus;
+      for (const auto& [m, x] : in) {
+        plus.set(m, m == n ? (x.detach() + eps * dir) : x.detach());
+        minus.set(m, m == n ? (x.detach() - eps * dir) : x.detach());
+      }
+      double fd = (loss_of(plus) - loss_of(minus)) / (2 * eps);
+      double an = (g * dir).sum().item<double>();
+      double err = std::abs(fd - an) / (std::abs(an) + std::abs(fd) + 1e-12);
+      bool pass = std::isfinite(err) && err <= thr;
+      ok = ok && pass;
+      checks.push_back({{"tensor", fmt::format("grad_{}·u{}", n, rep)}, {"kind", "gradient"}, {"rel_rms", err},
+                        {"max_abs", std::abs(fd - an)}, {"threshold", thr}, {"finite", std::isfinite(err)},
+                        {"status", pass ? "pass" : "fail"}});
+    }
+  }
+  return {{"status", ok ? "pass" : "fail"}, {"checks", checks}};
+}
+
+Unit op_unit(const OpSpec& spec, const Config& cfg) {
+  Unit u;
+  u.method = "op";
+  u.name = spec.name;
+  u.level = "op";
+  u.reference = [&spec, cfg](const TensorMap& in) { return spec.reference(in, cfg); };
+  u.optimized = [&spec, cfg](const TensorMap& in, Backend b) {
+    switch (b) {
+      case Backend::CPU: return spec.cpu(in, cfg);
+      case Backend::CUDA:
+        if (!spec.cuda) throw UsageError(fmt::format("op '{}' has no CUDA path", spec.name));
+        return spec.cuda(in, cfg);
+      default: return spec.reference(in, cfg);
+    }
+  };
+  for (const auto& d : spec.inputs)
+    if (!d.differentiable) u.nondiff.insert(d.name);
+  return u;
+}
+
+Unit layer_unit(const MethodSpec& m, const Config& cfg, const LayerCtx& ctx) {
+  Unit u;
+  u.method = m.name;
+  u.name = "layer";
+  u.level = "layer";
+  u.reference = [&m, cfg, ctx](const TensorMap& in) { return m.reference(in, cfg, ctx); };
+  u.optimized = [&m, cfg, ctx](const TensorMap& in, Backend b) {
+    ScopedMethod sm(m.name);
+    return m.forward(in, cfg, ctx, b);
+  };
+  return u;
+}
+
+Json shape_json(int64_t B, int64_t T, const TensorMap& in) {
+  Json s = {{"B", B}, {"T", T}};
+  for (const auto& [n, t] : in) s["inputs"][n] = t.sizes().vec();
+  return s;
+}
+
+template <typename Fn>
+Json guarded(Json base, Fn&& fn) {
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    Json r = fn();
+    for (auto it = r.begin(); it != r.end(); ++it) base[it.key()] = it.value();
+  } catch (const InputError&) {
+    throw;  // bad input data (e.g. a malformed golden file) is the caller's problem: exit 2
+  } catch (const UsageError&) {
+    throw;
+  } catch (const c10::OutOfMemoryError& e) {
+    base["status"] = "oom";
+    base["message"] = e.what_without_backtrace();
+  } catch (const c10::Error& e) {
+    base["status"] = "error";
+    base["message"] = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    base["status"] = "error";
+    base["message"] = e.what();
+  }
+  base["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return base;
+}
+
+void tally(const Json& r, ConformanceSummary& s) {
+  const std::string st = r["status"];
+  if (st == "pass") ++s.passed;
+  else if (st == "fail") ++s.failed;
+  else if (st == "skipped") ++s.skipped;
+  else ++s.errors;
+}
+
+}  // namespace
+
+Json run_conformance(const ConformanceOptions& opt, ConformanceSummary& summary) {
+  Registry& reg = Registry::get();
+  if (opt.backend == Backend::CUDA && !at::hasCUDA())
+    throw UsageError("--device cuda: no CUDA device is available in this process");
+  parse_dtype(opt.dtype);
+  Json results = Json::array();
+  const std::string device = opt.backend == Backend::CUDA ? "cuda" : "cpu";
+
+  // ---- op level
+  for (const auto& op_name : opt.ops) {
+    const OpSpec& spec = reg.op(op_name);
+    for (const CaseDef& c : spec.cases()) {
+      Unit u = op_unit(spec, c.cfg);
+      uint64_t seed = case_seed(opt.seed, spec.name, c.label);
+      at::Generator gen = make_gen(seed);
+      TensorMap in = spec.make_inputs(c.cfg, c.B, c.T, gen);
+      for (const auto& d : c.drop) in.erase(d);
+      Json base = {{"method", nullptr}, {"op", spec.name}, {"level", "op"}, {"case", c.label},
+                   {"device", device}, {"dtype", opt.dtype}, {"backend", backend_name(opt.backend)},
+                   {"shape", shape_json(c.B, c.T, in)}, {"config", c.cfg.to_json()}};
+      base["seed"] = seed;
+      if (opt.backend == Backend::CUDA && !spec.cuda) {
+        base["status"] = "skipped";
+        base["reason"] = "no CUDA path registered";
+        results.push_back(base);
+        tally(base, summary);
+        continue;
+      }
+      NvtxRange r(fmt::format("op/{}/case:{}", spec.name, c.label));
+      Json res = guarded(base, [&] { return run_case(u, in, opt, seed); });
+      tally(res, summary);
+      results.push_back(res);
+      if (opt.finite_differences && c.T <= 40 && opt.fault.empty()) {
+        Json fdb = base;
+        fdb["level"] = "fd";
+        fdb["device"] = "cpu";
+        fdb["dtype"] = "fp64";
+        fdb["backend"] = "reference";
+        Json fdr = guarded(fdb, [&] { return run_finite_differences(u, in, seed); });
+        tally(fdr, summary);
+        results.push_back(fdr);
+      }
+    }
+  }
+
+  // ---- layer level
+  for (const auto& m_name : opt.methods) {
+    const MethodSpec& m = reg.method(m_name);
+    for (const CaseDef& c : m.cases()) {
+      LayerCtx ctx{c.layer, c.cfg.i("n_layer")};
+      Unit u = layer_unit(m, c.cfg, ctx);
+      uint64_t seed = case_seed(opt.seed, m.name, c.label);
+      at::Generator gen = make_gen(seed);
+      TensorMap in = m.make_inputs(c.cfg, ctx, c.B, c.T, gen);
+      for (const auto& def : m.params(c.cfg, ctx)) in.set(def.name, random_param(def, gen, at::TensorOptions().dtype(at::kDouble)));
+      Json base = {{"method", m.name}, {"op", nullptr}, {"level", "layer"}, {"case", c.label},
+                   {"device", device}, {"dtype", opt.dtype}, {"backend", backend_name(opt.backend)},
+                   {"shape", shape_json(c.B, c.T, in)}, {"config", c.cfg.to_json()}};
+      base["seed"] = seed;
+      base["layer"] = c.layer;
+      if (opt.backend == Backend::CUDA && !m.has_cuda) {
+        base["status"] = "skipped";
+        base["reason"] = "no CUDA path registered";
+        results.push_back(base);
+        tally(base, summary);
+        continue;
+      }
+      NvtxRange r(fmt::format("{}/layer/case:{}", m.name, c.label));
+      Json res = guarded(base, [&] { return run_case(u, in, opt, seed); });
+      tally(res, summary);
+      results.push_back(res);
+      if (opt.finite_differences && c.T <= 40 && opt.fault.empty()) {
+        Json fdb = base;
+        fdb["level"] = "fd";
+        fdb["device"] = "cpu";
+        fdb["dtype"] = "fp64";
+        fdb["backend"] = "reference";
+        Json fdr = guarded(fdb, [&] { return run_finite_differences(u, in, seed); });
+        tally(fdr, summary);
+        results.push_back(fdr);
+      }
+    }
+  }
+
+  // ---- golden files
+  for (const auto& g : opt.goldens) {
+    Json gr = run_golden(g, opt);
+    for (const auto& r : gr) {
+      tally(r, summary);
+      results.push_back(r);
+    }
+  }
+  return results;
+}
+
+Json run_golden(const std::string& path, const ConformanceOptions& opt) {
+  SafetensorsFile f = read_safetensors(path);  // InputError on a malformed file
+  auto fail = [&](const std::string& why) { return InputError(fmt::format("golden file '{}': {}", path, why)); };
+  if (!f.metadata.count("op")) throw fail("metadata has no 'op'");
+  const OpSpec& spec = Registry::get().op(f.metadata.at("op"));
+  std::string overrides;
+  for (const auto& [k, v] : f.metadata) {
+    if (k == "op" || !spec.params.find(k)) continue;
+    overrides += (overrides.empty() ? "" : ",") + k + "=" + v;
+  }
+  Config cfg;
+  try {
+    cfg = spec.params.parse(overrides);
+  } catch (const InputError& e) {
+    throw fail(e.what());
+  }
+  TensorMap in;
+  for (const auto& d : spec.inputs) {
+    if (f.tensors.has(d.name)) {
+      at::Tensor t = f.tensors.at(d.name);
+      in.set(d.name, at::isFloatingType(t.scalar_type()) ? t.to(at::kDouble) : t.to(at::kLong));
+    } else if (!d.optional) {
+      throw fail(fmt::format("missing input tensor '{}'", d.name));
+    }
+  }
+  try {
+    if (spec.check_inputs) spec.check_inputs(in, cfg);
+  } catch (const InputError& e) {
+    throw fail(e.what());
+  }
+  Unit u = op_unit(spec, cfg);
+  // expected tensors
+  TensorMap cot;
+  for (const auto& o : spec.outputs)
+    if (f.tensors.has("d" + o)) cot.set(o, f.tensors.at("d" + o).to(at::kDouble));
+  std::string golden_dtype = "fp64";
+  for (const auto& [n, t] : f.tensors)
+    if (t.scalar_type() == at::kFloat) golden_dtype = "fp32";
+
+  Json results = Json::array();
+  for (int pass = 0; pass < 2; ++pass) {
+    const bool reference = pass == 0;
+    if (!reference && opt.backend == Backend::CUDA && !spec.cuda) continue;
+    const std::string dtype = reference ? "fp64" : opt.dtype;
+    Json base = {{"method", nullptr}, {"op", spec.name}, {"level", "golden"}, {"case", path},
+                 {"device", reference ? "cpu" : (opt.backend == Backend::CUDA ? "cuda" : "cpu")},
+                 {"dtype", dtype}, {"backend", reference ? "reference" : backend_name(opt.backend)},
+                 {"config", cfg.to_json()}, {"shape", shape_json(in.at(spec.inputs[0].name).size(0),
+                                                                 in.at(spec.inputs[0].name).dim() > 1 ? in.at(spec.inputs[0].name).size(1) : 1, in)}};
+    results.push_back(guarded(base, [&]() -> Json {
+      const at::ScalarType dt = parse_dtype(dtype);
+      const at::Device dev = reference ? at::Device(at::kCPU) : device_of(opt.backend);
+      TensorMap x = prepare(in, u, reference ? at::kDouble : dt, dev, false);
+      TensorMap c2;
+      for (const auto& [n, t] : cot) c2.set(n, t.to(dt).to(dev));
+      TensorMap outs, grads;
+      {
+        PoisonScope poison(!reference);
+        std::tie(outs, grads) = forward_backward(u, x, c2, reference ? Backend::Reference : opt.backend, reference);
+      }
+      if (!reference && opt.fault == "output" && !outs.empty()) {
+        auto first = *outs.begin();
+        outs.set(first.first, first.second * (1.0 + opt.fault_scale));
+      }
+      const double thr_out = std::max(threshold(dtype, TensorKind::Output), threshold(golden_dtype, TensorKind::Output));
+      const double thr_grad = std::max(threshold(dtype, TensorKind::Gradient), threshold(golden_dtype, TensorKind::Gradient));
+      Json checks = Json::array();
+      bool ok = true;
+      int compared = 0;
+      for (const auto& o : spec.outputs) {
+        if (!f.tensors.has(o)) continue;
+        if (!outs.has(o)) throw std::runtime_error("path did not return " + o);
+        if (f.tensors.at(o).sizes() != outs.at(o).sizes())
+          throw fail(fmt::format("tensor '{}' has shape {} but the op produces {}", o,
+                                 c10::str(f.tensors.at(o).sizes()), c10::str(outs.at(o).sizes())));
+        Json c = check_json(o, "output", compare(f.tensors.at(o), outs.at(o)), thr_out);
+        ok = ok && c["status"] == "pass";
+        checks.push_back(c);
+        ++compared;
+      }
+      for (const auto& [n, t] : f.tensors) {
+        if (n.rfind("grad_", 0) != 0) continue;
+        if (!grads.has(n)) throw fail(fmt::format("'{}' given but no cotangent or no such differentiable input", n));
+        if (t.sizes() != grads.at(n).sizes())
+          throw fail(fmt::format("tensor '{}' has shape {} but the input has {}", n, c10::str(t.sizes()),
+                                 c10::str(grads.at(n).sizes())));
+        Json c = check_json(n, "gradient", compare(t, grads.at(n)), thr_grad);
+        ok = ok && c["status"] == "pass";
+        checks.push_back(c);
+        ++compared;
+      }
+      if (compared == 0) throw fail("holds no expected output or gradient to compare");
+      return {{"status", ok ? "pass" : "fail"}, {"checks", checks}};
+    }));
+  }
+  return results;
+}
+
+}  // namespace mixbench
