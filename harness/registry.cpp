@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "harness/errors.h"
 #include "harness/nvtx.h"
 
@@ -162,6 +164,20 @@ thread_local std::string g_current_method = "op";
 thread_local bool g_nvtx_recording = false;
 thread_local std::vector<std::string> g_nvtx_names;
 }  // namespace
+
+namespace {
+thread_local std::vector<std::string> g_kernel_notes;
+}
+void note_kernel(const std::string& name) {
+  if (std::find(g_kernel_notes.begin(), g_kernel_notes.end(), name) == g_kernel_notes.end())
+    g_kernel_notes.push_back(name);
+}
+std::string take_kernel_notes() {
+  std::string s;
+  for (const auto& n : g_kernel_notes) s += (s.empty() ? "" : ",") + n;
+  g_kernel_notes.clear();
+  return s;
+}
 
 ScopedMethod::ScopedMethod(const std::string& name) : prev_(g_current_method) { g_current_method = name; }
 ScopedMethod::~ScopedMethod() { g_current_method = prev_; }

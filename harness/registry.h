@@ -120,6 +120,11 @@ std::vector<std::string> closest_names(const std::string& name, const std::vecto
 // Call a registered op through the given backend, inside an NVTX range "<method>/<op>/forward".
 TensorMap call_op(const std::string& op, Backend backend, const TensorMap& inputs, const Config& params);
 
+// Optimized paths name the kernel or library backend that actually ran (e.g. "sdpa", "flash");
+// the suites copy it into each result so reports say which backend produced the numbers.
+void note_kernel(const std::string& name);
+std::string take_kernel_notes();  // comma-joined, distinct, in order; clears
+
 // The method whose layer is running on this thread (names NVTX ranges); set by the suites.
 struct ScopedMethod {
   explicit ScopedMethod(const std::string& name);

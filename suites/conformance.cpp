@@ -257,8 +257,11 @@ Json shape_json(int64_t B, int64_t T, const TensorMap& in) {
 template <typename Fn>
 Json guarded(Json base, Fn&& fn) {
   auto t0 = std::chrono::steady_clock::now();
+  take_kernel_notes();
   try {
     Json r = fn();
+    std::string k = take_kernel_notes();
+    if (!k.empty()) base["kernel"] = k;
     for (auto it = r.begin(); it != r.end(); ++it) base[it.key()] = it.value();
   } catch (const InputError&) {
     throw;  // bad input data (e.g. a malformed golden file) is the caller's problem: exit 2

@@ -134,10 +134,13 @@ at::Tensor attention_cpu(const at::Tensor& q_in, const at::Tensor& k, const at::
   at::Tensor q = apply_logit_scale(q_in, logit_scale_a).transpose(1, 2);  // [B,H,T,D]
   at::Tensor kt = k.transpose(1, 2), vt = v.transpose(1, 2);
   const bool gqa = H != Hkv;
-  if (window <= 0 || window >= T)
+  if (window <= 0 || window >= T) {
+    note_kernel("sdpa");
     return at::scaled_dot_product_attention(q, kt, vt, {}, 0.0, /*is_causal=*/true, scale, gqa)
         .transpose(1, 2)
         .contiguous();
+  }
+  note_kernel("sdpa-blockwise-window");
   constexpr int64_t kBlock = 64;
   std::vector<at::Tensor> outs;
   for (int64_t q0 = 0; q0 < T; q0 += kBlock) {
@@ -158,9 +161,23 @@ MIXBENCH_REGISTER(make_spec());
 
 #if defined(MIXBENCH_WITH_CUDA)
 namespace mixbench {
-// On the GPU the same LibTorch code dispatches to SDPA's CUDA backends (flash / cuDNN / efficient).
+// On the GPU: full causal attention through SDPA (LibTorch picks flash / cuDNN / efficient);
+// sliding windows through LibTorch's bundled FlashAttention with window_size_left = window − 1,
+// window_size_right = 0, which skips the invisible blocks. FlashAttention needs fp16/bf16, equal
+// q/k/v head dims that are multiples of 8 and at most 256; anything else falls back to the
+// blockwise SDPA path. The HypeNet logit scale is applied to q_t before the call.
 at::Tensor attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                           int64_t window, double logit_scale_a) {
+  const int64_t T = q.size(1), D = q.size(3);
+  const bool half = q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf;
+  if (window > 0 && window < T && half && v.size(3) == D && D % 8 == 0 && D <= 256) {
+    note_kernel("flash-window");
+    at::Tensor qs = apply_logit_scale(q, logit_scale_a).contiguous();
+    auto out = at::_flash_attention_forward(qs, k.contiguous(), v.contiguous(), std::nullopt, std::nullopt, T, T, 0.0,
+                                            /*is_causal=*/true, /*return_debug_mask=*/false, scale, window - 1,
+                                            int64_t(0));
+    return std::get<0>(out);
+  }
   return attention_cpu(q, k, v, scale, window, logit_scale_a);
 }
 }  // namespace mixbench

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# On a CUDA machine, in one go: build (LibTorch from the machine's python torch, nvcc, sm_90),
+# run the conformance suite on CUDA at fp32 and bf16 for every registered op and method, run the
+# GPU benchmarks and the peer timings, and write every JSON into OUT_DIR.
+# Usage: ci/gpu.sh OUT_DIR [DEPS_DIR]   (DEPS_DIR from ci/gpu_stage.sh when the machine lacks the
+# Debian packages; default .deps if present)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:?usage: ci/gpu.sh OUT_DIR [DEPS_DIR]}
+DEPS=${2:-$PWD/.deps}
+mkdir -p "$OUT"
+log() { echo "== $(date +%H:%M:%S) $*"; }
+CMAKE_DEPS=()
+[ -d "$DEPS" ] && CMAKE_DEPS=(-DMIXBENCH_DEPS="$(cd "$DEPS" && pwd)")
+log configure
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMIXBENCH_CUDA=ON -DMIXBENCH_CUDA_ARCH=90 \
+      "${CMAKE_DEPS[@]}" > "$OUT/cmake.log" 2>&1 || { tail -40 "$OUT/cmake.log"; exit 1; }
+log build
+ninja -C build-gpu -j"$(nproc)" mixbench mixbench_bench > "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -40; exit 1; }
+MB=build-gpu/mixbench
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
+$MB list --json > "$OUT/list.json"
+rc=0
+for dtype in fp32 bf16; do
+  log "conformance cuda $dtype"
+  $MB conformance --methods all --device cuda --dtype "$dtype" --no-fd --quiet \
+      --golden tests/goldens/*.safetensors --out "$OUT/conformance_cuda_$dtype.json" || rc=1
+done
+log benchmarks
+build-gpu/mixbench_bench --benchmark_filter="${MIXBENCH_BENCH_FILTER:-cuda}" --benchmark_format=json \
+    --benchmark_out="$OUT/bench_cuda.json" --benchmark_out_format=json > "$OUT/bench_cuda.txt" 2>&1 || rc=1
+tail -40 "$OUT/bench_cuda.txt"
+if [ -f ci/peers.py ]; then
+  log peers
+  python3 ci/peers.py --out "$OUT/peers.json" || rc=1
+  python3 ci/compare.py "$OUT/bench_cuda.json" "$OUT/peers.json" --out "$OUT/comparison.json" || rc=1
+fi
+log done
+exit $rc
