@@ -67,9 +67,10 @@ std::pair<at::Tensor, at::Tensor> gla_chunked(const at::Tensor& q, const at::Ten
   at::Tensor St = h0.defined() ? h0 : at::zeros({B, H, K, V}, v.options());
   std::vector<at::Tensor> starts;
   starts.reserve(size_t(N));
+  std::vector<at::Tensor> Us = U.unbind(2), dLs = dL.unbind(2);  // O(N) backward (see simple_gla)
   for (int64_t n = 0; n < N; ++n) {
     starts.push_back(St);
-    St = St * dL.select(2, n).unsqueeze(-1) + U.select(2, n);
+    St = St * dLs[size_t(n)].unsqueeze(-1) + Us[size_t(n)];
   }
   o = o + at::matmul(qc * b.exp(), at::stack(starts, 2));
   o = o.permute({0, 2, 3, 1, 4}).reshape({B, N * C, H, V});

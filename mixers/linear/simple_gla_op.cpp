@@ -59,9 +59,11 @@ std::pair<at::Tensor, at::Tensor> simple_gla_chunked(const at::Tensor& q, const 
   at::Tensor S = h0.defined() ? h0 : at::zeros({B, H, K, V}, v.options());
   std::vector<at::Tensor> starts;
   starts.reserve(size_t(N));
+  // unbind (not select in the loop): its backward is one stack, so the loop stays O(N)
+  std::vector<at::Tensor> Us = U.unbind(2), dLs = dL.unbind(2);
   for (int64_t n = 0; n < N; ++n) {
     starts.push_back(S);
-    S = S * dL.select(2, n).unsqueeze(-1).unsqueeze(-1) + U.select(2, n);
+    S = S * dLs[size_t(n)].unsqueeze(-1).unsqueeze(-1) + Us[size_t(n)];
   }
   at::Tensor Sst = at::stack(starts, 2);  // [B,H,N,K,V]
   o = o + at::matmul(qc * b.exp().unsqueeze(-1), Sst);
