@@ -1,0 +1,25 @@
+// Method `gla`: FLA's GatedLinearAttention layer on the gla op (methods.md §2; seed 001).
+//   forget gate per key channel: g = logsigmoid((x W_1ᵀ) W_2ᵀ + b) / 16, W_1 d→16 (no bias),
+//   W_2 16→H·K with bias (FLA gk_proj, gate_low_rank_dim 16, gate_logit_normalizer 16, no clamp);
+//   query scale K^-0.5 (FLA chunk_gla default); no feature map, no short conv, no RoPE;
+//   output W_o( RMSNorm_head(o)·gain ⊙ silu(x W_gᵀ) ) (FLA FusedRMSNormGated with swish gate, gain
+//   of size V shared by heads). K = V = head_dim (FLA defaults to expand_k = 0.5).
+#include "mixers/linear/gla_family.h"
+
+namespace mixbench::linear {
+namespace {
+MethodSpec make() {
+  GlaFamilyDesc d;
+  d.name = "gla";
+  d.summary = "Gated Linear Attention: low-rank per-key forget gate logsigmoid/16, SiLU output gate";
+  d.citation = "Yang et al. 2024 (GLA); fla-org/flash-linear-attention fla/layers/gla.py";
+  d.op = "gla";
+  d.scale = 0;
+  d.decay = "lowrank";
+  d.out_gain = true;
+  d.out_gate = "silu";
+  return make_gla_family_method(d);
+}
+MIXBENCH_REGISTER(make());
+}  // namespace
+}  // namespace mixbench::linear

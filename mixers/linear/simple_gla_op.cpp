@@ -1,0 +1,229 @@
+// Op `simple_gla`: gated linear attention with one log decay per head and token,
+//   S_t = exp(g_t) S_{t-1} + k_t v_tᵀ,   o_t = S_tᵀ (scale·q_t),
+// the recurrence of flash-linear-attention's fla/ops/simple_gla (naive_recurrent_simple_gla).
+// Used by retnet (fixed γ_h), lightning (fixed γ_h) and the ELU variants (g = 0).
+//
+// CPU path: the chunked algorithm, chunk C = 64 (the sequence is zero-padded to a multiple of 64
+// with g = 0 and k = v = 0, which leaves the state unchanged). Within a chunk, b = cumsum(g):
+//   o_intra = ((q kᵀ) ⊙ exp(b_i − b_j)[i ≥ j]) v          (the mask is applied before exp)
+//   o_inter = (q ⊙ exp(b)) S_c
+//   S_{c+1} = exp(b_L) S_c + (k ⊙ exp(b_L − b))ᵀ v
+// All exponents are ≤ 0 because g ≤ 0 (log decays); autograd differentiates through it.
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <fmt/format.h>
+
+#include "harness/errors.h"
+#include "harness/metrics.h"
+#include "harness/registry.h"
+#include "mixers/linear/gla_ops.h"
+#include "reference/gla.h"
+
+namespace mixbench {
+namespace linear {
+
+int64_t gla_padded_len(int64_t T) { return ((T + kGlaChunk - 1) / kGlaChunk) * kGlaChunk; }
+
+double simple_gla_chunk_flops(int64_t K, int64_t V) {
+  const double C = double(kGlaChunk);
+  return 2 * C * C * double(K) + 2 * C * C * double(V) + 4 * C * double(K) * double(V);
+}
+
+namespace {
+// [B,T,H,D] -> zero-padded [B,H,N,C,D]
+at::Tensor to_chunks(const at::Tensor& x, int64_t N) {
+  const int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3);
+  at::Tensor p = N * kGlaChunk > T ? at::constant_pad_nd(x, {0, 0, 0, 0, 0, N * kGlaChunk - T}) : x;
+  return p.reshape({B, N, kGlaChunk, H, D}).permute({0, 3, 1, 2, 4});
+}
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> simple_gla_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                     const at::Tensor& g, double scale, const at::Tensor& h0) {
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
+  const int64_t N = (T + kGlaChunk - 1) / kGlaChunk, C = kGlaChunk;
+  at::Tensor qc = to_chunks(q * scale, N), kc = to_chunks(k, N), vc = to_chunks(v, N);
+  at::Tensor gp = N * C > T ? at::constant_pad_nd(g, {0, 0, 0, N * C - T}) : g;
+  at::Tensor b = gp.reshape({B, N, C, H}).permute({0, 3, 1, 2}).cumsum(-1);  // [B,H,N,C]
+
+  // intra-chunk: decay exp(b_i − b_j) for i ≥ j, masked to −inf above the diagonal before exp
+  at::Tensor upper = at::ones({C, C}, at::TensorOptions().dtype(at::kBool)).triu(1);
+  at::Tensor decay = (b.unsqueeze(-1) - b.unsqueeze(-2)).masked_fill(upper, -INFINITY).exp();
+  at::Tensor A = at::matmul(qc, kc.transpose(-1, -2)) * decay;  // [B,H,N,C,C]
+  at::Tensor o = at::matmul(A, vc);                              // [B,H,N,C,V]
+
+  // chunk-level state recursion
+  at::Tensor bL = b.select(-1, C - 1);                                                      // [B,H,N]
+  at::Tensor U = at::matmul((kc * (bL.unsqueeze(-1) - b).exp().unsqueeze(-1)).transpose(-1, -2), vc);  // [B,H,N,K,V]
+  at::Tensor dL = bL.exp();
+  at::Tensor S = h0.defined() ? h0 : at::zeros({B, H, K, V}, v.options());
+  std::vector<at::Tensor> starts;
+  starts.reserve(size_t(N));
+  // unbind (not select in the loop): its backward is one stack, so the loop stays O(N)
+  std::vector<at::Tensor> Us = U.unbind(2), dLs = dL.unbind(2);
+  for (int64_t n = 0; n < N; ++n) {
+    starts.push_back(S);
+    S = S * dLs[size_t(n)].unsqueeze(-1).unsqueeze(-1) + Us[size_t(n)];
+  }
+  at::Tensor Sst = at::stack(starts, 2);  // [B,H,N,K,V]
+  o = o + at::matmul(qc * b.exp().unsqueeze(-1), Sst);
+  o = o.permute({0, 2, 3, 1, 4}).reshape({B, N * C, H, V});
+  if (N * C > T) o = o.slice(1, 0, T);
+  return {o.contiguous(), S};
+}
+
+std::pair<at::Tensor, at::Tensor> simple_gla_step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                  const at::Tensor& g, double scale, const at::Tensor& state) {
+  at::Tensor S = state * g.exp().unsqueeze(-1).unsqueeze(-1) + k.unsqueeze(-1) * v.unsqueeze(-2);
+  at::Tensor o = at::matmul((q * scale).unsqueeze(-2), S).squeeze(-2);  // [B,H,V]
+  return {o, S};
+}
+
+std::vector<std::pair<std::string, double>> gla_family_invariants(const TensorMap& inputs, double scale,
+                                                                  GlaChunkFn chunked, GlaStepFn step,
+                                                                  at::ScalarType dtype, bool cuda) {
+  c10::NoGradGuard ng;
+  auto dev = cuda ? at::Device(at::kCUDA) : at::Device(at::kCPU);
+  auto cast = [&](const std::string& n) { return inputs.at(n).detach().to(dev, dtype); };
+  at::Tensor q = cast("q"), k = cast("k"), v = cast("v"), g = cast("g");
+  at::Tensor h0 = inputs.has("h0") ? cast("h0") : at::Tensor();
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
+  auto err = [](const at::Tensor& ref, const at::Tensor& x) { return compare(ref, x).rel_rms; };
+  auto [o, ht] = chunked(q, k, v, g, scale, h0);
+  std::vector<std::pair<std::string, double>> out;
+
+  // recurrent, token by token
+  at::Tensor S = h0.defined() ? h0 : at::zeros({B, H, K, V}, v.options());
+  std::vector<at::Tensor> os;
+  for (int64_t t = 0; t < T; ++t) {
+    auto [ot, St] = step(q.select(1, t), k.select(1, t), v.select(1, t), g.select(1, t), scale, S);
+    os.push_back(ot);
+    S = St;
+  }
+  out.emplace_back("chunked_vs_recurrent", std::max(err(at::stack(os, 1), o), err(S, ht)));
+
+  // prefill(T − n) then n decode steps
+  const int64_t n = std::min<int64_t>(5, T);
+  const int64_t Tp = T - n;
+  at::Tensor S2 = h0.defined() ? h0 : at::zeros({B, H, K, V}, v.options());
+  if (Tp > 0) S2 = chunked(q.slice(1, 0, Tp), k.slice(1, 0, Tp), v.slice(1, 0, Tp), g.slice(1, 0, Tp), scale, h0).second;
+  std::vector<at::Tensor> od;
+  for (int64_t t = Tp; t < T; ++t) {
+    auto [ot, St] = step(q.select(1, t), k.select(1, t), v.select(1, t), g.select(1, t), scale, S2);
+    od.push_back(ot);
+    S2 = St;
+  }
+  out.emplace_back("prefill_decode", std::max(err(o.slice(1, Tp), at::stack(od, 1)), err(ht, S2)));
+
+  // split in two with the state carried
+  if (T >= 2) {
+    const int64_t T1 = T / 2 + 3 < T ? T / 2 + 3 : T / 2;  // not on a chunk boundary in general
+    auto [o1, h1] = chunked(q.slice(1, 0, T1), k.slice(1, 0, T1), v.slice(1, 0, T1), g.slice(1, 0, T1), scale, h0);
+    auto [o2, h2] = chunked(q.slice(1, T1), k.slice(1, T1), v.slice(1, T1), g.slice(1, T1), scale, h1);
+    out.emplace_back("split_state", std::max(err(o, at::cat({o1, o2}, 1)), err(ht, h2)));
+  }
+  return out;
+}
+
+}  // namespace linear
+
+namespace {
+
+double resolve_scale(const Config& p, int64_t K) {
+  double s = p.f("scale");
+  return s > 0 ? s : 1.0 / std::sqrt(double(K));
+}
+
+void check_inputs(const TensorMap& in, const Config& p) {
+  for (const char* n : {"q", "k", "v", "g"})
+    if (!in.has(n)) throw InputError(fmt::format("simple_gla: missing input '{}'", n));
+  const auto &q = in.at("q"), &k = in.at("k"), &v = in.at("v"), &g = in.at("g");
+  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) throw InputError("simple_gla: q, k, v must be [B,T,H,D]");
+  if (k.sizes() != q.sizes()) throw InputError("simple_gla: q and k must have the same shape [B,T,H,K]");
+  if (v.size(0) != q.size(0) || v.size(1) != q.size(1) || v.size(2) != q.size(2))
+    throw InputError("simple_gla: v must be [B,T,H,V] with q's B, T, H");
+  if (g.dim() != 3 || g.size(0) != q.size(0) || g.size(1) != q.size(1) || g.size(2) != q.size(2))
+    throw InputError("simple_gla: g must be [B,T,H]");
+  if (in.has("h0")) {
+    const auto& h = in.at("h0");
+    if (h.dim() != 4 || h.size(0) != q.size(0) || h.size(1) != q.size(2) || h.size(2) != q.size(3) ||
+        h.size(3) != v.size(3))
+      throw InputError("simple_gla: h0 must be [B,H,K,V]");
+  }
+}
+
+TensorMap reference_fn(const TensorMap& in, const Config& p) {
+  check_inputs(in, p);
+  auto [o, ht] = reference::simple_gla(in.at("q"), in.at("k"), in.at("v"), in.at("g"),
+                                       resolve_scale(p, in.at("q").size(3)), in.get_or("h0", at::Tensor()));
+  return {{"o", o}, {"ht", ht}};
+}
+
+TensorMap cpu_fn(const TensorMap& in, const Config& p) {
+  check_inputs(in, p);
+  auto [o, ht] = linear::simple_gla_chunked(in.at("q"), in.at("k"), in.at("v"), in.at("g"),
+                                            resolve_scale(p, in.at("q").size(3)), in.get_or("h0", at::Tensor()));
+  return {{"o", o}, {"ht", ht}};
+}
+
+TensorMap make_inputs(const Config& c, int64_t B, int64_t T, at::Generator& gen) {
+  auto o = at::TensorOptions().dtype(at::kDouble);
+  const int64_t H = c.i("H"), K = c.i("K"), V = c.i("V");
+  return {{"q", at::randn({B, T, H, K}, gen, o)},
+          {"k", at::randn({B, T, H, K}, gen, o)},
+          {"v", at::randn({B, T, H, V}, gen, o)},
+          {"g", at::log_sigmoid(at::randn({B, T, H}, gen, o)) / c.f("gate_div")},
+          {"h0", at::randn({B, H, K, V}, gen, o)}};
+}
+
+ConfigSpec params_spec() {
+  ConfigSpec s;
+  s.f("scale", 0.0, "query scale; 0 = K^-0.5", 0.0)
+      .i("H", 2, "heads (case shape)", 1)
+      .i("K", 16, "key head dim (case shape)", 1)
+      .i("V", 16, "value head dim (case shape)", 1)
+      .f("gate_div", 1.0, "case inputs: g = logsigmoid(randn)/gate_div", 1e-6);
+  return s;
+}
+
+std::vector<CaseDef> cases() {
+  ConfigSpec s = params_spec();
+  auto c = [&](const std::string& kv) { return s.parse(kv); };
+  return {
+      {"T1", c("H=2,K=8,V=8"), 1, 1},
+      {"T1_noh0", c("H=2,K=8,V=8"), 1, 1, 0, {"h0"}},
+      {"T37_B2_div1", c("H=2,K=16,V=16,gate_div=1"), 2, 37},
+      {"T37_noh0_div4", c("H=2,K=16,V=16,gate_div=4"), 1, 37, 0, {"h0"}},
+      {"T70_KneV_div16", c("H=2,K=16,V=24,gate_div=16"), 2, 70},
+      {"T130_div1_noh0", c("H=3,K=8,V=12,gate_div=1"), 1, 130, 0, {"h0"}},
+      {"T130_B2_div16_scale", c("H=2,K=12,V=8,gate_div=16,scale=0.5"), 2, 130},
+      {"T64_div4", c("H=1,K=8,V=8,gate_div=4"), 1, 64},
+  };
+}
+
+OpSpec make_spec() {
+  OpSpec s;
+  s.name = "simple_gla";
+  s.family = "linear";
+  s.summary = "gated linear attention with a scalar log decay per head: S = exp(g) S + k vᵀ, o = Sᵀ(scale·q)";
+  s.citation = "fla-org/flash-linear-attention fla/ops/simple_gla; RetNet (Sun et al. 2023)";
+  s.params = params_spec();
+  s.inputs = {{"q"}, {"k"}, {"v"}, {"g"}, {"h0", true, true}};
+  s.outputs = {"o", "ht"};
+  s.make_inputs = make_inputs;
+  s.reference = reference_fn;
+  s.cpu = cpu_fn;
+  s.cases = cases;
+  s.check_inputs = check_inputs;
+  s.invariants = [](const TensorMap& in, const Config& p, Backend b, at::ScalarType dt) {
+    check_inputs(in, p);
+    return linear::gla_family_invariants(in, resolve_scale(p, in.at("q").size(3)), linear::simple_gla_chunked,
+                                         linear::simple_gla_step, dt, b == Backend::CUDA);
+  };
+  return s;
+}
+
+MIXBENCH_REGISTER(make_spec());
+
+}  // namespace
+}  // namespace mixbench
