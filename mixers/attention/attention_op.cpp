@@ -146,8 +146,9 @@ at::Tensor attention_cpu(const at::Tensor& q_in, const at::Tensor& k, const at::
   for (int64_t q0 = 0; q0 < T; q0 += kBlock) {
     const int64_t q1 = std::min(T, q0 + kBlock);
     const int64_t lo = std::max<int64_t>(0, q0 - window + 1);
-    at::Tensor qpos = at::arange(q0, q1, at::kLong).view({-1, 1});
-    at::Tensor kpos = at::arange(lo, q1, at::kLong).view({1, -1});
+    auto idx = at::TensorOptions().dtype(at::kLong).device(q.device());
+    at::Tensor qpos = at::arange(q0, q1, idx).view({-1, 1});
+    at::Tensor kpos = at::arange(lo, q1, idx).view({1, -1});
     at::Tensor mask = (kpos <= qpos).logical_and(qpos - kpos < window);
     outs.push_back(at::scaled_dot_product_attention(q.slice(2, q0, q1), kt.slice(2, lo, q1), vt.slice(2, lo, q1),
                                                     mask, 0.0, false, scale, gqa));

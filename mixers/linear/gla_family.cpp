@@ -205,6 +205,9 @@ std::vector<CaseDef> cases_for(const ConfigSpec& spec) {
 
 MethodSpec make_gla_family_method(const GlaFamilyDesc& ds) {
   MethodSpec m;
+#if defined(MIXBENCH_WITH_CUDA)
+  m.has_cuda = true;  // the layer and its op are device-agnostic LibTorch
+#endif
   m.name = ds.name;
   m.family = "linear";
   m.summary = ds.summary;

@@ -41,7 +41,7 @@ std::pair<at::Tensor, at::Tensor> gla_chunked(const at::Tensor& q, const at::Ten
   const int64_t N = (T + C - 1) / C;
   at::Tensor qc = to_chunks(q * scale, N), kc = to_chunks(k, N), vc = to_chunks(v, N);
   at::Tensor b = to_chunks(g, N).cumsum(-2);  // [B,H,N,C,K]
-  auto bopt = at::TensorOptions().dtype(at::kBool);
+  auto bopt = at::TensorOptions().dtype(at::kBool).device(q.device());
 
   at::Tensor bs = b.reshape({B, H, N, S, c, K}), qs = qc.reshape({B, H, N, S, c, K}), ks = kc.reshape({B, H, N, S, c, K});
   // diagonal sub-chunk blocks [B,H,N,S,c(i),c(j)]
@@ -172,6 +172,8 @@ OpSpec make_spec() {
   s.make_inputs = make_inputs;
   s.reference = reference_fn;
   s.cpu = cpu_fn;
+  // The chunked path is device-agnostic LibTorch: on the GPU it runs through cuBLAS batched matmuls.
+  s.cuda = cpu_fn;
   s.cases = cases;
   s.check_inputs = check_inputs;
   s.invariants = [](const TensorMap& in, const Config& p, Backend b, at::ScalarType dt) {

@@ -47,7 +47,7 @@ std::pair<at::Tensor, at::Tensor> simple_gla_chunked(const at::Tensor& q, const 
   at::Tensor b = gp.reshape({B, N, C, H}).permute({0, 3, 1, 2}).cumsum(-1);  // [B,H,N,C]
 
   // intra-chunk: decay exp(b_i − b_j) for i ≥ j, masked to −inf above the diagonal before exp
-  at::Tensor upper = at::ones({C, C}, at::TensorOptions().dtype(at::kBool)).triu(1);
+  at::Tensor upper = at::ones({C, C}, at::TensorOptions().dtype(at::kBool).device(q.device())).triu(1);
   at::Tensor decay = (b.unsqueeze(-1) - b.unsqueeze(-2)).masked_fill(upper, -INFINITY).exp();
   at::Tensor A = at::matmul(qc, kc.transpose(-1, -2)) * decay;  // [B,H,N,C,C]
   at::Tensor o = at::matmul(A, vc);                              // [B,H,N,C,V]
@@ -213,6 +213,8 @@ OpSpec make_spec() {
   s.make_inputs = make_inputs;
   s.reference = reference_fn;
   s.cpu = cpu_fn;
+  // The chunked path is device-agnostic LibTorch: on the GPU it runs through cuBLAS batched matmuls.
+  s.cuda = cpu_fn;
   s.cases = cases;
   s.check_inputs = check_inputs;
   s.invariants = [](const TensorMap& in, const Config& p, Backend b, at::ScalarType dt) {
