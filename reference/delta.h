@@ -24,6 +24,7 @@ std::pair<at::Tensor, at::Tensor> delta_recurrent(const at::Tensor& q, const at:
 struct DeltaLayerShape {
   int64_t H, K, V, conv;
   double norm_eps;
+  double gate_offset = 0;  // added inside the decay gate's softplus (gdn, kda)
 };
 at::Tensor delta_family_layer(const std::string& kind, const TensorMap& in, const DeltaLayerShape& s);
 

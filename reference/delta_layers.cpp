@@ -47,10 +47,10 @@ at::Tensor delta_family_layer(const std::string& kind, const TensorMap& in, cons
   at::Tensor beta = at::sigmoid(project(x, in.at("b_proj")));  // [B,T,H]
   at::Tensor g;
   if (kind == "gdn") {
-    g = -at::exp(in.at("A_log")) * softplus_ref(project(x, in.at("a_proj")) + in.at("dt_bias"));
+    g = -at::exp(in.at("A_log")) * softplus_ref(project(x, in.at("a_proj")) + in.at("dt_bias") + s.gate_offset);
   } else if (kind == "kda") {
     at::Tensor f = project(project(x, in.at("f_proj1")), in.at("f_proj2")).reshape({B, T, H, K});
-    g = -at::exp(in.at("A_log")).reshape({H, 1}) * softplus_ref(f + in.at("dt_bias").reshape({H, K}));
+    g = -at::exp(in.at("A_log")).reshape({H, 1}) * softplus_ref(f + in.at("dt_bias").reshape({H, K}) + s.gate_offset);
   } else if (kind != "deltanet") {
     throw std::invalid_argument("delta_family_layer: unknown kind " + kind);
   }

@@ -90,9 +90,9 @@ TensorMap delta_make_inputs(const Config& c, const LayerCtx& ctx, int64_t B, int
   return in;
 }
 
-std::vector<CaseDef> delta_cases(const ConfigSpec& spec) {
+std::vector<CaseDef> delta_cases(const ConfigSpec& spec, const std::string& extra) {
   // A 4-layer model, d=64, 4 heads of 16 (layers 1 and 3 take a value embedding).
-  Config base = spec.parse("n_layer=4,d_model=64,head_dim=16,seq_len=64,vocab=64");
+  Config base = spec.parse("n_layer=4,d_model=64,head_dim=16,seq_len=64,vocab=64" + (extra.empty() ? "" : "," + extra));
   return {
       {"layer0_T1", base, 1, 1, 0},
       {"layer0_B2_T37", base, 2, 37, 0},
@@ -100,6 +100,10 @@ std::vector<CaseDef> delta_cases(const ConfigSpec& spec) {
       {"layer2_T70", base, 1, 70, 2},
       {"layer3_ve_T70_V8", base.with("head_v_dim", int64_t(8)), 1, 70, 3},
   };
+}
+
+void add_gate_offset_knob(ConfigSpec& spec) {
+  spec.f("gate_bias_offset", 0.0, "constant added inside the decay gate's softplus (0 = fla's layer)");
 }
 
 int64_t delta_ve_dim(const Config& c, const LayerCtx& ctx) {

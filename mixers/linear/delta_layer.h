@@ -43,7 +43,15 @@ DeltaQKV delta_qkv(const TensorMap& in, const DeltaDims& d);
 // Parameters every delta layer has: q/k/v projections and convs, b_proj, o_norm, o_proj, ve_gate.
 std::vector<ParamDef> delta_common_params(const DeltaDims& d, const LayerCtx& ctx);
 TensorMap delta_make_inputs(const Config& c, const LayerCtx& ctx, int64_t B, int64_t T, at::Generator& gen);
-std::vector<CaseDef> delta_cases(const ConfigSpec& spec);
+std::vector<CaseDef> delta_cases(const ConfigSpec& spec, const std::string& extra = "");
+// gdn/kda knob `gate_bias_offset` (default 0 = fla): a constant added inside the decay gate's
+// softplus, g = −exp(A_log)·softplus(… + dt_bias + offset). Conformance draws every Scalar
+// parameter as 1 + 0.25·N(0,1), so A_log ≈ 1 and dt_bias ≈ 1 give g ≈ −3.6 per token: the state
+// forgets within a token or two, the output RMSNorm then removes almost all dependence on q and k,
+// and their gradients drown in rounding (finite differences and fp32 gradients fail for that
+// reason alone). The layer cases set offset −5, which puts the gate where fla's init puts it
+// (dt_bias ≈ softplus⁻¹(0.001…0.1)) so that the recurrence carries memory.
+void add_gate_offset_knob(ConfigSpec& spec);
 int64_t delta_ve_dim(const Config& c, const LayerCtx& ctx);
 
 // FLOPs per token that FlopCounter cannot see in a delta layer's forward at length T: the short

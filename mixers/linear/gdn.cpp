@@ -39,7 +39,7 @@ TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Bac
   const int64_t B = x.size(0), T = x.size(1);
   DeltaQKV qkv = delta_qkv(in, d);
   at::Tensor beta = at::sigmoid(at::linear(x, in.at("b_proj")));
-  at::Tensor g = -in.at("A_log").exp() * at::softplus(at::linear(x, in.at("a_proj")) + in.at("dt_bias"));
+  at::Tensor g = -in.at("A_log").exp() * at::softplus(at::linear(x, in.at("a_proj")) + in.at("dt_bias") + c.f("gate_bias_offset"));
   Config op;
   op.set("scale", 0.0);
   at::Tensor o = call_op("gated_delta_rule", backend,
@@ -62,7 +62,7 @@ LayerCost account(const Config& c, const LayerCtx& ctx, const CostQuery& q) {
 
 TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx&) {
   DeltaDims d = delta_dims(c);
-  return {{"y", reference::delta_family_layer("gdn", in, {d.H, d.K, d.V, d.W, d.eps})}};
+  return {{"y", reference::delta_family_layer("gdn", in, {d.H, d.K, d.V, d.W, d.eps, c.f("gate_bias_offset")})}};
 }
 
 MethodSpec make_spec() {
@@ -72,13 +72,14 @@ MethodSpec make_spec() {
   m.summary = "Gated DeltaNet: short convs, L2-norm q/k, per-head decay, delta rule, gated RMSNorm output";
   m.citation = "Yang, Kautz, Hatamizadeh 2025 (Gated Delta Networks); fla/layers/gated_deltanet.py";
   m.config = delta_method_config();
+  add_gate_offset_knob(m.config);
   m.ops = {"gated_delta_rule"};
   m.params = params;
   m.make_inputs = delta_make_inputs;
   m.reference = reference_fn;
   m.forward = forward;
   ConfigSpec spec = m.config;
-  m.cases = [spec]() { return delta_cases(spec); };
+  m.cases = [spec]() { return delta_cases(spec, "gate_bias_offset=-5"); };
   m.account = account;
   m.ve_dim = delta_ve_dim;
   return m;
