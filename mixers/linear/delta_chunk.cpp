@@ -1,0 +1,303 @@
+// Chunked WY/UT algorithm for the delta-rule family, the one-token decode step, and the shared
+// parts of the three op specs (delta_rule, gated_delta_rule, kda).
+//
+// Within a chunk of C tokens (local index t, state S0 entering the chunk), with G_t the inclusive
+// cumulative log decay (G_t = Σ_{s≤t} g_s ≤ 0, per head or per key dim) and Γ_{tj} = exp(G_t − G_j)
+// for j ≤ t (never the exponential of a positive number):
+//   decayed state before token t's update:  S̃_t = exp(G_t) S0 + Σ_{j<t} Γ_{tj} k_j u_jᵀ
+//   u_t = β_t (v_t − S̃_tᵀ k_t)  ⇒  (I + A) u = diag(β)(V − K_g S0),  A_tj = β_t Σ_d k_t k_j Γ_tj (j<t)
+// so with the unit lower-triangular T = (I + A)⁻¹ (a triangular solve, the UT transform):
+//   W = T diag(β) K_g,  U = T diag(β) V,  u = U − W S0          (K_g = k ⊙ exp(G))
+//   o = Q_g S0 + P u,   P_tj = scale Σ_d q_t k_j Γ_tj (j≤t),     (Q_g = scale·q ⊙ exp(G))
+//   S_C = exp(G_C) S0 + K_rᵀ u,  K_r = k ⊙ exp(G_C − G).
+// W and U do not depend on S0, so they are computed for all chunks at once; only the cheap
+// u/o/S updates run chunk by chunk. Per-key-dim gates need Γ per pair and per key dim: it is
+// formed as a [C,C,K] tensor of masked differences and reduced over K by batched dot products.
+#include "mixers/linear/delta_chunk.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <fmt/format.h>
+
+#include "harness/errors.h"
+#include "reference/delta.h"
+
+namespace mixbench::linear {
+
+DeltaResult delta_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& beta,
+                          const at::Tensor& g, double scale, const at::Tensor& h0, int64_t chunk) {
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
+  const DeltaGate gate = !g.defined() ? DeltaGate::None : (g.dim() == 3 ? DeltaGate::Head : DeltaGate::Key);
+  const int64_t C = std::min(chunk, T), N = (T + C - 1) / C, Tp = N * C, pad = Tp - T;
+  // [B,T,H,D] -> [B,H,N,C,D] and [B,T,H] -> [B,H,N,C], zero-padded at the end. Padded tokens have
+  // k = 0, β = 0, g = 0: they write nothing and decay nothing, so the final state is exact.
+  auto chunk4 = [&](const at::Tensor& x) {
+    at::Tensor t = x.transpose(1, 2);
+    if (pad) t = at::constant_pad_nd(t, {0, 0, 0, pad});
+    return t.reshape({B, H, N, C, x.size(3)});
+  };
+  auto chunk3 = [&](const at::Tensor& x) {
+    at::Tensor t = x.transpose(1, 2);
+    if (pad) t = at::constant_pad_nd(t, {0, pad});
+    return t.reshape({B, H, N, C});
+  };
+  const at::Tensor qc = chunk4(q) * scale, kc = chunk4(k), vc = chunk4(v), bc = chunk3(beta).unsqueeze(-1);
+  const at::Tensor upper = at::ones({C, C}, q.options().dtype(at::kBool)).triu(1);  // j > t
+  const at::Tensor kT = kc.transpose(-1, -2);
+  at::Tensor A, P, Kg, Qg, Kr, last;
+  switch (gate) {
+    case DeltaGate::None:
+      A = at::matmul(kc, kT);
+      P = at::matmul(qc, kT);
+      Kg = kc, Qg = qc, Kr = kc;
+      break;
+    case DeltaGate::Head: {
+      at::Tensor G = chunk3(g).cumsum(-1);                           // [B,H,N,C]
+      at::Tensor D = G.unsqueeze(-1) - G.unsqueeze(-2);              // G_t − G_j
+      at::Tensor Gam = D.masked_fill(upper, 0).exp().masked_fill(upper, 0);
+      A = at::matmul(kc, kT) * Gam;
+      P = at::matmul(qc, kT) * Gam;
+      at::Tensor eG = G.exp().unsqueeze(-1);
+      Kg = kc * eG, Qg = qc * eG;
+      at::Tensor Gl = G.narrow(-1, C - 1, 1);                        // [B,H,N,1]
+      Kr = kc * (Gl - G).exp().unsqueeze(-1);
+      last = Gl.exp().unsqueeze(-1);                                 // [B,H,N,1,1]
+      break;
+    }
+    case DeltaGate::Key: {
+      at::Tensor G = chunk4(g).cumsum(-2);                           // [B,H,N,C,K]
+      at::Tensor D = G.unsqueeze(-2) - G.unsqueeze(-3);              // [B,H,N,C_t,C_j,K]
+      at::Tensor up3 = upper.unsqueeze(-1);
+      at::Tensor E = D.masked_fill(up3, 0).exp().masked_fill(up3, 0);
+      at::Tensor kj = kc.unsqueeze(-3).unsqueeze(-1);                // [B,H,N,1,C,K,1]
+      auto pair_dot = [&](const at::Tensor& a) {                     // Σ_d a_t[d] Γ_tj[d] k_j[d]
+        return at::matmul((a.unsqueeze(-2) * E).unsqueeze(-2), kj).squeeze(-1).squeeze(-1);
+      };
+      A = pair_dot(kc);
+      P = pair_dot(qc);
+      at::Tensor eG = G.exp();
+      Kg = kc * eG, Qg = qc * eG;
+      at::Tensor Gl = G.narrow(-2, C - 1, 1);                        // [B,H,N,1,K]
+      Kr = kc * (Gl - G).exp();
+      last = Gl.squeeze(-2).exp().unsqueeze(-1);                     // [B,H,N,K,1]
+      break;
+    }
+  }
+  A = at::tril(A, -1) * bc;  // strictly lower, row t scaled by β_t
+  P = at::tril(P, 0);
+  // (I + A) [W U] = diag(β) [K_g V]: unit lower-triangular solve (the diagonal of A is never read).
+  at::Tensor WU = at::linalg_solve_triangular(A, at::cat({Kg * bc, vc * bc}, -1), /*upper=*/false,
+                                              /*left=*/true, /*unitriangular=*/true);
+  at::Tensor W = WU.narrow(-1, 0, K), U = WU.narrow(-1, K, V);
+  at::Tensor S = h0.defined() ? h0 : at::zeros({B, H, K, V}, v.options());
+  std::vector<at::Tensor> outs;
+  outs.reserve(size_t(N));
+  for (int64_t n = 0; n < N; ++n) {
+    at::Tensor u = U.select(2, n) - at::matmul(W.select(2, n), S);
+    outs.push_back(at::matmul(Qg.select(2, n), S) + at::matmul(P.select(2, n), u));
+    at::Tensor Sd = gate == DeltaGate::None ? S : S * last.select(2, n);
+    S = Sd + at::matmul(Kr.select(2, n).transpose(-1, -2), u);
+  }
+  at::Tensor o = at::stack(outs, 2).reshape({B, H, Tp, V}).narrow(2, 0, T).transpose(1, 2).contiguous();
+  return {o, S};
+}
+
+DeltaResult delta_step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& beta,
+                       const at::Tensor& g, double scale, const at::Tensor& S) {
+  at::Tensor s = S;
+  if (g.defined()) s = g.dim() == 2 ? s * g.exp().unsqueeze(-1).unsqueeze(-1) : s * g.exp().unsqueeze(-1);
+  at::Tensor pred = at::matmul(k.unsqueeze(-2), s).squeeze(-2);  // Sᵀk [B,H,V]
+  at::Tensor u = beta.unsqueeze(-1) * (v - pred);
+  s = s + k.unsqueeze(-1) * u.unsqueeze(-2);
+  at::Tensor o = at::matmul((q * scale).unsqueeze(-2), s).squeeze(-2);
+  return {o, s};
+}
+
+DeltaResult delta_recurrent_steps(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& beta, const at::Tensor& g, double scale, const at::Tensor& h0) {
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
+  at::Tensor S = h0.defined() ? h0 : at::zeros({B, H, K, V}, v.options());
+  std::vector<at::Tensor> outs;
+  for (int64_t t = 0; t < T; ++t) {
+    DeltaResult r = delta_step(q.select(1, t), k.select(1, t), v.select(1, t), beta.select(1, t),
+                               g.defined() ? g.select(1, t) : at::Tensor(), scale, S);
+    outs.push_back(r.o);
+    S = r.ht;
+  }
+  return {at::stack(outs, 1), S};
+}
+
+DeltaFlops delta_chunk_flops(int64_t T, int64_t H, int64_t K, int64_t V, int64_t chunk) {
+  const double C = double(std::min(chunk, T)), N = double((T + int64_t(C) - 1) / int64_t(C));
+  const double per_chunk_mm = 4 * C * C * K + 2 * C * C * V + 6 * C * K * V;
+  const double per_chunk_solve = C * (C - 1) * double(K + V);
+  DeltaFlops f;
+  f.matmul = double(H) * N * per_chunk_mm / double(T);
+  f.solve = double(H) * N * per_chunk_solve / double(T);
+  return f;
+}
+
+double delta_step_flops(int64_t H, int64_t K, int64_t V, DeltaGate gate) {
+  const double kv = double(K * V);
+  return double(H) * ((gate == DeltaGate::None ? 0.0 : kv) + 2 * kv + 3 * kv + 2 * kv);
+}
+
+// ------------------------------------------------------------------ op spec pieces
+namespace {
+
+double resolve_scale(const Config& p, int64_t K) {
+  const double s = p.f("scale");
+  return s > 0 ? s : 1.0 / std::sqrt(double(K));
+}
+
+const char* op_name(DeltaGate gate) {
+  switch (gate) {
+    case DeltaGate::None: return "delta_rule";
+    case DeltaGate::Head: return "gated_delta_rule";
+    default: return "kda";
+  }
+}
+
+void check_inputs(const TensorMap& in, const Config& p, DeltaGate gate) {
+  const std::string op = op_name(gate);
+  std::vector<std::string> need = {"q", "k", "v", "beta"};
+  if (gate != DeltaGate::None) need.push_back("g");
+  for (const auto& n : need)
+    if (!in.has(n)) throw InputError(fmt::format("{}: missing input '{}'", op, n));
+  const auto &q = in.at("q"), &k = in.at("k"), &v = in.at("v"), &beta = in.at("beta");
+  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4)
+    throw InputError(fmt::format("{}: q, k, v must be [B,T,H,D]", op));
+  if (!k.sizes().equals(q.sizes())) throw InputError(fmt::format("{}: k must have q's shape [B,T,H,K]", op));
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
+  if (v.size(0) != B || v.size(1) != T || v.size(2) != H)
+    throw InputError(fmt::format("{}: v must be [B,T,H,V] with q's B, T, H", op));
+  if (T < 1) throw InputError(fmt::format("{}: empty sequence", op));
+  if (!beta.sizes().equals({B, T, H})) throw InputError(fmt::format("{}: beta must be [B,T,H]", op));
+  if (gate == DeltaGate::Head && !in.at("g").sizes().equals({B, T, H}))
+    throw InputError(fmt::format("{}: g must be [B,T,H]", op));
+  if (gate == DeltaGate::Key && !in.at("g").sizes().equals({B, T, H, K}))
+    throw InputError(fmt::format("{}: g must be [B,T,H,K]", op));
+  if (in.has("h0") && !in.at("h0").sizes().equals({B, H, K, V}))
+    throw InputError(fmt::format("{}: h0 must be [B,H,K,V] = [{},{},{},{}]", op, B, H, K, V));
+}
+
+at::Tensor gate_of(const TensorMap& in, DeltaGate gate) {
+  return gate == DeltaGate::None ? at::Tensor() : in.at("g");
+}
+
+TensorMap make_inputs(const Config& c, int64_t B, int64_t T, at::Generator& gen, DeltaGate gate) {
+  auto o = at::TensorOptions().dtype(at::kDouble);
+  const int64_t H = c.i("H"), K = c.i("K"), V = c.i("V");
+  at::Tensor k = at::randn({B, T, H, K}, gen, o);
+  k = k / k.norm(2, -1, true);  // the delta rule expects L2-normalized keys (the layers normalize)
+  TensorMap in{{"q", at::randn({B, T, H, K}, gen, o)}, {"k", k}, {"v", at::randn({B, T, H, V}, gen, o)}};
+  if (gate == DeltaGate::Head) in.set("g", at::log_sigmoid(at::randn({B, T, H}, gen, o)) / c.f("gate_div"));
+  if (gate == DeltaGate::Key) in.set("g", at::log_sigmoid(at::randn({B, T, H, K}, gen, o)) / c.f("gate_div"));
+  in.set("beta", at::sigmoid(at::randn({B, T, H}, gen, o)));
+  in.set("h0", 0.5 * at::randn({B, H, K, V}, gen, o));
+  return in;
+}
+
+double rel_err(const at::Tensor& a, const at::Tensor& ref) {
+  at::Tensor r = ref.to(at::kDouble), x = a.to(at::kDouble);
+  const double den = r.pow(2).mean().sqrt().item<double>();
+  return (x - r).pow(2).mean().sqrt().item<double>() / (den + 1e-30);
+}
+
+std::vector<std::pair<std::string, double>> invariants(const TensorMap& in64, const Config& p, Backend,
+                                                       at::ScalarType dt, DeltaGate gate) {
+  c10::NoGradGuard ng;
+  auto cv = [&](const std::string& n) { return in64.has(n) ? in64.at(n).to(dt) : at::Tensor(); };
+  const at::Tensor q = cv("q"), k = cv("k"), v = cv("v"), beta = cv("beta"), h0 = cv("h0");
+  const at::Tensor g = gate == DeltaGate::None ? at::Tensor() : cv("g");
+  const int64_t T = q.size(1);
+  const double scale = resolve_scale(p, q.size(3));
+  auto sl = [](const at::Tensor& x, int64_t a, int64_t b) { return x.defined() ? x.narrow(1, a, b - a) : x; };
+  std::vector<std::pair<std::string, double>> out;
+  DeltaResult full = delta_chunked(q, k, v, beta, g, scale, h0);
+  DeltaResult rec = delta_recurrent_steps(q, k, v, beta, g, scale, h0);
+  out.emplace_back("chunked_vs_recurrent/o", rel_err(full.o, rec.o));
+  out.emplace_back("chunked_vs_recurrent/ht", rel_err(full.ht, rec.ht));
+  if (T >= 2) {
+    // prefill(T − n) then n decode steps == prefill(T)
+    const int64_t n = std::min<int64_t>(3, T - 1), Tp = T - n;
+    DeltaResult pre = delta_chunked(sl(q, 0, Tp), sl(k, 0, Tp), sl(v, 0, Tp), sl(beta, 0, Tp), sl(g, 0, Tp), scale, h0);
+    std::vector<at::Tensor> os = {pre.o};
+    at::Tensor S = pre.ht;
+    for (int64_t t = Tp; t < T; ++t) {
+      DeltaResult r = delta_step(q.select(1, t), k.select(1, t), v.select(1, t), beta.select(1, t),
+                                 g.defined() ? g.select(1, t) : at::Tensor(), scale, S);
+      os.push_back(r.o.unsqueeze(1));
+      S = r.ht;
+    }
+    out.emplace_back("prefill_plus_decode/o", rel_err(at::cat(os, 1), full.o));
+    out.emplace_back("prefill_plus_decode/ht", rel_err(S, full.ht));
+    // split in two with the state carried == one pass
+    const int64_t s = T / 2;
+    DeltaResult a = delta_chunked(sl(q, 0, s), sl(k, 0, s), sl(v, 0, s), sl(beta, 0, s), sl(g, 0, s), scale, h0);
+    DeltaResult b = delta_chunked(sl(q, s, T), sl(k, s, T), sl(v, s, T), sl(beta, s, T), sl(g, s, T), scale, a.ht);
+    out.emplace_back("split_state_carried/o", rel_err(at::cat({a.o, b.o}, 1), full.o));
+    out.emplace_back("split_state_carried/ht", rel_err(b.ht, full.ht));
+  }
+  return out;
+}
+
+std::vector<CaseDef> cases(const ConfigSpec& s, DeltaGate gate) {
+  auto c = [&](const std::string& kv) { return s.parse(kv); };
+  std::vector<CaseDef> out = {
+      {"T1", c("H=2,K=8,V=8"), 1, 1},
+      {"T1_B2_noh0", c("H=2,K=8,V=4"), 2, 1, 0, {"h0"}},
+      {"B2_T37_KneV", c("H=2,K=8,V=12,gate_div=1"), 2, 37},
+      {"T37_noh0_div4", c("H=2,K=12,V=8,gate_div=4"), 1, 37, 0, {"h0"}},
+      {"B2_T70_div16", c("H=2,K=16,V=8,gate_div=16"), 2, 70},
+      {"T130_noh0_div4", c("H=1,K=8,V=16,gate_div=4"), 1, 130, 0, {"h0"}},
+      {"T130_div1", c("H=2,K=8,V=8,gate_div=1"), 1, 130},
+      {"scale03_T20", c("H=2,K=8,V=8,scale=0.3,gate_div=16"), 1, 20},
+  };
+  return out;
+}
+
+}  // namespace
+
+OpSpec delta_op_spec(DeltaGate gate) {
+  OpSpec s;
+  s.name = op_name(gate);
+  s.family = "linear";
+  ConfigSpec ps;
+  ps.f("scale", 0.0, "scale on q; 0 = K^-0.5", 0.0)
+      .i("H", 2, "heads (case shape)", 1)
+      .i("K", 8, "key head dim (case shape)", 1)
+      .i("V", 8, "value head dim (case shape)", 1)
+      .f("gate_div", 1.0, "case gates are logsigmoid(randn)/gate_div (unused by delta_rule)", 1.0);
+  s.params = ps;
+  s.inputs = {{"q"}, {"k"}, {"v"}};
+  if (gate != DeltaGate::None) s.inputs.push_back({"g"});
+  s.inputs.push_back({"beta"});
+  s.inputs.push_back({"h0", true, /*optional=*/true});
+  s.outputs = {"o", "ht"};
+  s.make_inputs = [gate](const Config& c, int64_t B, int64_t T, at::Generator& gen) {
+    return make_inputs(c, B, T, gen, gate);
+  };
+  s.reference = [gate](const TensorMap& in, const Config& p) {
+    check_inputs(in, p, gate);
+    const at::Tensor& q = in.at("q");
+    auto [o, ht] = reference::delta_recurrent(q, in.at("k"), in.at("v"), in.at("beta"), gate_of(in, gate),
+                                              resolve_scale(p, q.size(3)), in.get_or("h0", at::Tensor()));
+    return TensorMap{{"o", o}, {"ht", ht}};
+  };
+  s.cpu = [gate](const TensorMap& in, const Config& p) {
+    check_inputs(in, p, gate);
+    const at::Tensor& q = in.at("q");
+    DeltaResult r = delta_chunked(q, in.at("k"), in.at("v"), in.at("beta"), gate_of(in, gate),
+                                  resolve_scale(p, q.size(3)), in.get_or("h0", at::Tensor()));
+    return TensorMap{{"o", r.o}, {"ht", r.ht}};
+  };
+  s.cases = [ps, gate]() { return cases(ps, gate); };
+  s.check_inputs = [gate](const TensorMap& in, const Config& p) { check_inputs(in, p, gate); };
+  s.invariants = [gate](const TensorMap& in, const Config& p, Backend b, at::ScalarType dt) {
+    return invariants(in, p, b, dt, gate);
+  };
+  return s;
+}
+
+}  // namespace mixbench::linear

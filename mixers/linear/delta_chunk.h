@@ -1,0 +1,57 @@
+// Shared machinery of the delta-rule ops (delta_rule, gated_delta_rule, kda): the chunked WY/UT
+// algorithm, the one-token decode step, and the pieces of their OpSpecs.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "harness/registry.h"
+
+namespace mixbench::linear {
+
+// How the state decays before each delta update.
+//   None: no decay (delta_rule); Head: S ← exp(g_t)·S, g [B,T,H] (gated_delta_rule);
+//   Key: S ← diag(exp g_t)·S, g [B,T,H,K] (kda).
+enum class DeltaGate { None, Head, Key };
+
+constexpr int64_t kDeltaChunk = 64;
+
+struct DeltaResult {
+  at::Tensor o;   // [B,T,H,V]
+  at::Tensor ht;  // [B,H,K,V]
+};
+
+// Chunked algorithm (chunk C = min(chunk, T), the last chunk zero-padded), differentiable by
+// autograd in every input. g undefined for DeltaGate::None; h0 may be undefined (zeros).
+DeltaResult delta_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& beta,
+                          const at::Tensor& g, double scale, const at::Tensor& h0, int64_t chunk = kDeltaChunk);
+
+// One decode step: q_t,k_t [B,H,K], v_t [B,H,V], beta_t [B,H], g_t ([B,H] / [B,H,K] / undefined),
+// state S [B,H,K,V] -> (o_t [B,H,V], S').
+DeltaResult delta_step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& beta,
+                       const at::Tensor& g, double scale, const at::Tensor& S);
+
+// Step-by-step recurrence built from delta_step (whole sequence, [B,T,...] layout).
+DeltaResult delta_recurrent_steps(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& beta, const at::Tensor& g, double scale, const at::Tensor& h0);
+
+// Per-token FLOPs of delta_chunked at length T with H heads, split into what FlopCounter sees
+// (matrix products) and what it does not (the unit-lower-triangular solve). Per chunk of C rows and
+// per head: k·kᵀ 2C²K, q·kᵀ 2C²K (for Key gates as C² batched K-dots: same count), W·S 2CKV,
+// Q·S 2CKV, P·u 2C²V, K_rᵀ·u 2CKV; solve C(C−1)(K+V). Times H·ceil(T/C)/T.
+struct DeltaFlops {
+  double matmul = 0, solve = 0;
+  double total() const { return matmul + solve; }
+};
+DeltaFlops delta_chunk_flops(int64_t T, int64_t H, int64_t K, int64_t V, int64_t chunk = kDeltaChunk);
+// Per-token FLOPs of one decode step (per head: decay KV (Head/Key), Sᵀk 2KV, outer update 3KV, Sᵀq 2KV).
+double delta_step_flops(int64_t H, int64_t K, int64_t V, DeltaGate gate);
+
+// An OpSpec for the given gate kind: inputs q,k,v,[g],beta,h0 (optional), outputs o, ht; params
+// scale (0 = K^-0.5), case shape H,K,V and gate_div; cases, checks, invariants. The caller sets
+// name, summary and citation.
+OpSpec delta_op_spec(DeltaGate gate);
+
+}  // namespace mixbench::linear

@@ -1,0 +1,142 @@
+#include "mixers/linear/delta_layer.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include "harness/backbone.h"
+#include "harness/errors.h"
+
+namespace mixbench::linear {
+
+DeltaDims delta_dims(const Config& c) {
+  ModelDims m = model_dims(c);
+  DeltaDims d;
+  d.d = m.d_model;
+  d.H = m.n_head;
+  d.K = m.head_dim;
+  d.V = c.i("head_v_dim") > 0 ? c.i("head_v_dim") : m.head_dim;
+  d.W = c.i("conv_size");
+  d.eps = c.f("norm_eps");
+  return d;
+}
+
+ConfigSpec delta_method_config() {
+  ConfigSpec s = backbone_config();
+  s.i("head_v_dim", 0, "value head dim V; 0 = head_dim (K = head_dim, heads = d_model/head_dim)", 0)
+      .i("conv_size", 4, "short causal depthwise conv kernel on q, k, v", 1, 64)
+      .f("norm_eps", 1e-5, "eps of the output RMSNorm (fla's norm_eps)", 0.0)
+      .rule([](const Config& c) {
+        if (model_dims(c).d_model < kDeltaVeGateChannels)
+          throw InputError("d_model must be at least 12 (VE gate channels)");
+      });
+  return s;
+}
+
+bool delta_has_ve(const LayerCtx& ctx) { return ctx.layer % 2 == (ctx.n_layer - 1) % 2; }
+
+at::Tensor short_conv_silu(const at::Tensor& x, const at::Tensor& w) {
+  const int64_t T = x.size(1), W = w.size(1);
+  at::Tensor xp = at::constant_pad_nd(x, {0, 0, W - 1, 0});  // [B,T+W−1,C]
+  at::Tensor y = xp.narrow(1, 0, T) * w.select(1, 0);
+  for (int64_t i = 1; i < W; ++i) y = y + xp.narrow(1, i, T) * w.select(1, i);
+  return at::silu(y);
+}
+
+at::Tensor l2norm(const at::Tensor& x) { return x * at::rsqrt(x.pow(2).sum(-1, true) + kDeltaL2Eps); }
+
+at::Tensor rms_norm_gain(const at::Tensor& x, const at::Tensor& w, double eps) {
+  return x * at::rsqrt(x.pow(2).mean(-1, true) + eps) * w;
+}
+
+DeltaQKV delta_qkv(const TensorMap& in, const DeltaDims& d) {
+  const at::Tensor& x = in.at("x");
+  const int64_t B = x.size(0), T = x.size(1);
+  at::Tensor q = short_conv_silu(at::linear(x, in.at("q_proj")), in.at("q_conv")).view({B, T, d.H, d.K});
+  at::Tensor k = short_conv_silu(at::linear(x, in.at("k_proj")), in.at("k_conv")).view({B, T, d.H, d.K});
+  at::Tensor v = short_conv_silu(at::linear(x, in.at("v_proj")), in.at("v_conv")).view({B, T, d.H, d.V});
+  if (in.has("ve")) {
+    at::Tensor gate = 3.0 * at::sigmoid(at::linear(x.narrow(-1, 0, kDeltaVeGateChannels), in.at("ve_gate")));
+    v = v + gate.unsqueeze(-1) * in.at("ve").view({B, T, d.H, d.V});
+  }
+  return {l2norm(q), l2norm(k), v};
+}
+
+std::vector<ParamDef> delta_common_params(const DeltaDims& d, const LayerCtx& ctx) {
+  const double s = std::sqrt(3.0) / std::sqrt(double(d.d));
+  const double c = 1.0 / std::sqrt(double(d.W));  // nn.Conv1d's default bound for fan-in W
+  // Conv weights are 2-D weight tensors (TransformerMatrix group) that do not multiply the token
+  // stream as a matmul (matmul=false); gains are Scalar.
+  std::vector<ParamDef> p = {
+      {"q_proj", {d.H * d.K, d.d}, ParamGroup::TransformerMatrix, true, "uniform", -s, s},
+      {"k_proj", {d.H * d.K, d.d}, ParamGroup::TransformerMatrix, true, "uniform", -s, s},
+      {"v_proj", {d.H * d.V, d.d}, ParamGroup::TransformerMatrix, true, "uniform", -s, s},
+      {"b_proj", {d.H, d.d}, ParamGroup::TransformerMatrix, true, "uniform", -s, s},
+      {"q_conv", {d.H * d.K, d.W}, ParamGroup::TransformerMatrix, false, "uniform", -c, c},
+      {"k_conv", {d.H * d.K, d.W}, ParamGroup::TransformerMatrix, false, "uniform", -c, c},
+      {"v_conv", {d.H * d.V, d.W}, ParamGroup::TransformerMatrix, false, "uniform", -c, c},
+      {"o_norm", {d.V}, ParamGroup::Scalar, false, "const", 1.0, 0},
+      {"o_proj", {d.d, d.H * d.V}, ParamGroup::TransformerMatrix, true, "const", 0.0, 0},
+  };
+  if (delta_has_ve(ctx))
+    p.push_back({"ve_gate", {d.H, kDeltaVeGateChannels}, ParamGroup::TransformerMatrix, true, "uniform", 0.0, 0.02});
+  return p;
+}
+
+TensorMap delta_make_inputs(const Config& c, const LayerCtx& ctx, int64_t B, int64_t T, at::Generator& gen) {
+  DeltaDims d = delta_dims(c);
+  auto o = at::TensorOptions().dtype(at::kDouble);
+  TensorMap in{{"x", at::randn({B, T, d.d}, gen, o)}};
+  if (delta_has_ve(ctx)) in.set("ve", at::randn({B, T, d.H * d.V}, gen, o));
+  return in;
+}
+
+std::vector<CaseDef> delta_cases(const ConfigSpec& spec, const std::string& extra) {
+  // A 4-layer model, d=64, 4 heads of 16 (layers 1 and 3 take a value embedding).
+  Config base = spec.parse("n_layer=4,d_model=64,head_dim=16,seq_len=64,vocab=64" + (extra.empty() ? "" : "," + extra));
+  return {
+      {"layer0_T1", base, 1, 1, 0},
+      {"layer0_B2_T37", base, 2, 37, 0},
+      {"layer1_ve_B2_T37", base, 2, 37, 1},
+      {"layer2_T70", base, 1, 70, 2},
+      {"layer3_ve_T70_V8", base.with("head_v_dim", int64_t(8)), 1, 70, 3},
+  };
+}
+
+void add_gate_offset_knob(ConfigSpec& spec) {
+  spec.f("gate_bias_offset", 0.0, "constant added inside the decay gate's softplus (0 = fla's layer)");
+}
+
+int64_t delta_ve_dim(const Config& c, const LayerCtx& ctx) {
+  DeltaDims d = delta_dims(c);
+  return delta_has_ve(ctx) ? d.H * d.V : 0;
+}
+
+double delta_conv_flops(const DeltaDims& d) { return 2.0 * double(d.W) * double(2 * d.H * d.K + d.H * d.V); }
+
+double delta_uncounted_flops(const DeltaDims& d, int64_t T) {
+  return delta_conv_flops(d) + delta_chunk_flops(T, d.H, d.K, d.V).solve;
+}
+
+LayerCost delta_account(const DeltaDims& d, int64_t n_matmul, int64_t n_conv, int64_t n_scalar,
+                        int64_t gate_width, DeltaGate gate, const CostQuery& q, const std::string& note) {
+  LayerCost lc;
+  lc.params.transformer_matrices = n_matmul + n_conv;
+  lc.params.matmul = n_matmul;
+  lc.params.scalars = n_scalar;
+  const DeltaFlops core = delta_chunk_flops(q.T, d.H, d.K, d.V);
+  const double conv = delta_conv_flops(d);
+  lc.fwd_flops = 2.0 * double(n_matmul) + core.total() + conv;
+  lc.nanochat_core_flops = 3.0 * (core.total() + conv);
+  lc.decode_flops = 2.0 * double(n_matmul) + conv + delta_step_flops(d.H, d.K, d.V, gate);
+  lc.cache_bytes_per_token = 0;
+  lc.state_bytes = 4.0 * double(d.H * d.K * d.V) + double(q.dtype_bytes) * double((d.W - 1) * (2 * d.H * d.K + d.H * d.V));
+  const int64_t qkv = 2 * d.H * d.K + d.H * d.V;
+  lc.act_bytes = double(q.dtype_bytes) * double(d.d + 2 * qkv + 3 * d.H * d.V + d.H + gate_width);
+  lc.formula = fmt::format(
+      "{}: fwd 2N + H·ceil(T/C)/T·(4C²K + 2C²V + 6CKV + C(C−1)(K+V)) + 2W(2HK+HV), C=min(64,T); "
+      "nanochat 3·(core + conv); decode 2N + 2W(2HK+HV) + ~7·H·K·V",
+      note);
+  return lc;
+}
+
+}  // namespace mixbench::linear

@@ -1,0 +1,72 @@
+// Layer-level pieces shared by the delta-rule methods (deltanet, gdn, kda): config knobs, the
+// causal short convolution, norms, q/k/v preparation, cases and the common accountant terms.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <ATen/core/Generator.h>
+
+#include <string>
+#include <vector>
+
+#include "harness/registry.h"
+#include "mixers/linear/delta_chunk.h"
+
+namespace mixbench::linear {
+
+constexpr int64_t kDeltaVeGateChannels = 12;
+constexpr double kDeltaL2Eps = 1e-6;  // fla's l2norm: x / sqrt(Σx² + 1e-6)
+
+struct DeltaDims {
+  int64_t d, H, K, V, W;  // width, heads, key/value head dims, short-conv kernel
+  double eps;             // output RMSNorm eps
+};
+DeltaDims delta_dims(const Config& c);
+
+// backbone_config() + head_v_dim (0 = head_dim), conv_size, norm_eps.
+ConfigSpec delta_method_config();
+bool delta_has_ve(const LayerCtx& ctx);  // nanochat: layer i has VE iff i % 2 == (n_layer − 1) % 2
+
+// Causal depthwise short convolution with SiLU: y[t,c] = silu(Σ_{i<W} w[c,i]·x[t−W+1+i, c]) with
+// zeros before the sequence (fla's ShortConvolution, weight [C,1,W] stored as [C,W], no bias).
+// Written as an explicit sum of W shifted products, which FlopCounter does not see: the
+// accountant adds it as its own documented term, 2·W FLOPs per channel per token.
+at::Tensor short_conv_silu(const at::Tensor& x, const at::Tensor& w);
+at::Tensor l2norm(const at::Tensor& x);
+at::Tensor rms_norm_gain(const at::Tensor& x, const at::Tensor& w, double eps);
+
+// q, k, v of every delta layer: projections, short conv + SiLU, the value embedding (VE layers:
+// v += 3·sigmoid(W_veg x[..., :12])·ve, one gate per head, added after the conv), L2-normalized q, k.
+struct DeltaQKV {
+  at::Tensor q, k, v;  // [B,T,H,K], [B,T,H,K], [B,T,H,V]
+};
+DeltaQKV delta_qkv(const TensorMap& in, const DeltaDims& d);
+
+// Parameters every delta layer has: q/k/v projections and convs, b_proj, o_norm, o_proj, ve_gate.
+std::vector<ParamDef> delta_common_params(const DeltaDims& d, const LayerCtx& ctx);
+TensorMap delta_make_inputs(const Config& c, const LayerCtx& ctx, int64_t B, int64_t T, at::Generator& gen);
+std::vector<CaseDef> delta_cases(const ConfigSpec& spec, const std::string& extra = "");
+// gdn/kda knob `gate_bias_offset` (default 0 = fla): a constant added inside the decay gate's
+// softplus, g = −exp(A_log)·softplus(… + dt_bias + offset). Conformance draws every Scalar
+// parameter as 1 + 0.25·N(0,1), so A_log ≈ 1 and dt_bias ≈ 1 give g ≈ −3.6 per token: the state
+// forgets within a token or two, the output RMSNorm then removes almost all dependence on q and k,
+// and their gradients drown in rounding (finite differences and fp32 gradients fail for that
+// reason alone). The layer cases set offset −5, which puts the gate where fla's init puts it
+// (dt_bias ≈ softplus⁻¹(0.001…0.1)) so that the recurrence carries memory.
+void add_gate_offset_knob(ConfigSpec& spec);
+int64_t delta_ve_dim(const Config& c, const LayerCtx& ctx);
+
+// FLOPs per token that FlopCounter cannot see in a delta layer's forward at length T: the short
+// convolutions (2·W·(2HK + HV)) and the chunk's triangular solve. The audit adds them to the
+// counter's number before comparing with the accountant's fwd_flops.
+double delta_conv_flops(const DeltaDims& d);
+double delta_uncounted_flops(const DeltaDims& d, int64_t T);
+
+// The accountant once the method has counted its parameters:
+//   fwd    = 2·N_matmul + chunk core (matmuls + solve, delta_chunk_flops) + short conv
+//   nanochat core (training, 3× forward) = 3·(chunk core + short conv)
+//   decode = 2·N_matmul + short conv + delta_step_flops
+//   state  = H·K·V FP32 recurrent state + (W−1)·(2HK + HV) conv cache in the activation dtype
+//   act    ≈ dtype bytes × (x + pre/post-conv q,k,v + o, normed o, gate (H·V) + β, g)
+LayerCost delta_account(const DeltaDims& d, int64_t n_matmul, int64_t n_conv, int64_t n_scalar,
+                        int64_t gate_width, DeltaGate gate, const CostQuery& q, const std::string& note);
+
+}  // namespace mixbench::linear

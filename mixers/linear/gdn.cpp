@@ -1,0 +1,91 @@
+// Method `gdn`: Gated DeltaNet layer (fla/layers/gated_deltanet.py, Yang et al. 2025) on the
+// nanochat backbone. Per layer, x [B,T,d]:
+//   q,k,v = SiLU(shortconv(x W_q|W_k|W_v)) (kernel 4, depthwise, no bias), q,k L2-normalized
+//   (value embedding on VE layers added to v after its conv — fla has no VE; our choice)
+//   β = sigmoid(x W_b)   (allow_neg_eigval = false)
+//   g = −exp(A_log)·softplus(x W_a + dt_bias), one per head
+//   o = gated_delta_rule(q, k, v, g, β), scale K^-0.5, no initial state
+//   o = RMSNorm(o; gain, eps 1e-5) · silu(x W_g) per head (fla's FusedRMSNormGated, swish), y = o W_o
+// Heads H = d_model/head_dim, K = head_dim, V = head_v_dim (default = head_dim; fla's default
+// expand_v = 2 is not used: the method table says K = V = 128).
+// Init (training): A_log ~ log U(1,16) is approximated by U(0, log 16) (fla draws A ~ U(0,16)),
+// dt_bias by U(softplus⁻¹(1e-3), softplus⁻¹(0.1)) instead of fla's log-uniform dt; o_proj zero
+// (nanochat's c_proj); other projections nanochat's uniform ±√3/√d.
+#include <ATen/ATen.h>
+
+#include "harness/registry.h"
+#include "mixers/linear/delta_layer.h"
+#include "reference/delta.h"
+
+namespace mixbench {
+namespace {
+
+using namespace linear;
+
+std::vector<ParamDef> params(const Config& c, const LayerCtx& ctx) {
+  DeltaDims d = delta_dims(c);
+  const double s = std::sqrt(3.0) / std::sqrt(double(d.d));
+  std::vector<ParamDef> p = delta_common_params(d, ctx);
+  p.push_back({"a_proj", {d.H, d.d}, ParamGroup::TransformerMatrix, true, "uniform", -s, s});
+  p.push_back({"g_proj", {d.H * d.V, d.d}, ParamGroup::TransformerMatrix, true, "uniform", -s, s});
+  p.push_back({"A_log", {d.H}, ParamGroup::Scalar, false, "uniform", 0.0, std::log(16.0)});
+  p.push_back({"dt_bias", {d.H}, ParamGroup::Scalar, false, "uniform", -6.907255, -2.252168});
+  return p;
+}
+
+TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Backend backend) {
+  DeltaDims d = delta_dims(c);
+  const at::Tensor& x = in.at("x");
+  const int64_t B = x.size(0), T = x.size(1);
+  DeltaQKV qkv = delta_qkv(in, d);
+  at::Tensor beta = at::sigmoid(at::linear(x, in.at("b_proj")));
+  at::Tensor g = -in.at("A_log").exp() * at::softplus(at::linear(x, in.at("a_proj")) + in.at("dt_bias") + c.f("gate_bias_offset"));
+  Config op;
+  op.set("scale", 0.0);
+  at::Tensor o = call_op("gated_delta_rule", backend,
+                         {{"q", qkv.q}, {"k", qkv.k}, {"v", qkv.v}, {"g", g}, {"beta", beta}}, op)
+                     .at("o");
+  at::Tensor gate = at::silu(at::linear(x, in.at("g_proj"))).view({B, T, d.H, d.V});
+  o = rms_norm_gain(o, in.at("o_norm"), d.eps) * gate;
+  return {{"y", at::linear(o.reshape({B, T, d.H * d.V}), in.at("o_proj"))}};
+}
+
+// Parameters: matmul N = d(2HK + HV) [q,k,v] + dH [b] + dH [a] + dHV [g] + HVd [o] (+ 12H VE gate);
+// conv W(2HK + HV); scalars V (gain) + 2H (A_log, dt_bias). FLOPs: see delta_account.
+LayerCost account(const Config& c, const LayerCtx& ctx, const CostQuery& q) {
+  DeltaDims d = delta_dims(c);
+  const int64_t n = d.d * (2 * d.H * d.K + d.H * d.V) + 2 * d.d * d.H + 2 * d.d * d.H * d.V +
+                    (delta_has_ve(ctx) ? kDeltaVeGateChannels * d.H : 0);
+  const int64_t conv = d.W * (2 * d.H * d.K + d.H * d.V);
+  return delta_account(d, n, conv, d.V + 2 * d.H, d.H * d.V + d.H, DeltaGate::Head, q, "gdn");
+}
+
+TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx&) {
+  DeltaDims d = delta_dims(c);
+  return {{"y", reference::delta_family_layer("gdn", in, {d.H, d.K, d.V, d.W, d.eps, c.f("gate_bias_offset")})}};
+}
+
+MethodSpec make_spec() {
+  MethodSpec m;
+  m.name = "gdn";
+  m.family = "linear";
+  m.summary = "Gated DeltaNet: short convs, L2-norm q/k, per-head decay, delta rule, gated RMSNorm output";
+  m.citation = "Yang, Kautz, Hatamizadeh 2025 (Gated Delta Networks); fla/layers/gated_deltanet.py";
+  m.config = delta_method_config();
+  add_gate_offset_knob(m.config);
+  m.ops = {"gated_delta_rule"};
+  m.params = params;
+  m.make_inputs = delta_make_inputs;
+  m.reference = reference_fn;
+  m.forward = forward;
+  ConfigSpec spec = m.config;
+  m.cases = [spec]() { return delta_cases(spec, "gate_bias_offset=-5"); };
+  m.account = account;
+  m.ve_dim = delta_ve_dim;
+  return m;
+}
+
+MIXBENCH_REGISTER(make_spec());
+
+}  // namespace
+}  // namespace mixbench
