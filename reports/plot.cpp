@@ -122,7 +122,7 @@ std::string render_sweep_html(const Json& report) {
         << fmt::format(R"(<text x="{}" y="{:.1f}" text-anchor="end">1e{}</text>)", L - 6, y + 4, int(e)) << "\n";
   }
   svg << fmt::format(R"(<text x="{}" y="{}" text-anchor="middle">sequence length T (log2)</text>)", L + pw / 2, H - 18) << "\n";
-  svg << fmt::format(R"(<text x="18" y="{}" text-anchor="middle" transform="rotate(-90 18 {})">tokens/s (log10)</text>)",
+  svg << fmt::format(R"~(<text x="18" y="{}" text-anchor="middle" transform="rotate(-90 18 {})">tokens/s (log10)</text>)~",
                      Tp + ph / 2, Tp + ph / 2)
       << "\n";
   svg << fmt::format(R"(<text x="{}" y="24" text-anchor="middle" font-size="15">{} throughput</text>)", L + pw / 2, esc(mode)) << "\n";

@@ -225,7 +225,7 @@ TEST(Sweep, PlotHasOneSvgPathPerMethodAndSchemaCatchesBreakage) {
   const std::string page = read_file(html.string());
   EXPECT_NE(page.find("<svg"), std::string::npos);
   EXPECT_EQ(page.find("<script"), std::string::npos);
-  std::regex path_re(R"(<path class="series" data-method="([a-z_]+)")");
+  std::regex path_re(R"~(<path class="series" data-method="([a-z_]+)")~");
   std::multiset<std::string> methods;
   for (auto it = std::sregex_iterator(page.begin(), page.end(), path_re); it != std::sregex_iterator(); ++it)
     methods.insert((*it)[1]);
