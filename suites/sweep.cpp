@@ -594,8 +594,22 @@ SweepOptions sweep_options_from_args(const Args& a) {
   }
   for (const auto& m : methods) reg.method(m);  // unknown names fail before any work
   o.methods = methods;
-  // Every method's config must accept the overrides at every length before anything runs.
-  for (const auto& m : methods) method_config(reg.method(m), o, o.lengths.front());
+  if (o.level == "op") {
+    // Op units take the keys their op declares; each key must mean something to a selected method or op.
+    for (const auto& kv : split(o.config, ',')) {
+      const std::string key = kv.substr(0, kv.find('='));
+      bool known = false;
+      for (const auto& m : methods) {
+        const MethodSpec& ms = reg.method(m);
+        known = known || ms.config.find(key) != nullptr;
+        for (const auto& op : ms.ops) known = known || (reg.has_op(op) && reg.op(op).params.find(key) != nullptr);
+      }
+      if (!known) throw UsageError(fmt::format("unknown config field '{}' for the selected methods and their ops", key));
+    }
+  } else {
+    // Every method's config must accept the overrides before anything runs.
+    for (const auto& m : methods) method_config(reg.method(m), o, o.lengths.front());
+  }
   if (o.device == "cuda" && !at::hasCUDA()) throw UsageError("--device cuda but no CUDA device is available");
   return o;
 }
