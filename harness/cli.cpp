@@ -16,7 +16,9 @@
 #include "harness/registry.h"
 #include "harness/report.h"
 #include "harness/safetensors.h"
+#include "reports/plot.h"
 #include "suites/conformance.h"
+#include "suites/sweep.h"
 
 namespace mixbench {
 
@@ -37,6 +39,11 @@ commands:
                 parameters, FLOPs/token, decode FLOPs, activation and cache bytes
   golden        --op NAME [--config k=v,...] [--batch B] [--seq-len T] [--seed N] --out FILE.safetensors
                 write a golden file from the FP64 reference (inputs, outputs, cotangents, gradients)
+  sweep         --mode prefill|decode|train [--methods a,b|all] [--level op|layer|model] [--batch 1,2,4,8]
+                [--lengths 1k:1m | 256,512,...] [--device cpu|cuda] [--dtype bf16|fp32|fp64] [--preset NAME]
+                [--config k=v,...] [--reps N] [--warmup N] [--memory-limit BYTES|2G] [--out FILE]
+                throughput and OOM grid (presets cpu-tiny, the default, and gpu-d12); oom points are results
+  plot          FILE --out page.html              offline HTML page (inline SVG) of a sweep report
   report        FILE                              Markdown summary of a report
   validate      FILE                              check a report against reports/report.schema.json
 )";
@@ -314,6 +321,27 @@ int cmd_golden(const std::vector<std::string>& args) {
   return 0;
 }
 
+// ------------------------------------------------------------------ sweep
+int cmd_sweep(const std::vector<std::string>& args) {
+  Args a(args, {"mode", "level", "batch", "lengths", "device", "dtype", "preset", "config", "reps", "warmup",
+                "memory-limit", "out", "seed"},
+         {"quiet"}, {"methods"});
+  SweepOptions opt = sweep_options_from_args(a);
+  opt.progress = !a.flag("quiet");
+  SweepSummary sum;
+  Json results = run_sweep(opt, sum);
+  RunInfo info = run_info("sweep", args);
+  info.argv.insert(info.argv.begin() + 1, "sweep");
+  info.config = sweep_config_json(opt);
+  info.seeds = {{"base", opt.seed}};
+  Json report = make_report(info, results);
+  report["summary"] = {{"ok", sum.ok}, {"oom", sum.oom}, {"skipped", sum.skipped}, {"errors", sum.errors}};
+  if (auto out = a.get("out")) write_report(*out, report);
+  std::cout << fmt::format("sweep {}: {} ok, {} oom, {} skipped, {} errors\n", opt.mode, sum.ok, sum.oom, sum.skipped,
+                           sum.errors);
+  return sum.errors == 0 ? 0 : 1;
+}
+
 // ------------------------------------------------------------------ report / validate
 Json load_report(const std::string& path) {
   std::string text = read_file(path);
@@ -331,6 +359,17 @@ int cmd_report(const std::vector<std::string>& args) {
   auto errs = validate_json(r, report_schema());
   if (!errs.empty()) throw InputError(fmt::format("'{}' is not a mixbench report: {}", a.positional()[0], errs[0]));
   std::cout << render_markdown(r);
+  return 0;
+}
+
+int cmd_plot(const std::vector<std::string>& args) {
+  Args a(args, {"out"});
+  if (a.positional().size() != 1 || !a.get("out")) throw UsageError("plot takes FILE --out page.html");
+  Json r = load_report(a.positional()[0]);
+  auto errs = validate_json(r, report_schema());
+  if (!errs.empty()) throw InputError(fmt::format("'{}' is not a mixbench report: {}", a.positional()[0], errs[0]));
+  write_file_atomic(*a.get("out"), render_sweep_html(r));
+  std::cout << "wrote " << *a.get("out") << "\n";
   return 0;
 }
 
@@ -364,9 +403,11 @@ int run_cli(const std::vector<std::string>& argv) {
     if (cmd == "conformance") return cmd_conformance(rest);
     if (cmd == "account") return cmd_account(rest);
     if (cmd == "golden") return cmd_golden(rest);
+    if (cmd == "sweep") return cmd_sweep(rest);
+    if (cmd == "plot") return cmd_plot(rest);
     if (cmd == "report") return cmd_report(rest);
     if (cmd == "validate") return cmd_validate(rest);
-    auto near = closest_names(cmd, {"list", "conformance", "account", "golden", "report", "validate"});
+    auto near = closest_names(cmd, {"list", "conformance", "account", "golden", "sweep", "plot", "report", "validate"});
     throw UsageError(fmt::format("unknown command '{}'{}", cmd, near.empty() ? "" : " (did you mean " + near[0] + "?)"));
   } catch (const UsageError& e) {
     std::cerr << "mixbench: error: " << e.what() << "\n";

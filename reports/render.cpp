@@ -64,6 +64,27 @@ std::string render_markdown(const Json& r) {
         md << "| " << it.key() << " | " << it.value()["output"].get<double>() << " | "
            << it.value()["gradient"].get<double>() << " |\n";
     }
+  } else if (kind == "sweep") {
+    md << "| status | method | op | level | mode | B | T | median ms | IQR ms | tokens/s | GFLOP/s | peak MiB | predicted MiB |\n";
+    md << "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    auto get = [](const Json& j, const char* a, const char* b) -> const Json* {
+      if (!j.contains(a) || !j[a].is_object() || !j[a].contains(b) || j[a][b].is_null()) return nullptr;
+      return &j[a][b];
+    };
+    auto cell = [](const Json* v, double scale) { return v ? num(v->get<double>() * scale) : std::string("-"); };
+    for (const auto& x : results) {
+      std::string status = str_or(x, "status");
+      if (x.contains("reason")) status += " (" + x["reason"].get<std::string>() + ")";
+      if (x.contains("last_fit_T")) status += ", last fit T=" + str_or(x, "last_fit_T", "none");
+      md << "| " << status << " | " << str_or(x, "method") << " | " << str_or(x, "op") << " | " << str_or(x, "level")
+         << " | " << str_or(x, "mode") << " | " << (get(x, "shape", "B") ? get(x, "shape", "B")->dump() : "-") << " | "
+         << (get(x, "shape", "T") ? get(x, "shape", "T")->dump() : "-") << " | " << cell(get(x, "timing", "median_s"), 1e3)
+         << " | " << cell(get(x, "timing", "iqr_s"), 1e3) << " | "
+         << (x.contains("tokens_per_s") ? num(x["tokens_per_s"].get<double>()) : "-") << " | "
+         << (x.contains("flop_per_s") && x["flop_per_s"].is_number() ? num(x["flop_per_s"].get<double>() * 1e-9) : "-")
+         << " | " << cell(get(x, "memory", "peak_bytes"), 1.0 / 1048576) << " | "
+         << cell(get(x, "accountant", "predicted_bytes"), 1.0 / 1048576) << " |\n";
+    }
   } else if (kind == "account") {
     for (const auto& x : results) {
       md << "## " << str_or(x, "method") << "\n\n| quantity | value |\n|---|---|\n";

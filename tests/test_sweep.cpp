@@ -1,0 +1,254 @@
+// Tests of the throughput/OOM sweep and its HTML plot. Timing values are only checked to be
+// positive and finite; every quantitative assertion is on the accountant's numbers.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <regex>
+#include <set>
+#include <unistd.h>
+
+#include "harness/cli.h"
+#include "harness/errors.h"
+#include "harness/io.h"
+#include "harness/nvtx.h"
+#include "harness/registry.h"
+#include "harness/report.h"
+#include "suites/sweep.h"
+
+namespace fs = std::filesystem;
+using namespace mixbench;
+using Json = nlohmann::json;
+
+namespace {
+
+fs::path sweep_tmp() {
+  static fs::path d = [] {
+    fs::path p = fs::temp_directory_path() / fmt::format("mixbench_sweep_test_{}", ::getpid());
+    fs::create_directories(p);
+    return p;
+  }();
+  return d;
+}
+
+int cli(std::vector<std::string> args) { return run_cli(args); }
+
+Json load(const fs::path& p) { return Json::parse(read_file(p.string())); }
+
+void expect_valid(const Json& r) {
+  auto errs = validate_json(r, report_schema());
+  EXPECT_TRUE(errs.empty()) << (errs.empty() ? "" : errs[0]);
+}
+
+std::vector<Json> points(const Json& r, const std::string& method, int64_t B) {
+  std::vector<Json> out;
+  for (const auto& x : r["results"])
+    if (x["method"] == method && x["shape"].contains("B") && x["shape"]["B"] == B) out.push_back(x);
+  return out;
+}
+
+void expect_sane_ok_point(const Json& x) {
+  ASSERT_EQ(x["status"], "ok") << x.dump();
+  for (const char* k : {"median_s", "min_s", "max_s", "iqr_s"}) {
+    const double v = x["timing"][k].get<double>();
+    EXPECT_TRUE(std::isfinite(v) && v >= 0) << k << " " << v;
+  }
+  EXPECT_GT(x["timing"]["median_s"].get<double>(), 0);
+  EXPECT_LE(x["timing"]["min_s"].get<double>(), x["timing"]["median_s"].get<double>());
+  EXPECT_LE(x["timing"]["median_s"].get<double>(), x["timing"]["max_s"].get<double>());
+  EXPECT_TRUE(std::isfinite(x["tokens_per_s"].get<double>()) && x["tokens_per_s"].get<double>() > 0);
+  EXPECT_TRUE(std::isfinite(x["flop_per_s"].get<double>()) && x["flop_per_s"].get<double>() > 0);
+  EXPECT_GT(x["accountant"]["predicted_bytes"].get<double>(), 0);
+  EXPECT_GT(x["memory"]["peak_bytes"].get<int64_t>(), 0);
+}
+
+}  // namespace
+
+TEST(Sweep, ParsesLengthsAndBytes) {
+  EXPECT_EQ(parse_lengths("1k:8k"), (std::vector<int64_t>{1024, 2048, 4096, 8192}));
+  EXPECT_EQ(parse_lengths("128:128"), (std::vector<int64_t>{128}));
+  EXPECT_EQ(parse_lengths("512,256,256"), (std::vector<int64_t>{256, 512}));
+  EXPECT_EQ(parse_lengths("1m:1m"), (std::vector<int64_t>{1 << 20}));
+  EXPECT_THROW(parse_lengths("5:1"), UsageError);
+  EXPECT_THROW(parse_lengths("0:4"), UsageError);
+  EXPECT_THROW(parse_lengths("a,b"), UsageError);
+  EXPECT_THROW(parse_lengths(""), UsageError);
+  EXPECT_EQ(parse_bytes("2G"), 2.0 * 1024 * 1024 * 1024);
+  EXPECT_EQ(parse_bytes("1000"), 1000.0);
+  EXPECT_THROW(parse_bytes("2X"), UsageError);
+  EXPECT_THROW(sweep_preset("gpu-d13"), UsageError);
+}
+
+// The cpu-tiny preset end to end for the baseline, and the accountant's cost per token of full
+// attention grows with T while the timings stay positive and finite.
+TEST(Sweep, CpuTinyPresetPrefillRunsAndValidates) {
+  fs::path out = sweep_tmp() / "tiny_prefill.json";
+  ASSERT_EQ(cli({"sweep", "--mode", "prefill", "--methods", "dense_full", "--preset", "cpu-tiny", "--quiet", "--out",
+                 out.string()}),
+            0);
+  Json r = load(out);
+  expect_valid(r);
+  EXPECT_EQ(r["kind"], "sweep");
+  EXPECT_EQ(r["config"]["lengths"], Json({128, 256, 512, 1024, 2048}));
+  for (int64_t B : {1, 2}) {
+    auto pts = points(r, "dense_full", B);
+    ASSERT_EQ(pts.size(), 5u) << "B=" << B;
+    for (const auto& x : pts) {
+      expect_sane_ok_point(x);
+      EXPECT_EQ(x["memory"]["source"], "vmhwm");
+      EXPECT_EQ(x["shape"]["d_model"], 128);
+      EXPECT_EQ(x["config"]["seq_len"], x["shape"]["T"]);
+    }
+    const double f128 = pts.front()["accountant"]["fwd_flops_per_token"].get<double>();
+    const double f2048 = pts.back()["accountant"]["fwd_flops_per_token"].get<double>();
+    EXPECT_EQ(pts.front()["shape"]["T"], 128);
+    EXPECT_EQ(pts.back()["shape"]["T"], 2048);
+    EXPECT_GT(f2048, 1.5 * f128);  // attention pairs per token grow ~T/2
+    for (size_t i = 1; i < pts.size(); ++i)
+      EXPECT_GT(pts[i]["accountant"]["fwd_flops_per_token"].get<double>(),
+                pts[i - 1]["accountant"]["fwd_flops_per_token"].get<double>());
+  }
+}
+
+TEST(Sweep, EveryMethodTrainsAtEveryLevel) {
+  std::vector<std::string> names;
+  for (auto* m : Registry::get().methods()) names.push_back(m->name);
+  for (const char* level : {"model", "layer", "op"}) {
+    fs::path out = sweep_tmp() / fmt::format("train_{}.json", level);
+    ASSERT_EQ(cli({"sweep", "--mode", "train", "--methods", "all", "--level", level, "--lengths", "64,128", "--batch",
+                   "1", "--reps", "1", "--warmup", "0", "--quiet", "--out", out.string()}),
+              0)
+        << level;
+    Json r = load(out);
+    expect_valid(r);
+    EXPECT_NE(r["config"]["optimizer"].get<std::string>().find("until Muon lands"), std::string::npos);
+    std::set<std::string> seen;
+    for (const auto& x : r["results"]) {
+      EXPECT_EQ(x["level"], level);
+      EXPECT_EQ(x["mode"], "train");
+      if (std::string(level) == "op") {
+        ASSERT_EQ(x["status"], "ok") << x.dump();
+        EXPECT_TRUE(x["op"].is_string());
+        EXPECT_TRUE(x["flop_per_s"].is_null());  // ops declare no accountant
+        continue;
+      }
+      expect_sane_ok_point(x);
+      seen.insert(x["method"].get<std::string>());
+      const auto& a = x["accountant"];
+      EXPECT_DOUBLE_EQ(a["flops_per_token"].get<double>(), 3.0 * a["fwd_flops_per_token"].get<double>());
+      EXPECT_DOUBLE_EQ(a["flops_per_step"].get<double>(),
+                       a["flops_per_token"].get<double>() * x["shape"]["T"].get<double>());
+    }
+    if (std::string(level) != "op") EXPECT_EQ(seen.size(), names.size()) << level;
+  }
+}
+
+TEST(Sweep, MemoryLimitRecordsOomAndContinuesWithNextBatch) {
+  // Predicted bytes grow with B·T; a limit at (B=1, T=256) lets B=1 fit up to 256 and B=2 up to 128.
+  fs::path probe = sweep_tmp() / "oom_probe.json";
+  ASSERT_EQ(cli({"sweep", "--mode", "train", "--methods", "gqa", "--lengths", "128:256", "--batch", "1", "--reps", "1",
+                 "--warmup", "0", "--quiet", "--out", probe.string()}),
+            0);
+  const double limit = points(load(probe), "gqa", 1).back()["accountant"]["predicted_bytes"].get<double>();
+  fs::path out = sweep_tmp() / "oom.json";
+  ASSERT_EQ(cli({"sweep", "--mode", "train", "--methods", "gqa", "--lengths", "128:1024", "--batch", "1,2,4", "--reps",
+                 "1", "--warmup", "0", "--quiet", "--memory-limit", fmt::format("{}", int64_t(std::ceil(limit))), "--out",
+                 out.string()}),
+            0);
+  Json r = load(out);
+  expect_valid(r);
+  EXPECT_EQ(r["summary"]["oom"], 3);
+  const std::map<int64_t, Json> expect_last = {{1, 256}, {2, 128}, {4, nullptr}};
+  for (const auto& [B, last] : expect_last) {
+    auto pts = points(r, "gqa", B);
+    ASSERT_FALSE(pts.empty()) << "the sweep did not continue with B=" << B;
+    const Json& o = pts.back();
+    EXPECT_EQ(o["status"], "oom");
+    EXPECT_EQ(o["reason"], "memory limit");
+    EXPECT_EQ(o["last_fit_T"], last) << "B=" << B;
+    EXPECT_GT(o["accountant"]["predicted_bytes"].get<double>(), limit);
+    for (size_t i = 0; i + 1 < pts.size(); ++i) EXPECT_EQ(pts[i]["status"], "ok");
+  }
+  // The plot marks the frontier.
+  fs::path html = sweep_tmp() / "oom.html";
+  ASSERT_EQ(cli({"plot", out.string(), "--out", html.string()}), 0);
+  const std::string page = read_file(html.string());
+  std::regex oom_re(R"(<g class="oom")");
+  EXPECT_EQ(std::distance(std::sregex_iterator(page.begin(), page.end(), oom_re), std::sregex_iterator()), 3);
+}
+
+TEST(Sweep, DecodeIsSkippedWithReason) {
+  fs::path out = sweep_tmp() / "decode.json";
+  ASSERT_EQ(cli({"sweep", "--mode", "decode", "--methods", "dense,mqa", "--quiet", "--out", out.string()}), 0);
+  Json r = load(out);
+  expect_valid(r);
+  ASSERT_EQ(r["results"].size(), 2u);
+  for (const auto& x : r["results"]) {
+    EXPECT_EQ(x["status"], "skipped");
+    EXPECT_EQ(x["reason"], "no decode path");
+  }
+}
+
+TEST(Sweep, BadInputExitsTwo) {
+  EXPECT_EQ(cli({"sweep", "--mode", "sideways", "--methods", "dense"}), 2);
+  EXPECT_EQ(cli({"sweep", "--methods", "dense"}), 2);  // no mode
+  EXPECT_EQ(cli({"sweep", "--mode", "prefill", "--lengths", "5:1"}), 2);
+  EXPECT_EQ(cli({"sweep", "--mode", "prefill", "--methods", "dense_ful"}), 2);
+  EXPECT_EQ(cli({"sweep", "--mode", "prefill", "--level", "block"}), 2);
+  EXPECT_EQ(cli({"sweep", "--mode", "prefill", "--batch", "0"}), 2);
+  EXPECT_EQ(cli({"sweep", "--mode", "prefill", "--preset", "tpu"}), 2);
+  EXPECT_EQ(cli({"sweep", "--mode", "prefill", "--memory-limit", "lots"}), 2);
+  EXPECT_EQ(cli({"sweep", "--mode", "prefill", "--config", "n_layer=-3"}), 2);
+  EXPECT_EQ(cli({"sweep", "--mode", "prefill", "--dtype", "fp8"}), 2);
+  EXPECT_EQ(cli({"plot", "/nonexistent/report.json", "--out", (sweep_tmp() / "x.html").string()}), 2);
+}
+
+TEST(Sweep, NvtxRangesNamePointAndPhase) {
+  NvtxRange::start_recording();
+  ASSERT_EQ(cli({"sweep", "--mode", "train", "--methods", "dense", "--lengths", "64", "--batch", "2", "--reps", "1",
+                 "--warmup", "1", "--quiet"}),
+            0);
+  auto names = NvtxRange::stop_recording();
+  std::set<std::string> s(names.begin(), names.end());
+  for (const char* n : {"dense/sweep/train:B2T64", "dense/sweep/train:B2T64/warmup", "dense/sweep/train:B2T64/timed",
+                        "dense/sweep/train:B2T64/forward", "dense/sweep/train:B2T64/backward",
+                        "dense/sweep/train:B2T64/update"})
+    EXPECT_TRUE(s.count(n)) << n;
+}
+
+TEST(Sweep, PlotHasOneSvgPathPerMethodAndSchemaCatchesBreakage) {
+  fs::path out = sweep_tmp() / "plot.json";
+  ASSERT_EQ(cli({"sweep", "--mode", "prefill", "--methods", "dense_full,mqa,gqa", "--lengths", "64:256", "--batch", "1",
+                 "--reps", "1", "--warmup", "0", "--quiet", "--out", out.string()}),
+            0);
+  fs::path html = sweep_tmp() / "plot.html";
+  ASSERT_EQ(cli({"plot", out.string(), "--out", html.string()}), 0);
+  const std::string page = read_file(html.string());
+  EXPECT_NE(page.find("<svg"), std::string::npos);
+  EXPECT_EQ(page.find("<script"), std::string::npos);
+  std::regex path_re(R"~(<path class="series" data-method="([a-z_]+)")~");
+  std::multiset<std::string> methods;
+  for (auto it = std::sregex_iterator(page.begin(), page.end(), path_re); it != std::sregex_iterator(); ++it)
+    methods.insert((*it)[1]);
+  EXPECT_EQ(methods, (std::multiset<std::string>{"dense_full", "gqa", "mqa"}));
+
+  // The schema rejects broken sweep points.
+  Json r = load(out);
+  expect_valid(r);
+  Json bad = r;
+  bad["results"][0].erase("timing");
+  EXPECT_FALSE(validate_json(bad, report_schema()).empty());
+  bad = r;
+  bad["results"][0]["status"] = "pass";
+  EXPECT_FALSE(validate_json(bad, report_schema()).empty());
+  bad = r;
+  bad["results"][0]["timing"]["median_s"] = -1.0;
+  EXPECT_FALSE(validate_json(bad, report_schema()).empty());
+  bad = r;
+  bad["results"][0]["memory"].erase("peak_bytes");
+  EXPECT_FALSE(validate_json(bad, report_schema()).empty());
+  bad = r;
+  bad["results"][0]["status"] = "oom";  // an oom point needs its reason and last fitting length
+  EXPECT_FALSE(validate_json(bad, report_schema()).empty());
+  // A missing report is bad input.
+  EXPECT_EQ(cli({"plot", (sweep_tmp() / "nonexistent.json").string(), "--out", html.string()}), 2);
+}
