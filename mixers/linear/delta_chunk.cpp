@@ -204,10 +204,11 @@ double rel_err(const at::Tensor& a, const at::Tensor& ref) {
   return (x - r).pow(2).mean().sqrt().item<double>() / (den + 1e-30);
 }
 
-std::vector<std::pair<std::string, double>> invariants(const TensorMap& in64, const Config& p, Backend,
+std::vector<std::pair<std::string, double>> invariants(const TensorMap& in64, const Config& p, Backend backend,
                                                        at::ScalarType dt, DeltaGate gate) {
   c10::NoGradGuard ng;
-  auto cv = [&](const std::string& n) { return in64.has(n) ? in64.at(n).to(dt) : at::Tensor(); };
+  const at::Device dev = backend == Backend::CUDA ? at::Device(at::kCUDA) : at::Device(at::kCPU);
+  auto cv = [&](const std::string& n) { return in64.has(n) ? in64.at(n).to(dev, dt) : at::Tensor(); };
   const at::Tensor q = cv("q"), k = cv("k"), v = cv("v"), beta = cv("beta"), h0 = cv("h0");
   const at::Tensor g = gate == DeltaGate::None ? at::Tensor() : cv("g");
   const int64_t T = q.size(1);
@@ -292,6 +293,8 @@ OpSpec delta_op_spec(DeltaGate gate) {
                                   resolve_scale(p, q.size(3)), in.get_or("h0", at::Tensor()));
     return TensorMap{{"o", r.o}, {"ht", r.ht}};
   };
+  // The chunked WY path is device-agnostic LibTorch: on the GPU it runs through cuBLAS.
+  s.cuda = s.cpu;
   s.cases = [ps, gate]() { return cases(ps, gate); };
   s.check_inputs = [gate](const TensorMap& in, const Config& p) { check_inputs(in, p, gate); };
   s.invariants = [gate](const TensorMap& in, const Config& p, Backend b, at::ScalarType dt) {

@@ -52,6 +52,9 @@ TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx&) {
 
 MethodSpec make_spec() {
   MethodSpec m;
+#if defined(MIXBENCH_WITH_CUDA)
+  m.has_cuda = true;  // device-agnostic LibTorch layer over a CUDA-registered op
+#endif
   m.name = "deltanet";
   m.family = "linear";
   m.summary = "DeltaNet: short convs + SiLU, L2-norm q/k, sigmoid β, delta rule, per-head RMSNorm output";

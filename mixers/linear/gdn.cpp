@@ -67,6 +67,9 @@ TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx&) {
 
 MethodSpec make_spec() {
   MethodSpec m;
+#if defined(MIXBENCH_WITH_CUDA)
+  m.has_cuda = true;  // device-agnostic LibTorch layer over a CUDA-registered op
+#endif
   m.name = "gdn";
   m.family = "linear";
   m.summary = "Gated DeltaNet: short convs, L2-norm q/k, per-head decay, delta rule, gated RMSNorm output";

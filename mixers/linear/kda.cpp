@@ -70,6 +70,9 @@ TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx&) {
 
 MethodSpec make_spec() {
   MethodSpec m;
+#if defined(MIXBENCH_WITH_CUDA)
+  m.has_cuda = true;  // device-agnostic LibTorch layer over a CUDA-registered op
+#endif
   m.name = "kda";
   m.family = "linear";
   m.summary = "Kimi Delta Attention: short convs, L2-norm q/k, per-key-dim low-rank decay, delta rule, sigmoid-gated RMSNorm";
