@@ -117,8 +117,11 @@ void print_conformance_table(const Json& results) {
     else ++row.other;
     if (r.contains("checks"))
       for (const auto& c : r["checks"])
-        if (!c["rel_rms"].is_null() && c["threshold"].get<double>() > 0)
-          row.worst = std::max(row.worst, c["rel_rms"].get<double>() / c["threshold"].get<double>());
+        if (!c["rel_rms"].is_null()) {
+          // threshold 0 (selection checks): any error is infinitely over it
+          const double e = c["rel_rms"].get<double>(), t = c["threshold"].get<double>();
+          row.worst = std::max(row.worst, t > 0 ? e / t : (e > 0 ? INFINITY : 0.0));
+        }
   }
   std::cout << fmt::format("{:<14} {:<18} {:<7} {:<5} {:<5} {:>5} {:>5} {:>6} {:>12}\n", "method", "op", "level", "dev",
                            "dtype", "pass", "fail", "other", "worst/thr");

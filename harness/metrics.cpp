@@ -35,6 +35,23 @@ Comparison compare(const at::Tensor& ref_in, const at::Tensor& x_in) {
   return c;
 }
 
+Comparison compare_selection(const at::Tensor& ref_in, const at::Tensor& x_in) {
+  Comparison c;
+  if (ref_in.sizes() != x_in.sizes() || ref_in.dim() == 0) {
+    c.shape_ok = false;
+    c.rel_rms = c.max_abs = std::numeric_limits<double>::infinity();
+    return c;
+  }
+  if (ref_in.numel() == 0) return c;
+  const int64_t k = ref_in.size(-1);
+  at::Tensor ref = std::get<0>(ref_in.detach().to(at::kCPU, at::kLong).reshape({-1, k}).sort(-1));
+  at::Tensor x = std::get<0>(x_in.detach().to(at::kCPU, at::kLong).reshape({-1, k}).sort(-1));
+  at::Tensor differ = (ref != x).sum(-1);  // [rows]
+  c.rel_rms = (differ > 0).to(at::kDouble).mean().item<double>();
+  c.max_abs = double(differ.max().item<int64_t>());
+  return c;
+}
+
 // Thresholds on the relative RMS error. Outputs and gradients of an optimized path computed in
 // the given dtype, against the FP64 reference on the same (dtype-rounded) inputs.
 double threshold(const std::string& dtype, TensorKind kind) {

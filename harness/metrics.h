@@ -20,6 +20,11 @@ constexpr double kZeroReference = 1e-12;
 // Compares x to ref in FP64. Shape mismatch or a non-finite x is reported, not thrown.
 Comparison compare(const at::Tensor& ref, const at::Tensor& x);
 
+// Selections (integer tensors [..., k], −1 = empty slot) compared as multisets per row of the last
+// dimension: rel_rms = fraction of rows whose selections differ, max_abs = the most slots that
+// differ in one row (after sorting both rows). Shape mismatch is reported, not thrown.
+Comparison compare_selection(const at::Tensor& ref, const at::Tensor& x);
+
 enum class TensorKind { Output, Gradient };
 
 // Threshold on rel_rms for the optimized path's compute dtype ("fp64", "fp32", "tf32", "bf16", "fp16").

@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,10 @@ struct OpSpec {
   ConfigSpec params;
   std::vector<TensorDef> inputs;
   std::vector<std::string> outputs;
+  // Integer outputs that are selections along their last dimension (e.g. top-k key indices
+  // [B,T,k], −1 = empty slot): compared as sets per row (slot order ignored) by compare_selection,
+  // reported as checks of kind "selection" with threshold 0, never differentiated.
+  std::set<std::string> selection_outputs;
   // Fresh random FP64 inputs (never zeros) for a case: shapes follow from cfg, B and T.
   std::function<TensorMap(const Config&, int64_t B, int64_t T, at::Generator&)> make_inputs;
   OpFn reference;  // FP64 plain loops; differentiable through autograd

@@ -31,6 +31,7 @@ struct Unit {
   std::function<TensorMap(const TensorMap&)> reference;
   std::function<TensorMap(const TensorMap&, Backend)> optimized;
   std::set<std::string> nondiff;  // inputs without gradients
+  std::set<std::string> selection;  // outputs compared as selections (OpSpec::selection_outputs)
 };
 
 at::Generator make_gen(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
@@ -93,11 +94,29 @@ TensorMap prepare(const TensorMap& inputs64, const Unit& u, at::ScalarType dt, a
   return out;
 }
 
+// Drops one selected key from every row of a selection [..., k] that has one (the first slot
+// holding an index ≥ 0 becomes −1), so the row's set differs from the reference's.
+at::Tensor drop_one_selection(const at::Tensor& sel) {
+  if (sel.numel() == 0 || sel.dim() == 0) return sel;
+  at::Tensor rows = sel.reshape({-1, sel.size(-1)}).clone();
+  at::Tensor valid = rows >= 0;
+  at::Tensor first = valid.to(at::kInt).argmax(-1);  // first valid slot (0 when none)
+  at::Tensor r = at::arange(rows.size(0), first.options().dtype(at::kLong));
+  at::Tensor has = valid.any(-1);
+  rows.index_put_({r, first}, at::where(has, at::full_like(first, -1, rows.options()), rows.index({r, first})));
+  return rows.view(sel.sizes());
+}
+
 // Test hook: every floating tensor becomes x·(1 + s), or x + s where x is numerically zero (a
-// structurally zero gradient), so each check it feeds must fail.
-TensorMap inject_fault(const TensorMap& m, double s) {
+// structurally zero gradient), and every selection output loses one key per row, so each check
+// it feeds must fail.
+TensorMap inject_fault(const TensorMap& m, double s, const std::set<std::string>& selection = {}) {
   TensorMap out;
   for (const auto& [n, t] : m) {
+    if (selection.count(n) && !floating(t)) {
+      out.set(n, drop_one_selection(t));
+      continue;
+    }
     if (!floating(t)) {
       out.set(n, t);
       continue;
@@ -142,13 +161,15 @@ Json run_case(const Unit& u, const TensorMap& inputs64, const ConformanceOptions
     PoisonScope poison(true);
     std::tie(opt_out, opt_grad) = forward_backward(u, opt_in, opt_cot, opt.backend, false);
   }
-  if (opt.fault == "output") opt_out = inject_fault(opt_out, opt.fault_scale);
+  if (opt.fault == "output") opt_out = inject_fault(opt_out, opt.fault_scale, u.selection);
   if (opt.fault == "gradient") opt_grad = inject_fault(opt_grad, opt.fault_scale);
   Json checks = Json::array();
   bool ok = true;
   for (const auto& [n, r] : ref_out) {
     if (!opt_out.has(n)) throw std::runtime_error(fmt::format("optimized path did not return '{}'", n));
-    Json c = check_json(n, "output", compare(r, opt_out.at(n)), threshold(opt.dtype, TensorKind::Output));
+    Json c = u.selection.count(n)
+                 ? check_json(n, "selection", compare_selection(r, opt_out.at(n)), 0.0)
+                 : check_json(n, "output", compare(r, opt_out.at(n)), threshold(opt.dtype, TensorKind::Output));
     ok = ok && c["status"] == "pass";
     checks.push_back(c);
   }
@@ -235,6 +256,7 @@ Unit op_unit(const OpSpec& spec, const Config& cfg) {
   };
   for (const auto& d : spec.inputs)
     if (!d.differentiable) u.nondiff.insert(d.name);
+  u.selection = spec.selection_outputs;
   return u;
 }
 
@@ -469,7 +491,7 @@ Json run_golden(const std::string& path, const ConformanceOptions& opt) {
         PoisonScope poison(!reference);
         std::tie(outs, grads) = forward_backward(u, x, c2, reference ? Backend::Reference : opt.backend, reference);
       }
-      if (!reference && opt.fault == "output") outs = inject_fault(outs, opt.fault_scale);
+      if (!reference && opt.fault == "output") outs = inject_fault(outs, opt.fault_scale, u.selection);
       if (!reference && opt.fault == "gradient") grads = inject_fault(grads, opt.fault_scale);
       const double thr_out = std::max(threshold(dtype, TensorKind::Output), threshold(golden_dtype, TensorKind::Output));
       const double thr_grad = std::max(threshold(dtype, TensorKind::Gradient), threshold(golden_dtype, TensorKind::Gradient));
@@ -477,12 +499,16 @@ Json run_golden(const std::string& path, const ConformanceOptions& opt) {
       bool ok = true;
       int compared = 0;
       for (const auto& o : spec.outputs) {
-        if (!f.tensors.has(o)) continue;
+        // the expected output is stored as `<o>` or `expected_<o>` (e.g. expected_indices)
+        const std::string key = f.tensors.has(o) ? o : "expected_" + o;
+        if (!f.tensors.has(key)) continue;
+        const at::Tensor& want = f.tensors.at(key);
         if (!outs.has(o)) throw std::runtime_error("path did not return " + o);
-        if (f.tensors.at(o).sizes() != outs.at(o).sizes())
-          throw fail(fmt::format("tensor '{}' has shape {} but the op produces {}", o,
-                                 c10::str(f.tensors.at(o).sizes()), c10::str(outs.at(o).sizes())));
-        Json c = check_json(o, "output", compare(f.tensors.at(o), outs.at(o)), thr_out);
+        if (want.sizes() != outs.at(o).sizes())
+          throw fail(fmt::format("tensor '{}' has shape {} but the op produces {}", key, c10::str(want.sizes()),
+                                 c10::str(outs.at(o).sizes())));
+        Json c = u.selection.count(o) ? check_json(o, "selection", compare_selection(want, outs.at(o)), 0.0)
+                                      : check_json(o, "output", compare(want, outs.at(o)), thr_out);
         ok = ok && c["status"] == "pass";
         checks.push_back(c);
         ++compared;

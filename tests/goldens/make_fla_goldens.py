@@ -6,7 +6,10 @@
 
 Each file holds an op's inputs, outputs, cotangents d<out> and gradients grad_<in> of
 sum(o·do) [+ sum(ht·dht)], with `op` and its scalar parameters in the metadata.
+dsa_indexer files hold q_idx, k_idx, w_idx and expected_indices ([B,T,topk], −1 padded), which
+are compared as sets per query.
 """
+import contextlib
 import os
 import sys
 
@@ -32,12 +35,90 @@ def attention_golden(path, B, T, HQ, H, D, window, seed):
     save_file({n: t.detach().contiguous() for n, t in tensors.items()}, path, metadata=meta)
 
 
+@contextlib.contextmanager
+def keep_float64():
+    """FLA's naive DSA functions upcast with `.float()` (to float32). While this is active
+    `.float()` leaves float64 tensors as they are, so the same code computes in float64."""
+    orig = torch.Tensor.float
+    torch.Tensor.float = lambda self, *a, **kw: self if self.dtype == torch.float64 else orig(self, *a, **kw)
+    try:
+        yield
+    finally:
+        torch.Tensor.float = orig
+
+
+def indexer_scores(q_idx, k_idx, w_idx, scale):
+    """I[b,t,s] = sum_j w[t,j] relu(scale q_idx[t,j].k_idx[s]) in float64, -inf for s > t."""
+    sim = torch.relu(torch.einsum("bthd,bsd->bths", q_idx, k_idx) * scale)
+    score = torch.einsum("bths,bth->bts", sim, w_idx)
+    T = q_idx.shape[1]
+    future = torch.arange(T)[None, :] > torch.arange(T)[:, None]
+    return score.masked_fill(future, float("-inf"))
+
+
+def clear_margin(score, topk, rel=1e-4):
+    """True when every query's top-k boundary is separated by more than rel·max|I| (no ties or
+    near-ties that float32 rounding or torch.topk's unspecified tie order could flip)."""
+    B, T, _ = score.shape
+    for b in range(B):
+        for t in range(T):
+            vis = torch.sort(score[b, t, : t + 1], descending=True).values
+            if topk < t + 1 and (vis[topk - 1] - vis[topk]) <= rel * vis.abs().max():
+                return False
+    return True
+
+
+def indexer_inputs(B, T, HI, DI, topk, seed):
+    """Index queries/keys/weights whose selections have a clear top-k margin (seed advanced until so)."""
+    while True:
+        g = torch.Generator().manual_seed(seed)
+        q_idx = torch.randn(B, T, HI, DI, generator=g, dtype=torch.float64)
+        k_idx = torch.randn(B, T, DI, generator=g, dtype=torch.float64)
+        w_idx = torch.randn(B, T, HI, generator=g, dtype=torch.float64)
+        if clear_margin(indexer_scores(q_idx, k_idx, w_idx, DI ** -0.5), topk):
+            return q_idx, k_idx, w_idx
+        seed += 1000
+
+
+def dsa_indexer_golden(path, B, T, HI, DI, topk, seed):
+    from fla.ops.dsa.naive import naive_dsa_indexer
+    q_idx, k_idx, w_idx = indexer_inputs(B, T, HI, DI, topk, seed)
+    with keep_float64():
+        idx = naive_dsa_indexer(q_idx, k_idx, w_idx, topk=topk, activation="relu")
+    tensors = dict(q_idx=q_idx, k_idx=k_idx, w_idx=w_idx, expected_indices=idx)
+    meta = dict(op="dsa_indexer", topk=str(topk), activation="relu", scale=repr(DI ** -0.5),
+                source="fla.ops.dsa.naive.naive_dsa_indexer")
+    save_file({n: t.contiguous() for n, t in tensors.items()}, path, metadata=meta)
+
+
+def dsa_golden(path, B, T, HQ, H, D, topk, seed):
+    """naive_dsa with the indices its own indexer selects (passed explicitly, so the op's input)."""
+    from fla.ops.dsa.naive import naive_dsa, naive_dsa_indexer
+    q_idx, k_idx, w_idx = indexer_inputs(B, T, 4, 8, topk, seed + 500)
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, T, n, D, generator=g, dtype=torch.float64, requires_grad=True) for n in (HQ, H, H))
+    scale = D ** -0.5
+    with keep_float64():
+        indices = naive_dsa_indexer(q_idx, k_idx, w_idx, topk=topk, activation="relu")
+        o = naive_dsa(q, k, v, None, None, indices=indices, topk=topk, scale=scale)
+    assert o.dtype == torch.float64
+    do = torch.randn(o.shape, generator=g, dtype=torch.float64)
+    gq, gk, gv = grads([q, k, v], [o], [do])
+    tensors = dict(q=q, k=k, v=v, indices=indices, o=o, do=do, grad_q=gq, grad_k=gk, grad_v=gv)
+    meta = dict(op="sparse_attention", scale=repr(scale), topk=str(topk), source="fla.ops.dsa.naive.naive_dsa")
+    save_file({n: t.detach().contiguous() for n, t in tensors.items()}, path, metadata=meta)
+
+
 def main(out):
     os.makedirs(out, exist_ok=True)
     attention_golden(f"{out}/fla_attention_causal.safetensors", 2, 45, 4, 4, 16, 0, 1)
     attention_golden(f"{out}/fla_attention_window.safetensors", 2, 70, 4, 4, 16, 9, 2)
     attention_golden(f"{out}/fla_attention_gqa_window.safetensors", 1, 53, 6, 2, 8, 16, 3)
     attention_golden(f"{out}/fla_attention_gqa.safetensors", 2, 31, 4, 1, 8, 0, 4)
+    dsa_golden(f"{out}/fla_dsa_sparse_attention.safetensors", 2, 37, 4, 4, 16, 8, 5)
+    dsa_golden(f"{out}/fla_dsa_sparse_attention_gqa.safetensors", 1, 45, 6, 2, 8, 12, 6)
+    dsa_indexer_golden(f"{out}/fla_dsa_indexer.safetensors", 2, 41, 4, 16, 7, 7)
+    dsa_indexer_golden(f"{out}/fla_dsa_indexer_topk_gt_T.safetensors", 1, 19, 8, 8, 32, 8)
 
 
 if __name__ == "__main__":

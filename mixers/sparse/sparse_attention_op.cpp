@@ -1,0 +1,227 @@
+// Op `sparse_attention`: causal token-sparse softmax attention over given key indices, as FLA's
+// naive_dsa with `indices` supplied (fla/ops/dsa/naive.py). q [B,T,H,D], k [B,T,Hkv,D],
+// v [B,T,Hkv,Dv], indices [B,T,topk] int64, −1 padded (anywhere in the row), shared by all query
+// heads; every index must satisfy 0 ≤ s ≤ t and a row may not repeat a key (a selection is a
+// set). Softmax over the selected keys only; a query whose row is all −1 gets o_t = 0 (FLA's
+// naive would give NaN there). Indices carry no gradient.
+//
+// CPU path: one gather of the selected K/V rows per (batch, query) — [B,T,K,Hkv,D] — then
+// batched matmuls per KV-head group, a masked softmax over the K slots, and a weighted sum, so
+// work is O(B·T·K·H·D) rather than O(T²).
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <limits>
+
+#include "harness/errors.h"
+#include "harness/registry.h"
+#include "mixers/sparse/sparse.h"
+#include "reference/sparse.h"
+
+namespace mixbench {
+
+namespace {
+
+double resolve_scale(const Config& p, int64_t D) {
+  double s = p.f("scale");
+  return s > 0 ? s : 1.0 / std::sqrt(double(D));
+}
+
+// Value checks on an index tensor [B,T,K]: −1 ≤ index < T, index ≤ t, no repeated key in a row.
+void check_indices(const char* op, const at::Tensor& indices, int64_t T) {
+  at::Tensor ic = indices.to(at::kCPU).contiguous();
+  if (ic.numel() == 0) return;
+  if ((ic < -1).any().item<bool>()) {
+    throw InputError(fmt::format("{}: 'indices' holds {} (only −1 may pad an empty slot)", op,
+                                 ic.min().item<int64_t>()));
+  }
+  if ((ic >= T).any().item<bool>()) {
+    throw InputError(fmt::format("{}: 'indices' holds key {} but T = {} (index ≥ T)", op,
+                                 ic.max().item<int64_t>(), T));
+  }
+  at::Tensor tpos = at::arange(T, ic.options()).view({1, T, 1});
+  at::Tensor bad = ic > tpos;
+  if (bad.any().item<bool>()) {
+    at::Tensor where = bad.nonzero()[0];
+    const int64_t b = where[0].item<int64_t>(), t = where[1].item<int64_t>(), j = where[2].item<int64_t>();
+    throw InputError(fmt::format("{}: non-causal index: indices[{},{},{}] = {} > query position {}", op, b, t, j,
+                                 ic[b][t][j].item<int64_t>(), t));
+  }
+  if (ic.size(2) > 1) {
+    at::Tensor srt = std::get<0>(ic.sort(-1));
+    at::Tensor dup = (srt.slice(2, 1) == srt.slice(2, 0, -1)).logical_and(srt.slice(2, 1) >= 0);
+    if (dup.any().item<bool>()) {
+      at::Tensor where = dup.nonzero()[0];
+      throw InputError(fmt::format("{}: 'indices' row [{},{}] selects key {} twice", op, where[0].item<int64_t>(),
+                                   where[1].item<int64_t>(), srt[where[0]][where[1]][where[2]].item<int64_t>()));
+    }
+  }
+}
+
+void check_sparse_inputs(const TensorMap& in, const Config& p) {
+  for (const char* n : {"q", "k", "v", "indices"})
+    if (!in.has(n)) throw InputError(fmt::format("sparse_attention: missing input '{}'", n));
+  for (const char* n : {"q", "k", "v"})
+    if (in.at(n).dim() != 4)
+      throw InputError(fmt::format("sparse_attention: '{}' must be [B,T,H,D], got {} dims", n, in.at(n).dim()));
+  const auto &q = in.at("q"), &k = in.at("k"), &v = in.at("v"), &idx = in.at("indices");
+  const int64_t B = q.size(0), T = q.size(1);
+  if (k.size(0) != B || v.size(0) != B || k.size(1) != T || v.size(1) != T)
+    throw InputError("sparse_attention: q, k, v must share batch and length");
+  if (k.size(2) != v.size(2)) throw InputError("sparse_attention: k and v must have the same number of heads");
+  if (k.size(2) == 0 || q.size(2) % k.size(2) != 0)
+    throw InputError(fmt::format("sparse_attention: {} query heads are not a multiple of {} KV heads", q.size(2),
+                                 k.size(2)));
+  if (k.size(3) != q.size(3)) throw InputError("sparse_attention: q and k head dims differ");
+  if (idx.scalar_type() != at::kLong)
+    throw InputError(fmt::format("sparse_attention: 'indices' must be int64, got {}", c10::toString(idx.scalar_type())));
+  if (idx.dim() != 3 || idx.size(0) != B || idx.size(1) != T || idx.size(2) != p.i("topk"))
+    throw InputError(fmt::format("sparse_attention: 'indices' must be [B,T,topk] = [{},{},{}], got {}", B, T,
+                                 p.i("topk"), c10::str(idx.sizes())));
+  check_indices("sparse_attention", idx, T);
+}
+
+TensorMap reference_fn(const TensorMap& in, const Config& p) {
+  check_sparse_inputs(in, p);
+  const auto& q = in.at("q");
+  return {{"o", reference::sparse_attention(q, in.at("k"), in.at("v"), in.at("indices"), resolve_scale(p, q.size(3)))}};
+}
+
+TensorMap cpu_fn(const TensorMap& in, const Config& p) {
+  check_sparse_inputs(in, p);
+  const auto& q = in.at("q");
+  return {{"o", sparse_attention_cpu(q, in.at("k"), in.at("v"), in.at("indices"), resolve_scale(p, q.size(3)))}};
+}
+
+// Random causal selections: each row picks min(topk, t+1) distinct keys ≤ t uniformly, and the
+// selected keys and the −1 padding are shuffled across the row's slots.
+at::Tensor random_indices(int64_t B, int64_t T, int64_t topk, at::Generator& gen) {
+  auto o = at::TensorOptions().dtype(at::kDouble);
+  at::Tensor r = at::rand({B, T, T}, gen, o);
+  at::Tensor future = at::arange(T).view({1, -1}) > at::arange(T).view({-1, 1});  // [T,T] s > t
+  r = r.masked_fill(future.unsqueeze(0), 2.0);
+  at::Tensor order = std::get<1>(r.sort(-1));  // visible keys first, in random order
+  const int64_t S = std::min(topk, T);
+  at::Tensor sel = order.slice(2, 0, S);
+  at::Tensor vis = at::gather(r, 2, sel) < 2.0;
+  sel = sel.masked_fill(vis.logical_not(), -1);
+  if (topk > S) sel = at::cat({sel, at::full({B, T, topk - S}, -1, sel.options())}, 2);
+  at::Tensor perm = std::get<1>(at::rand({B, T, topk}, gen, o).sort(-1));
+  return at::gather(sel, 2, perm).contiguous();
+}
+
+TensorMap make_inputs(const Config& c, int64_t B, int64_t T, at::Generator& gen) {
+  auto o = at::TensorOptions().dtype(at::kDouble);
+  const int64_t H = c.i("H"), Hkv = c.i("Hkv"), D = c.i("D"), Dv = c.i("Dv") > 0 ? c.i("Dv") : c.i("D");
+  TensorMap m{{"q", at::randn({B, T, H, D}, gen, o)},
+              {"k", at::randn({B, T, Hkv, D}, gen, o)},
+              {"v", at::randn({B, T, Hkv, Dv}, gen, o)}};
+  m.set("indices", random_indices(B, T, c.i("topk"), gen));
+  return m;
+}
+
+ConfigSpec params_spec() {
+  ConfigSpec s;
+  s.f("scale", 0.0, "softmax scale; 0 = D^-0.5", 0.0)
+      .i("topk", 16, "index slots per query (last dim of indices)", 1)
+      .i("H", 4, "query heads (case shape)", 1)
+      .i("Hkv", 4, "KV heads (case shape)", 1)
+      .i("D", 16, "q/k head dim (case shape)", 1)
+      .i("Dv", 0, "v head dim (case shape); 0 = D", 0)
+      .rule([](const Config& c) {
+        if (c.i("H") % c.i("Hkv") != 0)
+          throw InputError(fmt::format("sparse_attention: H={} is not divisible by Hkv={}", c.i("H"), c.i("Hkv")));
+      });
+  return s;
+}
+
+std::vector<CaseDef> cases() {
+  ConfigSpec s = params_spec();
+  auto c = [&](const std::string& kv) { return s.parse(kv); };
+  return {
+      {"T1", c("H=2,Hkv=2,D=8,topk=4"), 1, 1},
+      {"odd_B2", c("H=4,Hkv=4,D=16,topk=8"), 2, 37},
+      {"gqa", c("H=4,Hkv=2,D=16,topk=16"), 2, 45},
+      {"mqa", c("H=4,Hkv=1,D=8,topk=5"), 1, 33},
+      {"topk1", c("H=2,Hkv=1,D=8,topk=1"), 2, 9},
+      {"topk_gt_T", c("H=2,Hkv=2,D=8,topk=64"), 1, 20},
+      {"gqa_T150", c("H=4,Hkv=2,D=16,topk=32"), 2, 150},
+      {"scale_Dv", c("H=2,Hkv=2,D=8,Dv=12,scale=0.3,topk=7"), 2, 19},
+  };
+}
+
+// Every key ≤ t selected (topk = T) must give dense causal attention: this op's reference and
+// optimized path against the `attention` op's reference (window 0, no logit scale).
+std::vector<std::pair<std::string, double>> dense_equivalence(const TensorMap& in, const Config& p, Backend b,
+                                                              at::ScalarType dt) {
+  const at::Tensor& q = in.at("q");
+  const int64_t B = q.size(0), T = q.size(1);
+  TensorMap full{{"q", q}, {"k", in.at("k")}, {"v", in.at("v")}, {"indices", causal_full_indices(B, T, q)}};
+  Config pf = p.with("topk", T);
+  const OpSpec& attn = Registry::get().op("attention");
+  Config pa = attn.params.defaults().with("scale", resolve_scale(p, q.size(3)));
+  TensorMap to_dt;
+  for (const auto& [n, t] : full) to_dt.set(n, at::isFloatingType(t.scalar_type()) ? t.to(dt) : t);
+  auto rel = [](const at::Tensor& ref, const at::Tensor& x) {
+    at::Tensor r = ref.to(at::kDouble), d = r - x.to(at::kDouble);
+    return d.pow(2).mean().sqrt().item<double>() / (r.pow(2).mean().sqrt().item<double>() + 1e-8);
+  };
+  at::Tensor dense = attn.reference(full, pa).at("o");
+  at::Tensor ref = reference_fn(full, pf).at("o");
+  at::Tensor opt = call_op("sparse_attention", b == Backend::Reference ? Backend::CPU : b, to_dt, pf).at("o");
+  return {{"dense_equivalence/reference", rel(dense, ref)}, {"dense_equivalence/optimized", rel(dense, opt)}};
+}
+
+OpSpec make_spec() {
+  OpSpec s;
+  s.name = "sparse_attention";
+  s.family = "sparse";
+  s.summary = "causal token-sparse attention over given key indices (−1 padded, shared by all heads), GQA";
+  s.citation = "DeepSeek-V3.2 DSA (arXiv 2512.02556); FLA fla/ops/dsa/naive.py naive_dsa";
+  s.params = params_spec();
+  s.inputs = {{"q"}, {"k"}, {"v"}, {"indices", /*differentiable=*/false}};
+  s.outputs = {"o"};
+  s.make_inputs = make_inputs;
+  s.reference = reference_fn;
+  s.cpu = cpu_fn;
+  s.cases = cases;
+  s.check_inputs = check_sparse_inputs;
+  s.invariants = dense_equivalence;
+  return s;
+}
+
+}  // namespace
+
+at::Tensor causal_full_indices(int64_t B, int64_t T, const at::Tensor& like) {
+  auto o = at::TensorOptions().dtype(at::kLong).device(like.device());
+  at::Tensor s = at::arange(T, o).view({1, T});
+  at::Tensor t = at::arange(T, o).view({T, 1});
+  return s.expand({T, T}).masked_fill(s > t, -1).unsqueeze(0).expand({B, T, T}).contiguous();
+}
+
+at::Tensor sparse_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const at::Tensor& indices, double scale) {
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), D = q.size(3);
+  const int64_t Hkv = k.size(2), Dv = v.size(3), K = indices.size(2), G = H / Hkv;
+  at::Tensor idx = indices.to(q.device());
+  at::Tensor valid = idx >= 0;                                            // [B,T,K]
+  at::Tensor base = at::arange(B, idx.options()).view({B, 1, 1}) * T;
+  at::Tensor flat = (idx.clamp_min(0) + base).reshape({-1});              // rows of [B·T, ...]
+  at::Tensor kg = k.reshape({B * T, Hkv, D}).index_select(0, flat).view({B, T, K, Hkv, D});
+  at::Tensor vg = v.reshape({B * T, Hkv, Dv}).index_select(0, flat).view({B, T, K, Hkv, Dv});
+  at::Tensor qg = q.reshape({B, T, Hkv, G, D});
+  // [B,T,Hkv,G,D] @ [B,T,Hkv,D,K] -> [B,T,Hkv,G,K]
+  at::Tensor logits = at::matmul(qg, kg.permute({0, 1, 3, 4, 2})) * scale;
+  at::Tensor vmask = valid.view({B, T, 1, 1, K});
+  at::Tensor any = valid.any(-1).view({B, T, 1, 1, 1});
+  // Empty rows get finite logits (uniform softmax, then zeroed) so that no NaN reaches autograd.
+  logits = logits.masked_fill(vmask.logical_not().logical_and(any), -std::numeric_limits<double>::infinity());
+  at::Tensor p = at::softmax(logits, -1).masked_fill(vmask.logical_not(), 0.0);
+  // [B,T,Hkv,G,K] @ [B,T,Hkv,K,Dv] -> [B,T,Hkv,G,Dv]
+  at::Tensor o = at::matmul(p, vg.permute({0, 1, 3, 2, 4}));
+  return o.reshape({B, T, H, Dv});
+}
+
+MIXBENCH_REGISTER(make_spec());
+
+}  // namespace mixbench
