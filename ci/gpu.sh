@@ -8,18 +8,19 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: ci/gpu.sh OUT_DIR [DEPS_DIR]}
 DEPS=${2:-$PWD/.deps}
-mkdir -p "$OUT"
+LOGS=${MIXBENCH_LOG_DIR:-$(mktemp -d)}
+mkdir -p "$OUT" "$LOGS"
 log() { echo "== $(date +%H:%M:%S) $*"; }
 CMAKE_DEPS=()
 [ -d "$DEPS" ] && CMAKE_DEPS=(-DMIXBENCH_DEPS="$(cd "$DEPS" && pwd)")
 log configure
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMIXBENCH_CUDA=ON -DMIXBENCH_CUDA_ARCH=90 \
-      "${CMAKE_DEPS[@]}" > "$OUT/cmake.log" 2>&1 || { tail -40 "$OUT/cmake.log"; exit 1; }
+      "${CMAKE_DEPS[@]}" > "$LOGS/cmake.log" 2>&1 || { tail -40 "$LOGS/cmake.log"; exit 1; }
 log build
-ninja -C build-gpu -j"$(nproc)" mixbench mixbench_bench > "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -40; exit 1; }
+ninja -C build-gpu -j"$(nproc)" mixbench mixbench_bench > "$LOGS/build.log" 2>&1 || { grep -E "error|FAILED" "$LOGS/build.log" | head -40; exit 1; }
 MB=build-gpu/mixbench
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
-$MB list --json > "$OUT/list.json"
+$MB list
 rc=0
 for dtype in fp32 bf16; do
   log "conformance cuda $dtype"
@@ -28,8 +29,12 @@ for dtype in fp32 bf16; do
 done
 log benchmarks
 build-gpu/mixbench_bench --benchmark_filter="${MIXBENCH_BENCH_FILTER:-cuda}" --benchmark_format=json \
-    --benchmark_out="$OUT/bench_cuda.json" --benchmark_out_format=json > "$OUT/bench_cuda.txt" 2>&1 || rc=1
-tail -40 "$OUT/bench_cuda.txt"
+    --benchmark_out="$OUT/bench_cuda.json" --benchmark_out_format=json > "$LOGS/bench_cuda.txt" 2>&1 || rc=1
+tail -40 "$LOGS/bench_cuda.txt"
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/mixbench_site .whl/*.whl \
+    && export PYTHONPATH=/tmp/mixbench_site${PYTHONPATH:+:$PYTHONPATH}
+fi
 if [ -f ci/peers.py ]; then
   log peers
   python3 ci/peers.py --out "$OUT/peers.json" || rc=1

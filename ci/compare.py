@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Merge mixbench's Google Benchmark JSON (GPU run) with the peers' timings into one comparison
+report with ratios.  Usage: ci/compare.py bench_cuda.json peers.json --out comparison.json
+
+ratio_peer_over_ours = peer_ms / ours_ms  (> 1: mixbench is faster).
+FLOP model for the chunked linear ops (chunk C = 64, per token and head, D = K = V):
+  simple_gla fwd = 4·C·D + 4·D²        (QKᵀ and AV inside the chunk; QS and the state update)
+  gated_delta_rule fwd = simple_gla fwd + 2·C·D + 2·C·D + 2·D²   (KKᵀ, the WY solve applied to K and V, Sᵀk)
+  fwd+bwd = 3 × fwd.  Minimal bytes per token and head: bf16 q, k, v read and o written (4·D·2)
+  plus gates (2 bytes each).  Attention: FlashAttention convention on visible pairs.
+"""
+import argparse
+import json
+import os
+import re
+
+C = 64
+
+
+def linear_flops(op, D):
+    f = 4 * C * D + 4 * D * D
+    if op == "gated_delta_rule":
+        f += 4 * C * D + 2 * D * D
+    return f
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("bench")
+    ap.add_argument("peers")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    bench = json.load(open(a.bench))
+    peers = json.load(open(a.peers)) if os.path.exists(a.peers) else {"results": []}
+    ours, attention, ceilings = {}, [], {}
+    for b in bench["benchmarks"]:
+        name = b["name"]
+        ms = b["real_time"] if b.get("time_unit") == "ms" else b["real_time"] / 1e6
+        if b.get("error_occurred"):
+            m = re.match(r"linear_cuda/(\w+)/(\w+)/(\d+)", name)
+            if m:
+                ours[(m.group(1), m.group(2), int(m.group(3)))] = {"error": b.get("error_message", "error")}
+            continue
+        m = re.match(r"linear_cuda/(\w+)/(\w+)/(\d+)", name)
+        if m:
+            ours[(m.group(1), m.group(2), int(m.group(3)))] = {"ms": ms, "B": b.get("B"), "label": b.get("label")}
+        elif name.startswith("attention_cuda"):
+            attention.append({"name": name, "label": b.get("label"), "ms": ms, "TFLOPs": b.get("TFLOPs"),
+                              "tokens_per_s": b.get("tokens_per_s")})
+        elif name.startswith("ceiling_cuda/matmul"):
+            ceilings["matmul_bf16_TFLOPs"] = b.get("TFLOPs")
+        elif name.startswith("ceiling_cuda/copy"):
+            ceilings["copy_GBps"] = b.get("GBps_rw")
+    rows = []
+    for p in peers["results"]:
+        key = (p["op"], p["phase"], p["T"])
+        o = ours.get(key, {})
+        B, T, H, D = p["B"], p["T"], p["H"], p["D"]
+        tokens_heads = B * T * H
+        fl = linear_flops(p["op"], D) * tokens_heads * (3 if p["phase"] == "fwd_bwd" else 1)
+        by = tokens_heads * (8 * D + (4 if p["op"] == "gated_delta_rule" else 2))
+        row = dict(op=p["op"], phase=p["phase"], B=B, T=T, H=H, D=D, dtype=p["dtype"],
+                   peer=p["peer"], peer_version=p.get("peer_version"), peer_status=p["status"],
+                   peer_ms=p.get("median_ms"), peer_message=p.get("message"),
+                   ours_ms=o.get("ms"), ours_error=o.get("error"))
+        if row["ours_ms"]:
+            row["ours_TFLOPs"] = fl / row["ours_ms"] / 1e9
+            row["ours_GBps"] = by / row["ours_ms"] / 1e6
+            if ceilings.get("matmul_bf16_TFLOPs"):
+                row["ours_pct_matmul_ceiling"] = 100 * row["ours_TFLOPs"] / ceilings["matmul_bf16_TFLOPs"]
+            if ceilings.get("copy_GBps"):
+                row["ours_pct_copy_ceiling"] = 100 * row["ours_GBps"] / ceilings["copy_GBps"]
+        if row["peer_ms"]:
+            row["peer_TFLOPs"] = fl / row["peer_ms"] / 1e9
+        if row["ours_ms"] and row["peer_ms"]:
+            row["ratio_peer_over_ours"] = row["peer_ms"] / row["ours_ms"]
+        rows.append(row)
+    # attention: each window against full causal at the same T and phase, same backend family
+    full = {}
+    for r in attention:
+        m = re.search(r"T=(\d+) .*window=(\d+) (\S+)", r["label"] or "")
+        if m:
+            r.update(T=int(m.group(1)), window=int(m.group(2)), phase=m.group(3))
+            if r["window"] == 0:
+                full[(r["T"], r["phase"])] = r["ms"]
+    for r in attention:
+        if "T" in r and r["window"] > 0 and (r["T"], r["phase"]) in full:
+            r["speedup_vs_full"] = full[(r["T"], r["phase"])] / r["ms"]
+    doc = dict(kind="comparison", gpu=peers.get("gpu"), torch=peers.get("torch"), context=bench.get("context"),
+               ceilings=ceilings, linear=rows, attention=attention, flop_model=__doc__)
+    with open(a.out + ".tmp", "w") as f:
+        json.dump(doc, f, indent=2)
+    os.replace(a.out + ".tmp", a.out)
+    for r in rows:
+        print(f"{r['op']:18} {r['phase']:8} T={r['T']:6} ours {r['ours_ms']} ms  peer {r['peer_ms']} ms  "
+              f"ratio {r.get('ratio_peer_over_ours')}  {r.get('peer_message') or ''}"[:200])
+
+
+if __name__ == "__main__":
+    main()
