@@ -54,10 +54,20 @@ Comparison compare_selection(const at::Tensor& ref_in, const at::Tensor& x_in) {
 
 // Thresholds on the relative RMS error. Outputs and gradients of an optimized path computed in
 // the given dtype, against the FP64 reference on the same (dtype-rounded) inputs.
-double threshold(const std::string& dtype, TensorKind kind) {
+//
+// Layer level in bf16/fp16: a layer rounds its activations to the 8-bit mantissa 4 to 8 times in
+// sequence (each rounding ≈ 2^-9 relative, ~2.3e-3 RMS), so its RMS error is expected near
+// √n·2.3e-3 ≈ 5e-3 to 7e-3 for outputs and about twice that for gradients. Measured on the 13
+// layer methods (CPU and H200, after moving norms, RoPE and recurrent states to fp32): outputs up
+// to 9.7e-3, gradients up to 2.9e-2 (gdn's grad_dt_bias). The layer column is therefore 1.5e-2
+// and 4e-2; op-level thresholds are unchanged, and fp64/fp32 layer checks stay as strict as ops,
+// so a wrong formula is caught there, while bf16 layer checks catch precision-handling defects
+// (a bf16 recurrent state, for example, shows errors of 3e-2 to 1e-1 at op level).
+double threshold(const std::string& dtype, TensorKind kind, bool layer) {
   if (dtype == "fp64") return 1e-10;
   if (dtype == "fp32") return 1e-5;
   if (dtype == "tf32") return 1e-3;
+  if ((dtype == "bf16" || dtype == "fp16") && layer) return kind == TensorKind::Output ? 1.5e-2 : 4e-2;
   if (dtype == "bf16" || dtype == "fp16") return kind == TensorKind::Output ? 5e-3 : 1e-2;
   throw UsageError(fmt::format("no threshold for dtype '{}'", dtype));
 }
@@ -65,7 +75,9 @@ double threshold(const std::string& dtype, TensorKind kind) {
 nlohmann::json threshold_table() {
   nlohmann::json t = nlohmann::json::object();
   for (const char* d : {"fp64", "fp32", "tf32", "bf16", "fp16"})
-    t[d] = {{"output", threshold(d, TensorKind::Output)}, {"gradient", threshold(d, TensorKind::Gradient)}};
+    t[d] = {{"output", threshold(d, TensorKind::Output)}, {"gradient", threshold(d, TensorKind::Gradient)},
+            {"layer_output", threshold(d, TensorKind::Output, true)},
+            {"layer_gradient", threshold(d, TensorKind::Gradient, true)}};
   return t;
 }
 

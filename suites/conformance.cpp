@@ -169,14 +169,14 @@ Json run_case(const Unit& u, const TensorMap& inputs64, const ConformanceOptions
     if (!opt_out.has(n)) throw std::runtime_error(fmt::format("optimized path did not return '{}'", n));
     Json c = u.selection.count(n)
                  ? check_json(n, "selection", compare_selection(r, opt_out.at(n)), 0.0)
-                 : check_json(n, "output", compare(r, opt_out.at(n)), threshold(opt.dtype, TensorKind::Output));
+                 : check_json(n, "output", compare(r, opt_out.at(n)), threshold(opt.dtype, TensorKind::Output, u.level == "layer"));
     ok = ok && c["status"] == "pass";
     checks.push_back(c);
   }
   for (const auto& [n, r] : ref_grad) {
     at::Tensor g = opt_grad.has(n) ? opt_grad.at(n) : at::Tensor();
     Comparison cmp = g.defined() ? compare(r, g) : Comparison{INFINITY, INFINITY, false, false};
-    Json c = check_json(n, "gradient", cmp, threshold(opt.dtype, TensorKind::Gradient));
+    Json c = check_json(n, "gradient", cmp, threshold(opt.dtype, TensorKind::Gradient, u.level == "layer"));
     ok = ok && c["status"] == "pass";
     checks.push_back(c);
   }

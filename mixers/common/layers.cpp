@@ -4,11 +4,19 @@
 
 namespace mixbench::layers {
 
+bool is_half(const at::Tensor& t) {
+  return t.defined() && (t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf);
+}
+
+at::Tensor f32(const at::Tensor& t) { return t.defined() ? t.to(at::kFloat) : t; }
+
 at::Tensor rms_norm(const at::Tensor& x) {
+  if (is_half(x)) return rms_norm(f32(x)).to(x.scalar_type());  // statistics in fp32, as under autocast
   return x * at::rsqrt(x.pow(2).mean(-1, true) + 1.1920928955078125e-07);
 }
 
 at::Tensor rope(const at::Tensor& x, double base, int64_t offset) {
+  if (is_half(x)) return rope(f32(x), base, offset).to(x.scalar_type());  // one rounding, not three
   const int64_t T = x.size(1), D = x.size(3), half = D / 2;
   auto opts = at::TensorOptions().dtype(at::kDouble);
   at::Tensor pos = at::arange(offset, offset + T, opts);

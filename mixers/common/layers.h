@@ -5,7 +5,14 @@
 
 namespace mixbench::layers {
 
+// Half-precision (bf16/fp16) tensors are computed in fp32: the recurrent state and every
+// accumulation stay in fp32, as fused kernels keep them; outputs go back to the input dtype and
+// final states stay fp32 (as flash-linear-attention returns them).
+bool is_half(const at::Tensor& t);
+at::Tensor f32(const at::Tensor& t);  // undefined stays undefined
+
 // RMSNorm over the last dim without weight; eps = float32 epsilon (nanochat's F.rms_norm default).
+// Half-precision inputs are normalised in fp32 and rounded once (RoPE likewise).
 at::Tensor rms_norm(const at::Tensor& x);
 // Rotary embedding on [B,T,H,D], half-split layout with nanochat's sign convention
 // (y1 = x1 cos + x2 sin, y2 = −x1 sin + x2 cos), angles t·base^(−2i/D) computed in FP64 and cast

@@ -19,6 +19,7 @@
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
 
+#include "mixers/common/layers.h"
 #include "harness/errors.h"
 #include "reference/delta.h"
 
@@ -26,6 +27,11 @@ namespace mixbench::linear {
 
 DeltaResult delta_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& beta,
                           const at::Tensor& g, double scale, const at::Tensor& h0, int64_t chunk) {
+  if (layers::is_half(q)) {
+    DeltaResult r = delta_chunked(layers::f32(q), layers::f32(k), layers::f32(v), layers::f32(beta), layers::f32(g),
+                                  scale, layers::f32(h0), chunk);
+    return {r.o.to(q.scalar_type()), r.ht};
+  }
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
   const DeltaGate gate = !g.defined() ? DeltaGate::None : (g.dim() == 3 ? DeltaGate::Head : DeltaGate::Key);
   const int64_t C = std::min(chunk, T), N = (T + C - 1) / C, Tp = N * C, pad = Tp - T;
@@ -104,6 +110,11 @@ DeltaResult delta_chunked(const at::Tensor& q, const at::Tensor& k, const at::Te
 
 DeltaResult delta_step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& beta,
                        const at::Tensor& g, double scale, const at::Tensor& S) {
+  if (layers::is_half(q)) {
+    DeltaResult r = delta_step(layers::f32(q), layers::f32(k), layers::f32(v), layers::f32(beta), layers::f32(g), scale,
+                               layers::f32(S));
+    return {r.o.to(q.scalar_type()), r.ht};
+  }
   at::Tensor s = S;
   if (g.defined()) s = g.dim() == 2 ? s * g.exp().unsqueeze(-1).unsqueeze(-1) : s * g.exp().unsqueeze(-1);
   at::Tensor pred = at::matmul(k.unsqueeze(-2), s).squeeze(-2);  // Sᵀk [B,H,V]

@@ -14,6 +14,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include "mixers/common/layers.h"
 #include "harness/errors.h"
 #include "harness/registry.h"
 #include "mixers/linear/gla_ops.h"
@@ -36,6 +37,10 @@ at::Tensor to_chunks(const at::Tensor& x, int64_t N) {
 
 std::pair<at::Tensor, at::Tensor> gla_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                               const at::Tensor& g, double scale, const at::Tensor& h0) {
+  if (layers::is_half(q)) {
+    auto [o, ht] = gla_chunked(layers::f32(q), layers::f32(k), layers::f32(v), layers::f32(g), scale, layers::f32(h0));
+    return {o.to(q.scalar_type()), ht};
+  }
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
   const int64_t C = kGlaChunk, c = kGlaSubChunk, S = C / c;
   const int64_t N = (T + C - 1) / C;
@@ -80,6 +85,10 @@ std::pair<at::Tensor, at::Tensor> gla_chunked(const at::Tensor& q, const at::Ten
 
 std::pair<at::Tensor, at::Tensor> gla_step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                            const at::Tensor& g, double scale, const at::Tensor& state) {
+  if (layers::is_half(q)) {
+    auto [o, s] = gla_step(layers::f32(q), layers::f32(k), layers::f32(v), layers::f32(g), scale, layers::f32(state));
+    return {o.to(q.scalar_type()), s};
+  }
   at::Tensor S = state * g.exp().unsqueeze(-1) + k.unsqueeze(-1) * v.unsqueeze(-2);
   at::Tensor o = at::matmul((q * scale).unsqueeze(-2), S).squeeze(-2);
   return {o, S};

@@ -13,6 +13,7 @@
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
 
+#include "mixers/common/layers.h"
 #include "harness/errors.h"
 #include "harness/metrics.h"
 #include "harness/registry.h"
@@ -40,6 +41,10 @@ at::Tensor to_chunks(const at::Tensor& x, int64_t N) {
 
 std::pair<at::Tensor, at::Tensor> simple_gla_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                      const at::Tensor& g, double scale, const at::Tensor& h0) {
+  if (layers::is_half(q)) {
+    auto [o, ht] = simple_gla_chunked(layers::f32(q), layers::f32(k), layers::f32(v), layers::f32(g), scale, layers::f32(h0));
+    return {o.to(q.scalar_type()), ht};
+  }
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
   const int64_t N = (T + kGlaChunk - 1) / kGlaChunk, C = kGlaChunk;
   at::Tensor qc = to_chunks(q * scale, N), kc = to_chunks(k, N), vc = to_chunks(v, N);
@@ -74,6 +79,10 @@ std::pair<at::Tensor, at::Tensor> simple_gla_chunked(const at::Tensor& q, const 
 
 std::pair<at::Tensor, at::Tensor> simple_gla_step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                   const at::Tensor& g, double scale, const at::Tensor& state) {
+  if (layers::is_half(q)) {
+    auto [o, s] = simple_gla_step(layers::f32(q), layers::f32(k), layers::f32(v), layers::f32(g), scale, layers::f32(state));
+    return {o.to(q.scalar_type()), s};
+  }
   at::Tensor S = state * g.exp().unsqueeze(-1).unsqueeze(-1) + k.unsqueeze(-1) * v.unsqueeze(-2);
   at::Tensor o = at::matmul((q * scale).unsqueeze(-2), S).squeeze(-2);  // [B,H,V]
   return {o, S};
