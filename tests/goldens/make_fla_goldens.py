@@ -40,11 +40,28 @@ def keep_float64():
     """FLA's naive DSA functions upcast with `.float()` (to float32). While this is active
     `.float()` leaves float64 tensors as they are, so the same code computes in float64."""
     orig = torch.Tensor.float
+    orig_to = torch.Tensor.to
+    orig_new_zeros = torch.Tensor.new_zeros
+
+    def to(self, *a, **kw):
+        # x.to(torch.float) / x.to(dtype=torch.float32) keep float64 tensors as they are
+        wants_f32 = (a and a[0] is torch.float32) or kw.get("dtype") is torch.float32
+        return self if (self.dtype == torch.float64 and wants_f32) else orig_to(self, *a, **kw)
+
+    def new_zeros(self, *a, **kw):
+        if self.dtype == torch.float64 and kw.get("dtype") is torch.float32:
+            kw["dtype"] = torch.float64
+        return orig_new_zeros(self, *a, **kw)
+
     torch.Tensor.float = lambda self, *a, **kw: self if self.dtype == torch.float64 else orig(self, *a, **kw)
+    torch.Tensor.to = to
+    torch.Tensor.new_zeros = new_zeros
     try:
         yield
     finally:
         torch.Tensor.float = orig
+        torch.Tensor.to = orig_to
+        torch.Tensor.new_zeros = orig_new_zeros
 
 
 def indexer_scores(q_idx, k_idx, w_idx, scale):
@@ -109,6 +126,59 @@ def dsa_golden(path, B, T, HQ, H, D, topk, seed):
     save_file({n: t.detach().contiguous() for n, t in tensors.items()}, path, metadata=meta)
 
 
+def linear_golden(path, op, B, T, H, K, V, seed, with_h0=True):
+    """simple_gla, gla, delta_rule, gated_delta_rule, kda through FLA's naive recurrences."""
+    import torch.nn.functional as F
+    g_ = torch.Generator().manual_seed(seed)
+    f64 = dict(generator=g_, dtype=torch.float64)
+    q = torch.randn(B, T, H, K, **f64)
+    k = torch.randn(B, T, H, K, **f64)
+    if op in ("delta_rule", "gated_delta_rule", "kda"):  # the delta rules expect L2-normalised keys
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+    v = torch.randn(B, T, H, V, **f64)
+    ins = dict(q=q, k=k, v=v)
+    if op in ("simple_gla", "gated_delta_rule"):
+        ins["g"] = F.logsigmoid(torch.randn(B, T, H, **f64)) / 4
+    if op in ("gla", "kda"):
+        ins["g"] = F.logsigmoid(torch.randn(B, T, H, K, **f64)) / 4
+    if op in ("delta_rule", "gated_delta_rule", "kda"):
+        ins["beta"] = torch.sigmoid(torch.randn(B, T, H, **f64))
+    if with_h0:
+        ins["h0"] = torch.randn(B, H, K, V, **f64)
+    for t in ins.values():
+        t.requires_grad_(True)
+    scale = K ** -0.5
+    h0 = ins.get("h0")
+    with keep_float64():
+        if op == "simple_gla":
+            from fla.ops.simple_gla.naive import naive_recurrent_simple_gla
+            o, ht = naive_recurrent_simple_gla(q, k, v, ins["g"], scale=scale, initial_state=h0, output_final_state=True)
+        elif op == "gla":
+            from fla.ops.gla.naive import naive_recurrent_gla
+            o, ht = naive_recurrent_gla(q, k, v, ins["g"], initial_state=h0, output_final_state=True)
+        elif op == "delta_rule":  # head-first layout [B,H,T,D]
+            from fla.ops.delta_rule.naive import delta_rule_recurrence
+            o, ht = delta_rule_recurrence(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                          ins["beta"].transpose(1, 2), initial_state=h0, output_final_state=True)
+            o = o.transpose(1, 2)
+        elif op == "gated_delta_rule":
+            from fla.ops.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
+            o, ht = naive_recurrent_gated_delta_rule(q, k, v, ins["beta"], ins["g"], scale=scale, initial_state=h0,
+                                                     output_final_state=True)
+        else:
+            from fla.ops.kda.naive import naive_recurrent_kda
+            o, ht = naive_recurrent_kda(q, k, v, ins["g"], ins["beta"], scale=scale, initial_state=h0,
+                                        output_final_state=True)
+    assert o.dtype == torch.float64 and ht.dtype == torch.float64, (op, o.dtype, ht.dtype)
+    do = torch.randn(o.shape, **f64)
+    dht = torch.randn(ht.shape, **f64)
+    names = list(ins)
+    gs = grads([ins[n] for n in names], [o, ht], [do, dht])
+    tensors = dict(ins, o=o, ht=ht, do=do, dht=dht, **{f"grad_{n}": g for n, g in zip(names, gs)})
+    meta = dict(op=op, scale=repr(scale), source=f"fla.ops.{op}.naive (float64)")
+    save_file({n: t.detach().contiguous() for n, t in tensors.items()}, path, metadata=meta)
+
+
 def main(out):
     os.makedirs(out, exist_ok=True)
     attention_golden(f"{out}/fla_attention_causal.safetensors", 2, 45, 4, 4, 16, 0, 1)
@@ -119,6 +189,9 @@ def main(out):
     dsa_golden(f"{out}/fla_dsa_sparse_attention_gqa.safetensors", 1, 45, 6, 2, 8, 12, 6)
     dsa_indexer_golden(f"{out}/fla_dsa_indexer.safetensors", 2, 41, 4, 16, 7, 7)
     dsa_indexer_golden(f"{out}/fla_dsa_indexer_topk_gt_T.safetensors", 1, 19, 8, 8, 32, 8)
+    for i, op in enumerate(("simple_gla", "gla", "delta_rule", "gated_delta_rule", "kda")):
+        linear_golden(f"{out}/fla_{op}.safetensors", op, 2, 70, 2, 16, 12, 20 + i)
+        linear_golden(f"{out}/fla_{op}_noh0_T1.safetensors", op, 1, 1, 2, 8, 8, 40 + i, with_h0=False)
 
 
 if __name__ == "__main__":
