@@ -26,6 +26,10 @@ struct LayerCost {
   ParamCount params;                  // the mixer's own parameters
   double fwd_flops = 0;               // executed forward FLOPs per token at length T (causal pairs exact)
   double nanochat_core_flops = 0;     // training FLOPs/token of the non-matmul core, nanochat's convention
+  // Part of fwd_flops executed as element-wise arithmetic that the dispatcher-level FlopCounter
+  // cannot see (e.g. a short causal conv written as shifted products); the audit adds it to the
+  // counted number and reports it separately, so it must be documented beside its formula.
+  double uncounted_flops = 0;
   double decode_flops = 0;            // forward FLOPs for one token at context c (incl. matmuls)
   double act_bytes = 0;               // activation bytes/token saved for backward
   double cache_bytes_per_token = 0;   // KV-cache growth per token (decode)

@@ -212,6 +212,7 @@ ModelCost account_model(const MethodSpec& method, const Config& cfg, const CostQ
     LayerCost lc = method.account(cfg, LayerCtx{i, d.n_layer}, q);
     mc.params += lc.params;
     mixer_core_train += lc.nanochat_core_flops;
+    mc.uncounted_flops += lc.uncounted_flops;
     mixer_fwd += lc.fwd_flops - 2.0 * double(lc.params.matmul);
     mixer_decode += lc.decode_flops - 2.0 * double(lc.params.matmul);
     mc.act_bytes += lc.act_bytes;

@@ -57,6 +57,7 @@ struct ModelCost {
   ParamCount params;
   double train_flops_nanochat = 0;  // 6·N_matmul + Σ mixer core terms (nanochat's convention)
   double fwd_flops = 0;             // executed forward FLOPs per token at T (exact causal pairs)
+  double uncounted_flops = 0;       // Σ layers' LayerCost::uncounted_flops (not visible to FlopCounter)
   double decode_flops = 0;          // per token at context c
   double act_bytes = 0;             // activation bytes per token (training)
   double cache_bytes_per_token = 0; // KV cache growth per token (all layers)

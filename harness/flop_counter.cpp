@@ -80,6 +80,17 @@ double matmul_flops(const char* name, const c10::ArrayRef<c10::IValue>& in) {
     if (!t(1)) return 0;
     return 2.0 * t(1)->size(0) * t(1)->size(1);
   }
+  if (!std::strcmp(name, "aten::linalg_solve_triangular")) {
+    // A [.., n, n] \ B [.., n, m] by substitution: n(n−1)·m multiply-adds ·2/2 per column pair,
+    // i.e. n(n−1)·m FLOPs with a unit diagonal, n²·m otherwise; batch dims from B.
+    if (!t(0) || !t(1)) return 0;
+    const at::Tensor& B = *t(1);
+    const double n = double(B.size(-2)), m = double(B.size(-1));
+    double batch = 1;
+    for (int64_t i = 0; i < B.dim() - 2; ++i) batch *= double(B.size(i));
+    const bool unit = in.size() > 4 && in[4].isBool() && in[4].toBool();
+    return batch * (unit ? n * (n - 1) : n * n) * m;
+  }
   if (!std::strcmp(name, "aten::dot")) {
     if (!t(0)) return 0;
     return 2.0 * t(0)->numel();

@@ -1,6 +1,6 @@
 // An independent FLOP count of what LibTorch actually executes on this thread, taken from the
-// dispatcher (RecordFunction): matrix products (mm, addmm, bmm, baddbmm, mv, addmv, dot) by their
-// shapes, and scaled-dot-product attention by its visible (query, key) pairs — 2·(Dk + Dv) FLOPs
+// dispatcher (RecordFunction): matrix products (mm, addmm, bmm, baddbmm, mv, addmv, dot) and triangular
+// solves by their shapes, and scaled-dot-product attention by its visible (query, key) pairs — 2·(Dk + Dv) FLOPs
 // per pair, from is_causal or the mask actually passed. Nested calls inside an attention call are
 // not counted twice. Used to audit the accountants.
 #pragma once

@@ -114,7 +114,9 @@ int64_t delta_ve_dim(const Config& c, const LayerCtx& ctx) {
 double delta_conv_flops(const DeltaDims& d) { return 2.0 * double(d.W) * double(2 * d.H * d.K + d.H * d.V); }
 
 double delta_uncounted_flops(const DeltaDims& d, int64_t T) {
-  return delta_conv_flops(d) + delta_chunk_flops(T, d.H, d.K, d.V).solve;
+  // The triangular solve is counted by FlopCounter (aten::linalg_solve_triangular); the short
+  // convolutions, written as shifted products, are not.
+  return delta_conv_flops(d);
 }
 
 LayerCost delta_account(const DeltaDims& d, int64_t n_matmul, int64_t n_conv, int64_t n_scalar,
@@ -126,6 +128,7 @@ LayerCost delta_account(const DeltaDims& d, int64_t n_matmul, int64_t n_conv, in
   const DeltaFlops core = delta_chunk_flops(q.T, d.H, d.K, d.V);
   const double conv = delta_conv_flops(d);
   lc.fwd_flops = 2.0 * double(n_matmul) + core.total() + conv;
+  lc.uncounted_flops = conv;
   lc.nanochat_core_flops = 3.0 * (core.total() + conv);
   lc.decode_flops = 2.0 * double(n_matmul) + conv + delta_step_flops(d.H, d.K, d.V, gate);
   lc.cache_bytes_per_token = 0;
