@@ -23,6 +23,21 @@ std::pair<at::Tensor, at::Tensor> simple_gla_chunked(const at::Tensor& q, const 
 std::pair<at::Tensor, at::Tensor> gla_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                               const at::Tensor& g, double scale, const at::Tensor& h0);
 
+// CUDA forward kernel of simple_gla (mixers/linear/simple_gla_cuda.cu): fp32 accumulation and
+// state, o in the input dtype, ht fp32. Eligible inputs: q, k, v, g on one CUDA device, q/k/v of
+// one dtype among fp32, bf16 and fp16, K and V in {64, 128}, any T; h0 undefined or [B,H,K,V] on
+// that device. simple_gla_cuda_eligible is false for everything else, and always false in a build
+// without CUDA. simple_gla_fwd_cuda is not differentiable; simple_gla_cuda wraps it in an autograd
+// function whose backward recomputes through simple_gla_chunked.
+bool simple_gla_cuda_eligible(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                              const at::Tensor& h0);
+#if defined(MIXBENCH_WITH_CUDA)
+std::pair<at::Tensor, at::Tensor> simple_gla_fwd_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                      const at::Tensor& g, double scale, const at::Tensor& h0);
+std::pair<at::Tensor, at::Tensor> simple_gla_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                  const at::Tensor& g, double scale, const at::Tensor& h0);
+#endif
+
 // One decode step: q_t,k_t [B,H,K], v_t [B,H,V], g_t [B,H] (simple_gla) or [B,H,K] (gla),
 // state [B,H,K,V] -> (o_t [B,H,V], new state).
 std::pair<at::Tensor, at::Tensor> simple_gla_step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
