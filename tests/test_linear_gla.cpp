@@ -5,6 +5,9 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "harness/alloc.h"
 
 #include "harness/backbone.h"
 #include "harness/flop_counter.h"
@@ -158,6 +161,85 @@ TEST_P(LinearGlaMethod, AccountantAudit) {
   }
 }
 INSTANTIATE_TEST_SUITE_P(Methods, LinearGlaMethod, ::testing::ValuesIn(kMethods));
+
+TensorMap simple_gla_inputs(int64_t B, int64_t T, int64_t H, int64_t K, int64_t V, at::TensorOptions o, bool h0) {
+  TensorMap in;
+  in.set("q", at::randn({B, T, H, K}, o));
+  in.set("k", at::randn({B, T, H, K}, o));
+  in.set("v", at::randn({B, T, H, V}, o));
+  in.set("g", at::log_sigmoid(at::randn({B, T, H}, o.dtype(at::kFloat))).to(o.dtype()) / 4);
+  if (h0) in.set("h0", at::randn({B, H, K, V}, o.dtype(at::kFloat)));
+  return in;
+}
+
+// The CUDA path of simple_gla falls back to the chunked LibTorch path for inputs the kernel does
+// not take (CPU tensors; K or V outside {64, 128}), says so through note_kernel, and then gives
+// exactly the CPU path's result. Runs without a GPU.
+TEST(SimpleGlaCudaDispatch, FallsBackOnCpuAndUnsupportedHeadSizes) {
+  const OpSpec& op = Registry::get().op("simple_gla");
+  ASSERT_TRUE(bool(op.cuda));
+  Config p = op.params.defaults();
+  at::manual_seed(11);
+  for (auto [K, V] : {std::pair<int64_t, int64_t>{32, 64}, {64, 64}, {128, 128}, {64, 96}}) {
+    TensorMap in = simple_gla_inputs(1, 70, 2, K, V, at::TensorOptions().dtype(at::kFloat), true);
+    EXPECT_FALSE(linear::simple_gla_cuda_eligible(in.at("q"), in.at("k"), in.at("v"), in.at("g"), in.at("h0")));
+    take_kernel_notes();
+    TensorMap out = op.cuda(in, p);
+    EXPECT_EQ(take_kernel_notes(), "chunked-libtorch") << K << "x" << V;
+    TensorMap ref = op.cpu(in, p);
+    EXPECT_TRUE(at::equal(out.at("o"), ref.at("o"))) << K << "x" << V;
+    EXPECT_TRUE(at::equal(out.at("ht"), ref.at("ht"))) << K << "x" << V;
+  }
+}
+
+// On a machine with a GPU: the kernel against the chunked path in float64 (fresh random inputs,
+// outputs NaN-poisoned), tail chunks, with and without h0, every dtype and head size it takes;
+// gradients through its autograd wrapper; and the fallback for K = 32 on CUDA tensors.
+TEST(SimpleGlaCudaKernel, MatchesChunkedFp64) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+#if defined(MIXBENCH_WITH_CUDA)
+  PoisonScope poison(true);
+  at::manual_seed(12);
+  auto dev = at::TensorOptions().device(at::kCUDA);
+  for (auto dt : {at::kFloat, at::kBFloat16, at::kHalf})
+    for (auto [K, V] : {std::pair<int64_t, int64_t>{64, 64}, {64, 128}, {128, 64}, {128, 128}})
+      for (int64_t T : {1, 63, 64, 65, 200})
+        for (bool h0 : {false, true}) {
+          TensorMap in = simple_gla_inputs(2, T, 3, K, V, dev.dtype(dt), h0);
+          const at::Tensor h = h0 ? in.at("h0") : at::Tensor();
+          ASSERT_TRUE(linear::simple_gla_cuda_eligible(in.at("q"), in.at("k"), in.at("v"), in.at("g"), h));
+          auto [o, ht] = linear::simple_gla_fwd_cuda(in.at("q"), in.at("k"), in.at("v"), in.at("g"), 0.3, h);
+          auto d = [](const at::Tensor& x) { return x.defined() ? x.to(at::kDouble) : x; };
+          auto [ro, rht] = linear::simple_gla_chunked(d(in.at("q")), d(in.at("k")), d(in.at("v")), d(in.at("g")), 0.3, d(h));
+          const double tol = threshold(dt == at::kFloat ? "fp32" : "bf16", TensorKind::Output);
+          EXPECT_EQ(o.scalar_type(), dt);
+          EXPECT_EQ(ht.scalar_type(), at::kFloat);
+          auto eo = compare(ro, o.cpu()), eh = compare(rht, ht.cpu());
+          EXPECT_TRUE(eo.finite && eo.rel_rms <= tol) << dt << " K" << K << " V" << V << " T" << T << " " << eo.rel_rms;
+          EXPECT_TRUE(eh.finite && eh.rel_rms <= tol) << dt << " K" << K << " V" << V << " T" << T << " " << eh.rel_rms;
+        }
+  // gradients: the wrapper's backward recomputes through the chunked path
+  TensorMap in = simple_gla_inputs(1, 90, 2, 64, 128, dev.dtype(at::kFloat), true);
+  std::vector<at::Tensor> xs;
+  for (const char* n : {"q", "k", "v", "g", "h0"}) xs.push_back(in.at(n).requires_grad_(true));
+  auto [o, ht] = linear::simple_gla_cuda(xs[0], xs[1], xs[2], xs[3], 0.3, xs[4]);
+  at::Tensor wo = at::randn_like(o), wh = at::randn_like(ht);
+  auto gk = torch::autograd::grad({o, ht}, xs, {wo, wh});
+  auto [ro, rht] = linear::simple_gla_chunked(xs[0], xs[1], xs[2], xs[3], 0.3, xs[4]);
+  auto gr = torch::autograd::grad({ro, rht}, xs, {wo, wh});
+  for (size_t i = 0; i < xs.size(); ++i)
+    EXPECT_LE(compare(gr[i], gk[i]).rel_rms, threshold("fp32", TensorKind::Gradient)) << i;
+  // fallback on CUDA tensors with K = 32
+  const OpSpec& op = Registry::get().op("simple_gla");
+  TensorMap small = simple_gla_inputs(1, 70, 2, 32, 64, dev.dtype(at::kFloat), false);
+  take_kernel_notes();
+  op.cuda(small, op.params.defaults());
+  EXPECT_EQ(take_kernel_notes(), "chunked-libtorch");
+  TensorMap big = simple_gla_inputs(1, 70, 2, 64, 64, dev.dtype(at::kFloat), false);
+  op.cuda(big, op.params.defaults());
+  EXPECT_EQ(take_kernel_notes(), "simple_gla_fwd_cuda");
+#endif
+}
 
 }  // namespace
 }  // namespace mixbench

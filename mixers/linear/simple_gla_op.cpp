@@ -12,6 +12,8 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include "mixers/common/layers.h"
 #include "harness/errors.h"
@@ -87,6 +89,77 @@ std::pair<at::Tensor, at::Tensor> simple_gla_step(const at::Tensor& q, const at:
   at::Tensor o = at::matmul((q * scale).unsqueeze(-2), S).squeeze(-2);  // [B,H,V]
   return {o, S};
 }
+
+bool simple_gla_cuda_eligible(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                              const at::Tensor& h0) {
+#if defined(MIXBENCH_WITH_CUDA)
+  if (!q.defined() || !k.defined() || !v.defined() || !g.defined()) return false;
+  if (!q.is_cuda() || k.device() != q.device() || v.device() != q.device() || g.device() != q.device()) return false;
+  if (h0.defined() && h0.device() != q.device()) return false;
+  const auto dt = q.scalar_type();
+  if (dt != at::kFloat && dt != at::kBFloat16 && dt != at::kHalf) return false;
+  if (k.scalar_type() != dt || v.scalar_type() != dt || !at::isFloatingType(g.scalar_type())) return false;
+  if (q.dim() != 4 || k.sizes() != q.sizes() || v.dim() != 4 || g.dim() != 3) return false;
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
+  if (v.size(0) != B || v.size(1) != T || v.size(2) != H || g.sizes() != at::IntArrayRef{B, T, H}) return false;
+  if (h0.defined() && h0.sizes() != at::IntArrayRef{B, H, K, V}) return false;
+  return (K == 64 || K == 128) && (V == 64 || V == 128);
+#else
+  return false;
+#endif
+}
+
+#if defined(MIXBENCH_WITH_CUDA)
+namespace {
+// Autograd for the CUDA forward: the forward runs the kernel; the backward recomputes the
+// forward through the LibTorch chunked path (simple_gla_chunked, same algorithm, same result up to
+// rounding) under grad mode on the saved inputs and backpropagates through it. So the CUDA path is
+// differentiable and its gradients are exactly the LibTorch path's; there is no CUDA backward kernel.
+struct SimpleGlaCudaFn : public torch::autograd::Function<SimpleGlaCudaFn> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
+                                                const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                                                const at::Tensor& h0, double scale) {
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["has_h0"] = h0.defined();
+    ctx->save_for_backward({q, k, v, g, h0.defined() ? h0 : at::Tensor()});
+    auto [o, ht] = simple_gla_fwd_cuda(q, k, v, g, scale, h0);
+    return {o, ht};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const bool has_h0 = ctx->saved_data["has_h0"].toBool();
+    at::AutoGradMode enable(true);
+    std::vector<at::Tensor> xs;  // detached leaves that need a gradient
+    std::vector<int> which;
+    std::vector<at::Tensor> in(5);
+    for (int i = 0; i < 5; ++i) {
+      if (i == 4 && !has_h0) continue;
+      in[size_t(i)] = saved[size_t(i)].detach();
+      if (ctx->needs_input_grad(size_t(i))) {
+        in[size_t(i)].requires_grad_(true);
+        xs.push_back(in[size_t(i)]);
+        which.push_back(i);
+      }
+    }
+    torch::autograd::variable_list out(6);
+    if (xs.empty()) return out;
+    auto [o, ht] = simple_gla_chunked(in[0], in[1], in[2], in[3], scale, in[4]);
+    auto gx = torch::autograd::grad({o, ht}, xs, {grads[0], grads[1]}, /*retain_graph=*/false,
+                                    /*create_graph=*/false, /*allow_unused=*/true);
+    for (size_t n = 0; n < which.size(); ++n) out[size_t(which[n])] = gx[n];
+    return out;
+  }
+};
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> simple_gla_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                  const at::Tensor& g, double scale, const at::Tensor& h0) {
+  auto r = SimpleGlaCudaFn::apply(q, k, v, g, h0, scale);
+  return {r[0], r[1]};
+}
+#endif
 
 std::vector<std::pair<std::string, double>> gla_family_invariants(const TensorMap& inputs, double scale,
                                                                   GlaChunkFn chunked, GlaStepFn step,
@@ -175,6 +248,25 @@ TensorMap cpu_fn(const TensorMap& in, const Config& p) {
   return {{"o", o}, {"ht", ht}};
 }
 
+// CUDA path: the fused kernel when the inputs allow it (simple_gla_cuda_eligible: CUDA tensors,
+// K and V in {64, 128}, fp32/bf16/fp16), else the chunked LibTorch path on whatever device the
+// inputs are on. note_kernel records which one ran.
+TensorMap cuda_fn(const TensorMap& in, const Config& p) {
+  check_inputs(in, p);
+  const at::Tensor h0 = in.get_or("h0", at::Tensor());
+  const double scale = resolve_scale(p, in.at("q").size(3));
+#if defined(MIXBENCH_WITH_CUDA)
+  if (linear::simple_gla_cuda_eligible(in.at("q"), in.at("k"), in.at("v"), in.at("g"), h0)) {
+    note_kernel("simple_gla_fwd_cuda");
+    auto [o, ht] = linear::simple_gla_cuda(in.at("q"), in.at("k"), in.at("v"), in.at("g"), scale, h0);
+    return {{"o", o}, {"ht", ht}};
+  }
+#endif
+  note_kernel("chunked-libtorch");
+  auto [o, ht] = linear::simple_gla_chunked(in.at("q"), in.at("k"), in.at("v"), in.at("g"), scale, h0);
+  return {{"o", o}, {"ht", ht}};
+}
+
 TensorMap make_inputs(const Config& c, int64_t B, int64_t T, at::Generator& gen) {
   auto o = at::TensorOptions().dtype(at::kDouble);
   const int64_t H = c.i("H"), K = c.i("K"), V = c.i("V");
@@ -207,6 +299,11 @@ std::vector<CaseDef> cases() {
       {"T130_div1_noh0", c("H=3,K=8,V=12,gate_div=1"), 1, 130, 0, {"h0"}},
       {"T130_B2_div16_scale", c("H=2,K=12,V=8,gate_div=16,scale=0.5"), 2, 130},
       {"T64_div4", c("H=1,K=8,V=8,gate_div=4"), 1, 64},
+      // head sizes the CUDA kernel takes (K, V in {64, 128}): tail chunks, no h0, one exact chunk
+      {"T130_K64V128_B2_div4", c("H=2,K=64,V=128,gate_div=4"), 2, 130},
+      {"T77_K128V64_noh0_div16", c("H=1,K=128,V=64,gate_div=16"), 1, 77, 0, {"h0"}},
+      {"T64_K128V128_div1", c("H=1,K=128,V=128,gate_div=1"), 1, 64},
+      {"T3_K64V64_div1", c("H=2,K=64,V=64,gate_div=1"), 1, 3},
   };
 }
 
@@ -222,8 +319,9 @@ OpSpec make_spec() {
   s.make_inputs = make_inputs;
   s.reference = reference_fn;
   s.cpu = cpu_fn;
-  // The chunked path is device-agnostic LibTorch: on the GPU it runs through cuBLAS batched matmuls.
-  s.cuda = cpu_fn;
+  // The fused CUDA forward kernel (simple_gla_cuda.cu) where eligible, else the device-agnostic
+  // chunked LibTorch path (cuBLAS batched matmuls on the GPU).
+  s.cuda = cuda_fn;
   s.cases = cases;
   s.check_inputs = check_inputs;
   s.invariants = [](const TensorMap& in, const Config& p, Backend b, at::ScalarType dt) {
