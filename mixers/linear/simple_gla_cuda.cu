@@ -2,8 +2,10 @@
 // this kernel implements; the autograd wrapper and the dispatch live there too).
 //
 // Design (one fused kernel, fp32 FMA, no tensor cores):
-// - Grid: one CTA per (b, h, V-tile of BV = 64 columns); V ∈ {64, 128} gives 1 or 2 tiles. 256
-//   threads, viewed as a 16×16 grid (tx = tid % 16, ty = tid / 16).
+// - Grid: one CTA per (b, h, V-tile of BV = 32 columns; the kernel also takes BV = 64); V ∈ {64,
+//   128} gives 2 or 4 tiles. 256 threads, viewed as a 16×16 grid (tx = tid % 16, ty = tid / 16).
+//   Every V-tile CTA of a head recomputes the same A (q kᵀ) for its chunk; the smaller tile still
+//   won on the H200 (more CTAs, two per SM): see ci/kernels/NOTES.md.
 // - The CTA walks the chunks of C = 64 tokens in order. Its fp32 state tile S [K, BV] lives in
 //   shared memory for the whole walk (starts from h0 or zero, written to ht at the end).
 // - Per chunk, shared memory holds (all fp32): q·scale [C, K+1], k [C, K+1] (rows padded by one
@@ -13,10 +15,10 @@
 //     1. load q, k, v, g (rows t ≥ T read as 0, g as 0); warp 0 scans g into b and writes kd;
 //     2. A_ij = (q_i·k_j)·exp(b_i − b_j) for j ≤ i, else 0  — each thread owns a 4×4 block
 //        (i = ty + 16r, j = tx + 16c);
-//     3. o_iv = Σ_j A_ij v_jv + exp(b_i)·Σ_k q_ik S_kv   — each thread owns 4 rows × 4 columns
-//        (i = ty + 16r, v = tx + 16c), reads the state as it was at the chunk start, and stores
+//     3. o_iv = Σ_j A_ij v_jv + exp(b_i)·Σ_k q_ik S_kv   — each thread owns 4 rows × BV/16
+//        columns (i = ty + 16r, v = tx + 16c), reads the state as it was at the chunk start, and stores
 //        rows with t < T in the input dtype;
-//     4. S_kv ← exp(b_L)·S_kv + Σ_j k_jk kd_j v_jv — each thread owns K/16 × 4 entries
+//     4. S_kv ← exp(b_L)·S_kv + Σ_j k_jk kd_j v_jv — each thread owns K/16 × BV/16 entries
 //        (k = ty + 16r, v = tx + 16c), in registers while it accumulates, written back in place.
 //        Each entry is read and written only by its owner, so the barrier after step 3 (all
 //        readers of the old S done) is the only one the update needs.
@@ -27,8 +29,9 @@
 //   rows have k = 0 and v = 0, so they add nothing to A's valid rows, to o, or to S; padded output
 //   rows are never stored. Every o element with t < T is stored by exactly one CTA (its b, h,
 //   V-tile, at its chunk) and every ht element by exactly one CTA, so no output is left unwritten.
-// - Accumulation is fp32 throughout; inputs are converted to fp32 on load. Shared memory is
-//   about 131 KB at K = 128 (one CTA per SM), set with cudaFuncSetAttribute.
+// - Accumulation is fp32 throughout; inputs are converted to fp32 on load. Shared memory at
+//   K = 128 is about 107 KB with BV = 32 (two CTAs per SM), 131 KB with BV = 64, set with
+//   cudaFuncSetAttribute. ptxas (sm_90): 87–113 registers, no stack frame, no spills.
 #if defined(MIXBENCH_WITH_CUDA)
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -47,8 +50,8 @@ namespace mixbench::linear {
 namespace {
 
 constexpr int kC = 64;        // chunk length (== kGlaChunk)
-constexpr int kBV = 64;       // V columns per CTA
 constexpr int kThreads = 256;
+constexpr int kVTile = 32;    // V columns per CTA (the kernel takes 32 or 64; 32 measured faster)
 static_assert(kC == kGlaChunk, "the kernel's chunk length must match the LibTorch path's");
 
 __device__ __forceinline__ float to_f(float x) { return x; }
@@ -63,7 +66,7 @@ __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return
 template <>
 __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half(x); }
 
-template <int K>
+template <int K, int kBV>
 constexpr size_t smem_floats() {
   return size_t(kC) * (K + 1) * 2   // q, k
          + size_t(kC) * kBV         // v tile
@@ -73,13 +76,14 @@ constexpr size_t smem_floats() {
 }
 
 // q,k [B,T,H,K], v [B,T,H,V], g [B,T,H] fp32, h0 [B,H,K,V] fp32 or null; o [B,T,H,V], ht [B,H,K,V] fp32.
-template <typename scalar_t, int K>
+template <typename scalar_t, int K, int kBV>
 __global__ void __launch_bounds__(kThreads, 1)
     simple_gla_fwd_kernel(const scalar_t* __restrict__ q, const scalar_t* __restrict__ k,
                           const scalar_t* __restrict__ v, const float* __restrict__ g,
                           const float* __restrict__ h0, scalar_t* __restrict__ o, float* __restrict__ ht,
                           int T, int H, int V, float scale) {
-  constexpr int KP = K + 1, AP = kC + 1, KR = K / 16;
+  constexpr int KP = K + 1, AP = kC + 1, KR = K / 16, VC = kBV / 16;
+  static_assert(kBV == 32 || kBV == 64, "V tile of 32 or 64 columns");
   extern __shared__ float smem[];
   float* q_s = smem;                  // [C][KP]
   float* k_s = q_s + kC * KP;         // [C][KP]
@@ -180,34 +184,34 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // ---- 3. o = A v + exp(b) ⊙ (q S_start)
     {
-      float acc[4][4], inter[4][4];
+      float acc[4][VC], inter[4][VC];
 #pragma unroll
       for (int r = 0; r < 4; ++r)
 #pragma unroll
-        for (int c = 0; c < 4; ++c) acc[r][c] = inter[r][c] = 0.f;
+        for (int c = 0; c < VC; ++c) acc[r][c] = inter[r][c] = 0.f;
 #pragma unroll 4
       for (int j = 0; j < kC; ++j) {
-        float a[4], w[4];
+        float a[4], w[VC];
 #pragma unroll
         for (int r = 0; r < 4; ++r) a[r] = A_s[(ty + 16 * r) * AP + j];
 #pragma unroll
-        for (int c = 0; c < 4; ++c) w[c] = v_s[j * kBV + tx + 16 * c];
+        for (int c = 0; c < VC; ++c) w[c] = v_s[j * kBV + tx + 16 * c];
 #pragma unroll
         for (int r = 0; r < 4; ++r)
 #pragma unroll
-          for (int c = 0; c < 4; ++c) acc[r][c] = fmaf(a[r], w[c], acc[r][c]);
+          for (int c = 0; c < VC; ++c) acc[r][c] = fmaf(a[r], w[c], acc[r][c]);
       }
 #pragma unroll 4
       for (int kk = 0; kk < K; ++kk) {
-        float a[4], s[4];
+        float a[4], s[VC];
 #pragma unroll
         for (int r = 0; r < 4; ++r) a[r] = q_s[(ty + 16 * r) * KP + kk];
 #pragma unroll
-        for (int c = 0; c < 4; ++c) s[c] = S_s[kk * kBV + tx + 16 * c];
+        for (int c = 0; c < VC; ++c) s[c] = S_s[kk * kBV + tx + 16 * c];
 #pragma unroll
         for (int r = 0; r < 4; ++r)
 #pragma unroll
-          for (int c = 0; c < 4; ++c) inter[r][c] = fmaf(a[r], s[c], inter[r][c]);
+          for (int c = 0; c < VC; ++c) inter[r][c] = fmaf(a[r], s[c], inter[r][c]);
       }
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
@@ -216,36 +220,36 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float di = expf(b_s[i]);
         scalar_t* orow = o + ((int64_t(b) * T + t) * H + h) * V + v0;
 #pragma unroll
-        for (int c = 0; c < 4; ++c) orow[tx + 16 * c] = from_f<scalar_t>(fmaf(di, inter[r][c], acc[r][c]));
+        for (int c = 0; c < VC; ++c) orow[tx + 16 * c] = from_f<scalar_t>(fmaf(di, inter[r][c], acc[r][c]));
       }
     }
     __syncthreads();  // every reader of the chunk-start state is done
 
     // ---- 4. S ← exp(b_L) S + (k ⊙ kd)ᵀ v
     {
-      float acc[KR][4];
+      float acc[KR][VC];
 #pragma unroll
       for (int r = 0; r < KR; ++r)
 #pragma unroll
-        for (int c = 0; c < 4; ++c) acc[r][c] = 0.f;
+        for (int c = 0; c < VC; ++c) acc[r][c] = 0.f;
 #pragma unroll 2
       for (int j = 0; j < kC; ++j) {
         const float dj = kd_s[j];
-        float a[KR], w[4];
+        float a[KR], w[VC];
 #pragma unroll
         for (int r = 0; r < KR; ++r) a[r] = k_s[j * KP + ty + 16 * r];
 #pragma unroll
-        for (int c = 0; c < 4; ++c) w[c] = dj * v_s[j * kBV + tx + 16 * c];
+        for (int c = 0; c < VC; ++c) w[c] = dj * v_s[j * kBV + tx + 16 * c];
 #pragma unroll
         for (int r = 0; r < KR; ++r)
 #pragma unroll
-          for (int c = 0; c < 4; ++c) acc[r][c] = fmaf(a[r], w[c], acc[r][c]);
+          for (int c = 0; c < VC; ++c) acc[r][c] = fmaf(a[r], w[c], acc[r][c]);
       }
       const float dL = expf(b_s[kC - 1]);
 #pragma unroll
       for (int r = 0; r < KR; ++r)
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
+        for (int c = 0; c < VC; ++c) {
           float* s = &S_s[(ty + 16 * r) * kBV + tx + 16 * c];
           *s = fmaf(dL, *s, acc[r][c]);
         }
@@ -262,12 +266,12 @@ void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string("simple_gla_fwd_cuda: ") + what + ": " + cudaGetErrorString(e));
 }
 
-template <typename scalar_t, int K>
+template <typename scalar_t, int K, int kBV>
 void launch(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& h0,
             at::Tensor& o, at::Tensor& ht, double scale) {
   const int B = int(q.size(0)), T = int(q.size(1)), H = int(q.size(2)), V = int(v.size(3));
-  const size_t smem = smem_floats<K>() * sizeof(float);
-  auto kernel = simple_gla_fwd_kernel<scalar_t, K>;
+  const size_t smem = smem_floats<K, kBV>() * sizeof(float);
+  auto kernel = simple_gla_fwd_kernel<scalar_t, K, kBV>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
              "cudaFuncSetAttribute");
   const int64_t blocks = int64_t(B) * H * (V / kBV);
@@ -281,13 +285,13 @@ void launch(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
   check_cuda(cudaGetLastError(), "kernel launch");
 }
 
-template <typename scalar_t>
+template <typename scalar_t, int kBV>
 void launch_k(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& h0,
               at::Tensor& o, at::Tensor& ht, double scale) {
   if (q.size(3) == 64)
-    launch<scalar_t, 64>(q, k, v, g, h0, o, ht, scale);
+    launch<scalar_t, 64, kBV>(q, k, v, g, h0, o, ht, scale);
   else
-    launch<scalar_t, 128>(q, k, v, g, h0, o, ht, scale);
+    launch<scalar_t, 128, kBV>(q, k, v, g, h0, o, ht, scale);
 }
 
 }  // namespace
@@ -313,9 +317,9 @@ std::pair<at::Tensor, at::Tensor> simple_gla_fwd_cuda(const at::Tensor& q_in, co
     return {o, ht};
   }
   switch (q.scalar_type()) {
-    case at::kFloat: launch_k<float>(q, k, v, g, h0, o, ht, scale); break;
-    case at::kBFloat16: launch_k<__nv_bfloat16>(q, k, v, g, h0, o, ht, scale); break;
-    case at::kHalf: launch_k<__half>(q, k, v, g, h0, o, ht, scale); break;
+    case at::kFloat: launch_k<float, kVTile>(q, k, v, g, h0, o, ht, scale); break;
+    case at::kBFloat16: launch_k<__nv_bfloat16, kVTile>(q, k, v, g, h0, o, ht, scale); break;
+    case at::kHalf: launch_k<__half, kVTile>(q, k, v, g, h0, o, ht, scale); break;
     default: throw std::invalid_argument("simple_gla_fwd_cuda: unsupported dtype");
   }
   return {o, ht};
