@@ -130,7 +130,7 @@ at::Tensor moba_select(const at::Tensor& q, const at::Tensor& k, int64_t bs, int
   at::Tensor s = at::matmul(qh, kh).view({B, Hkv, T, G, NB}).permute({0, 1, 3, 2, 4}).reshape({B, H, T, NB});
   auto lo = at::TensorOptions().dtype(at::kLong).device(q.device());
   at::Tensor blk = at::arange(NB, lo).view({1, NB});
-  at::Tensor cur = (at::arange(T, lo) / bs).view({T, 1});
+  at::Tensor cur = at::div(at::arange(T, lo), bs, "floor").view({T, 1});  // the query's block
   s = s.masked_fill(blk > cur, -std::numeric_limits<double>::infinity());
   s = s.masked_fill(blk == cur, std::numeric_limits<double>::infinity());
   auto [vals, order] = at::sort(s, /*stable=*/true, /*dim=*/-1, /*descending=*/true);
