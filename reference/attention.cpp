@@ -59,9 +59,8 @@ at::Tensor rope(const at::Tensor& x, double base) {
 at::Tensor project(const at::Tensor& x, const at::Tensor& w) { return (x.unsqueeze(-2) * w).sum(-1); }
 }  // namespace
 
-at::Tensor nanochat_attention_layer(const at::Tensor& x, const at::Tensor& ve, const AttnLayerWeights& w,
-                                    int64_t n_head, int64_t n_kv_head, int64_t head_dim, int64_t window,
-                                    double rope_base, double logit_scale_a) {
+NanochatQKV nanochat_qkv(const at::Tensor& x, const at::Tensor& ve, const AttnLayerWeights& w, int64_t n_head,
+                         int64_t n_kv_head, int64_t head_dim, double rope_base) {
   const int64_t B = x.size(0), T = x.size(1);
   at::Tensor q = project(x, w.c_q).view({B, T, n_head, head_dim});
   at::Tensor k = project(x, w.c_k).view({B, T, n_kv_head, head_dim});
@@ -72,7 +71,15 @@ at::Tensor nanochat_attention_layer(const at::Tensor& x, const at::Tensor& ve, c
   }
   q = rms(rope(q, rope_base)) * 1.2;
   k = rms(rope(k, rope_base)) * 1.2;
-  at::Tensor y = attention(q, k, v, 1.0 / std::sqrt(double(head_dim)), window, logit_scale_a);
+  return {q, k, v};
+}
+
+at::Tensor nanochat_attention_layer(const at::Tensor& x, const at::Tensor& ve, const AttnLayerWeights& w,
+                                    int64_t n_head, int64_t n_kv_head, int64_t head_dim, int64_t window,
+                                    double rope_base, double logit_scale_a) {
+  const int64_t B = x.size(0), T = x.size(1);
+  NanochatQKV qkv = nanochat_qkv(x, ve, w, n_head, n_kv_head, head_dim, rope_base);
+  at::Tensor y = attention(qkv.q, qkv.k, qkv.v, 1.0 / std::sqrt(double(head_dim)), window, logit_scale_a);
   return project(y.reshape({B, T, n_head * head_dim}), w.c_proj);
 }
 

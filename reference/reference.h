@@ -18,6 +18,13 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 struct AttnLayerWeights {
   at::Tensor c_q, c_k, c_v, c_proj, ve_gate;  // ve_gate undefined when the layer has no VE
 };
+// The layer's q, k, v up to the attention call (projections, VE gate, RoPE, QK RMSNorm, ×1.2):
+// q [B,T,H,dh], k/v [B,T,Hkv,dh]. Layers that replace only the attention reuse it.
+struct NanochatQKV {
+  at::Tensor q, k, v;
+};
+NanochatQKV nanochat_qkv(const at::Tensor& x, const at::Tensor& ve, const AttnLayerWeights& w, int64_t n_head,
+                         int64_t n_kv_head, int64_t head_dim, double rope_base);
 at::Tensor nanochat_attention_layer(const at::Tensor& x, const at::Tensor& ve, const AttnLayerWeights& w,
                                     int64_t n_head, int64_t n_kv_head, int64_t head_dim, int64_t window,
                                     double rope_base, double logit_scale_a);

@@ -21,4 +21,36 @@ at::Tensor sparse_attention(const at::Tensor& q, const at::Tensor& k, const at::
 at::Tensor dsa_indexer(const at::Tensor& q_idx, const at::Tensor& k_idx, const at::Tensor& w_idx, int64_t topk,
                        double scale, bool relu);
 
+// Block-sparse causal attention: query t (row r = t / q_block) of head h attends, through KV head
+// h / (H/Hkv), to the keys s ≤ t of every block i listed in block_indices[b, h_kv, r, :] (block i =
+// keys i·block_size … (i+1)·block_size − 1, clipped to T); −1 = empty slot. A query with no such key
+// gets o_t = 0.
+at::Tensor block_sparse_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& block_indices, int64_t block_size, int64_t q_block,
+                                  double scale);
+
+// Weights of a nanochat attention layer plus, for DSA, its lightning indexer.
+struct SparseLayerWeights {
+  at::Tensor c_q, c_k, c_v, c_proj, ve_gate;            // ve_gate undefined when the layer has no VE
+  at::Tensor idx_wq, idx_wk, idx_w, idx_kn_w, idx_kn_b;  // DSA indexer (undefined for MoBA)
+};
+
+// MoBA layer (MoonshotAI/MoBA moba_naive inside nanochat's attention layer): per token t and
+// query head h, gate s_i = q_t·mean(k over block i) (no scale) for blocks i ≤ t / block; the
+// query's own block always chosen and counted; the top `topk_blocks` blocks (ties: lower block
+// first); attention over their keys s ≤ t. Returns y [B,T,d].
+at::Tensor moba_layer(const at::Tensor& x, const at::Tensor& ve, const SparseLayerWeights& w, int64_t n_head,
+                      int64_t n_kv_head, int64_t head_dim, double rope_base, int64_t block, int64_t topk_blocks);
+
+// DSA layer: nanochat's attention layer whose attention is restricted to the top-k keys of the
+// DeepSeek-V3.2 lightning indexer (on the detached layer input), plus the indexer's KL loss
+// (mean over tokens of KL(p_t ‖ softmax(I_t)) over the selected set, p_t = main attention
+// probabilities summed over heads and L1-normalised, detached). Returns {y, aux_loss}.
+struct DsaOut {
+  at::Tensor y, aux_loss;
+};
+DsaOut dsa_layer(const at::Tensor& x, const at::Tensor& ve, const SparseLayerWeights& w, int64_t n_head,
+                 int64_t n_kv_head, int64_t head_dim, double rope_base, int64_t idx_heads, int64_t idx_dim,
+                 int64_t idx_rope_dim, int64_t topk);
+
 }  // namespace mixbench::reference

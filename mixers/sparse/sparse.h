@@ -2,6 +2,11 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <string>
+#include <vector>
+
+#include "harness/registry.h"
+
 namespace mixbench {
 
 // q [B,T,H,D], k [B,T,Hkv,D], v [B,T,Hkv,Dv], indices [B,T,K] int64 (−1 = empty slot, shared by all
@@ -14,6 +19,35 @@ at::Tensor sparse_attention_cpu(const at::Tensor& q, const at::Tensor& k, const 
 // to the lowest key index, −1 padded.
 at::Tensor dsa_indexer_cpu(const at::Tensor& q_idx, const at::Tensor& k_idx, const at::Tensor& w_idx,
                            int64_t topk, double scale, bool relu);
+
+// q [B,T,H,D], k [B,T,Hkv,D], v [B,T,Hkv,Dv], block_indices [B,Hkv,ceil(T/q_block),topk] int64
+// (−1 = empty slot) -> o [B,T,H,Dv]: query t attends to the keys s ≤ t of the blocks (of
+// block_size keys) listed in its query row t / q_block, through KV head h / (H/Hkv).
+at::Tensor block_sparse_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      const at::Tensor& block_indices, int64_t block_size, int64_t q_block,
+                                      double scale);
+
+// The sparse-attention layers share nanochat's attention layer up to the attention call
+// (dense.cpp's dense_full): projections c_q/c_k/c_v, the value-embedding gate on alternate layers
+// (always the last), RoPE (half-split, nanochat's sign), QK RMSNorm, ×1.2; c_proj after.
+// Defined in moba.cpp.
+namespace sparse_layer {
+constexpr int64_t kVeGateChannels = 12;
+struct Dims {
+  int64_t D, H, Hkv, dh;
+};
+Dims dims(const Config& c);                     // kv_ratio: query heads per KV head, 0 = one KV head
+bool has_ve(const LayerCtx& ctx);
+std::vector<ParamDef> attention_params(const Config& c, const LayerCtx& ctx);  // c_q, c_k, c_v, c_proj (+ ve_gate)
+int64_t attention_matmul_params(const Config& c, const LayerCtx& ctx);
+TensorMap make_layer_inputs(const Config& c, const LayerCtx& ctx, int64_t B, int64_t T, at::Generator& gen);
+struct QKV {
+  at::Tensor q, k, v;  // q [B,T,H,dh] and k [B,T,Hkv,dh] after RoPE and QK-norm; v [B,T,Hkv,dh]
+};
+QKV qkv(const TensorMap& in, const Config& c);
+// Backbone config plus kv_ratio and rope_base (the attention layer's own knobs).
+ConfigSpec layer_config();
+}  // namespace sparse_layer
 
 // Every key s ≤ t selected, −1 elsewhere: [B,T,T] int64 on `like`'s device.
 at::Tensor causal_full_indices(int64_t B, int64_t T, const at::Tensor& like);

@@ -1,0 +1,222 @@
+// Method `dsa`: nanochat's attention layer (as dense_full) whose attention is restricted to the
+// top-k keys chosen by DeepSeek-V3.2's lightning indexer (deepseek-ai/DeepSeek-V3.2-Exp
+// inference/model.py `Indexer`), adapted to the MHA backbone (seed 001):
+//   q^I_t   = (W^I_q h_t) split into H_I heads of d_I       (h = the layer input, detached)
+//   k^I_s   = LayerNorm(W^I_k h_s)                          (one key head; weight and bias, eps 1e-6)
+//   RoPE on the first idx_rope_dim dims of q^I and k^I, NeoX half-split rotation by +θ
+//   (split order [rope, no-rope]), base = the layer's rope_base
+//   w_t     = (W_w h_t) · H_I^-½ · d_I^-½                   (signed, no activation)
+//   I_{t,s} = Σ_j w_{t,j} · ReLU(q^I_{t,j} · k^I_s), s ≤ t; S_t = top min(k, t+1) keys (op dsa_indexer,
+//   ties to the lower key); main attention = op sparse_attention over S_t (scale dh^-½).
+// Auxiliary output `aux_loss` (sparse stage of the DSA report): for every token,
+//   p_t = Σ_heads softmax over S_t of the main attention logits (q, k detached), L1-normalised;
+//   KL(p_t ‖ softmax over S_t of I_{t,·}); aux_loss = mean over the B·T tokens.
+// Teacher and indexer input are detached, so aux_loss reaches only the indexer's parameters and y
+// none of them (the selection is not differentiable). Seed 001 weights aux_loss 1 per layer,
+// summed over layers. The layer always computes aux_loss (its cost is in the accountant).
+// The full-attention warm-up stage of training is not part of this layer.
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <fmt/format.h>
+
+#include <limits>
+
+#include "harness/backbone.h"
+#include "harness/errors.h"
+#include "mixers/common/layers.h"
+#include "mixers/sparse/sparse.h"
+#include "reference/sparse.h"
+
+namespace mixbench {
+namespace {
+
+using namespace sparse_layer;
+
+constexpr double kIndexerLnEps = 1e-6;
+constexpr int64_t kIndexerQueryBlock = 256;  // dsa_indexer's CPU path scores 256-query blocks
+
+std::vector<ParamDef> params(const Config& c, const LayerCtx& ctx) {
+  Dims d = dims(c);
+  const int64_t HI = c.i("idx_heads"), DI = c.i("idx_dim");
+  const double s = std::sqrt(3.0) / std::sqrt(double(d.D));
+  std::vector<ParamDef> p = attention_params(c, ctx);
+  p.push_back({"idx_wq", {HI * DI, d.D}, ParamGroup::TransformerMatrix, true, "uniform", -s, s});
+  p.push_back({"idx_wk", {DI, d.D}, ParamGroup::TransformerMatrix, true, "uniform", -s, s});
+  p.push_back({"idx_w", {HI, d.D}, ParamGroup::TransformerMatrix, true, "uniform", -s, s});
+  p.push_back({"idx_k_norm_w", {DI}, ParamGroup::Scalar, false, "const", 1.0, 0});
+  p.push_back({"idx_k_norm_b", {DI}, ParamGroup::Scalar, false, "const", 0.0, 0});
+  return p;
+}
+
+TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx&) {
+  Dims d = dims(c);
+  reference::SparseLayerWeights w;
+  w.c_q = in.at("c_q");
+  w.c_k = in.at("c_k");
+  w.c_v = in.at("c_v");
+  w.c_proj = in.at("c_proj");
+  w.ve_gate = in.get_or("ve_gate", at::Tensor());
+  w.idx_wq = in.at("idx_wq");
+  w.idx_wk = in.at("idx_wk");
+  w.idx_w = in.at("idx_w");
+  w.idx_kn_w = in.at("idx_k_norm_w");
+  w.idx_kn_b = in.at("idx_k_norm_b");
+  reference::DsaOut o = reference::dsa_layer(in.at("x"), in.get_or("ve", at::Tensor()), w, d.H, d.Hkv, d.dh,
+                                             c.f("rope_base"), c.i("idx_heads"), c.i("idx_dim"),
+                                             c.i("idx_rope_dim"), c.i("dsa_topk"));
+  return {{"y", o.y}, {"aux_loss", o.aux_loss}};
+}
+
+// NeoX rotation by +θ (y1 = x1 cos − x2 sin, y2 = x2 cos + x1 sin) on the first R dims of x [B,T,…,D].
+at::Tensor rope_neox_partial(const at::Tensor& x, int64_t R, double base) {
+  const int64_t T = x.size(1), half = R / 2;
+  auto o64 = at::TensorOptions().dtype(at::kDouble).device(x.device());
+  at::Tensor ang = at::arange(T, o64).view({T, 1}) * at::pow(base, -at::arange(half, o64) * (2.0 / double(R))).view({1, half});
+  std::vector<int64_t> shape(size_t(x.dim()), 1);
+  shape[1] = T;
+  shape.back() = half;
+  at::Tensor cs = ang.cos().to(x.scalar_type()).view(shape), sn = ang.sin().to(x.scalar_type()).view(shape);
+  at::Tensor x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half), rest = x.narrow(-1, R, x.size(-1) - R);
+  return at::cat({x1 * cs - x2 * sn, x2 * cs + x1 * sn, rest}, -1);
+}
+
+TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx&, Backend backend) {
+  Dims d = dims(c);
+  const at::Tensor& x = in.at("x");
+  const int64_t B = x.size(0), T = x.size(1), G = d.H / d.Hkv;
+  const int64_t HI = c.i("idx_heads"), DI = c.i("idx_dim"), R = c.i("idx_rope_dim");
+  const double scale = 1.0 / std::sqrt(double(d.dh));
+  QKV a = qkv(in, c);
+  // Lightning indexer on the detached input.
+  at::Tensor xd = x.detach();
+  at::Tensor qi = rope_neox_partial(at::linear(xd, in.at("idx_wq")).view({B, T, HI, DI}), R, c.f("rope_base"));
+  at::Tensor kr = at::linear(xd, in.at("idx_wk"));
+  at::Tensor ki = at::layer_norm(kr, {DI}, in.at("idx_k_norm_w"), in.at("idx_k_norm_b"), kIndexerLnEps);
+  ki = rope_neox_partial(ki.unsqueeze(2), R, c.f("rope_base")).squeeze(2);
+  at::Tensor wi = at::linear(xd, in.at("idx_w")) * (1.0 / std::sqrt(double(HI) * double(DI)));
+  const int64_t K = std::min(c.i("dsa_topk"), T);
+  Config ip = Registry::get().op("dsa_indexer").params.defaults();
+  ip = ip.with("topk", K).with("scale", 1.0).with("activation", std::string("relu"));
+  at::Tensor idx = call_op("dsa_indexer", backend, {{"q_idx", qi.detach()}, {"k_idx", ki.detach()}, {"w_idx", wi.detach()}}, ip)
+                       .at("indices");
+  Config sp = Registry::get().op("sparse_attention").params.defaults();
+  sp = sp.with("topk", K).with("scale", scale);
+  at::Tensor o = call_op("sparse_attention", backend, {{"q", a.q}, {"k", a.k}, {"v", a.v}, {"indices", idx}}, sp).at("o");
+  at::Tensor y = at::linear(o.reshape({B, T, d.H * d.dh}), in.at("c_proj"));
+
+  // Auxiliary KL over the selected keys.
+  at::Tensor valid = idx >= 0;  // [B,T,K]; every row holds at least key t
+  at::Tensor flat = (idx.clamp_min(0) + at::arange(B, idx.options()).view({B, 1, 1}) * T).reshape({-1});
+  at::Tensor p;
+  {
+    c10::NoGradGuard ng;
+    at::Tensor kg = a.k.detach().reshape({B * T, d.Hkv, d.dh}).index_select(0, flat).view({B, T, K, d.Hkv, d.dh});
+    at::Tensor lg = at::matmul(a.q.detach().reshape({B, T, d.Hkv, G, d.dh}), kg.permute({0, 1, 3, 4, 2})) * scale;
+    lg = lg.masked_fill(valid.logical_not().view({B, T, 1, 1, K}), -std::numeric_limits<double>::infinity());
+    at::Tensor ph = at::softmax(layers::is_half(lg) ? lg.to(at::kFloat) : lg, -1);  // fp32 for half inputs
+    p = ph.sum({2, 3}) / double(d.H);  // [B,T,K], 0 on empty slots
+  }
+  at::Tensor kig = ki.reshape({B * T, DI}).index_select(0, flat).view({B, T, K, DI});
+  at::Tensor sim = at::relu(at::matmul(qi, kig.transpose(-1, -2)));          // [B,T,HI,K]
+  at::Tensor I = at::matmul(wi.unsqueeze(-2), sim).squeeze(-2);              // [B,T,K]
+  if (layers::is_half(I)) I = I.to(at::kFloat);
+  I = I.masked_fill(valid.logical_not(), -std::numeric_limits<double>::infinity());
+  at::Tensor logq = at::log_softmax(I, -1).masked_fill(valid.logical_not(), 0.0);
+  at::Tensor pl = p.to(logq.scalar_type());
+  at::Tensor kl = (at::xlogy(pl, pl) - pl * logq).sum(-1);                    // [B,T]
+  return {{"y", y}, {"aux_loss", kl.mean().to(y.scalar_type())}};
+}
+
+// Indexer (query, key) pairs per token the dsa_indexer CPU path scores: each block of 256
+// queries against every key up to the block's end.
+double indexer_pairs(int64_t T) {
+  double pairs = 0;
+  for (int64_t q0 = 0; q0 < T; q0 += kIndexerQueryBlock) {
+    const int64_t q1 = std::min(T, q0 + kIndexerQueryBlock);
+    pairs += double(q1 - q0) * double(q1);
+  }
+  return pairs / double(T);
+}
+
+// Per token at length T, K = min(topk, T) index slots, P = indexer pairs per token (above):
+//   matmul params N = attention's N_l + H_I·d_I·d + d_I·d + H_I·d
+//   fwd = 2N + 2·(H_I·d_I + H_I)·P      (indexer scores over the full history, head-weighted sum)
+//       + 4·H·dh·K                      (sparse attention, every slot computed)
+//       + 2·H·dh·K                      (teacher: main logits over the selected keys, recomputed)
+//       + 2·(H_I·d_I + H_I)·K           (student: indexer scores of the selected keys, with grad)
+//   nanochat training core = 12·H·dh·K + 2·(H_I·d_I + H_I)·T (indexer forward only, no causal
+//       halving) + 2·H·dh·K + 6·(H_I·d_I + H_I)·K (teacher forward; student forward and backward)
+//   decode at context c = 2N + 2·(H_I·d_I + H_I)·c + 4·H·dh·min(k, c)
+//   cache per token = main KV (2·Hkv·dh) + the indexer key (d_I) elements
+LayerCost account(const Config& c, const LayerCtx& ctx, const CostQuery& q) {
+  Dims d = dims(c);
+  const int64_t HI = c.i("idx_heads"), DI = c.i("idx_dim"), topk = c.i("dsa_topk");
+  const int64_t K = std::min(topk, q.T);
+  LayerCost lc;
+  const int64_t N = attention_matmul_params(c, ctx) + HI * DI * d.D + DI * d.D + HI * d.D;
+  lc.params.transformer_matrices = N;
+  lc.params.matmul = N;
+  lc.params.scalars = 2 * DI;
+  const double hd = double(d.H * d.dh), ix = double(HI * DI + HI);
+  lc.fwd_flops = 2.0 * double(N) + 2.0 * ix * indexer_pairs(q.T) + 4.0 * hd * double(K) + 2.0 * hd * double(K) +
+                 2.0 * ix * double(K);
+  lc.nanochat_core_flops = 12.0 * hd * double(K) + 2.0 * ix * double(q.T) + 2.0 * hd * double(K) + 6.0 * ix * double(K);
+  lc.decode_flops = 2.0 * double(N) + 2.0 * ix * double(q.context) + 4.0 * hd * double(std::min(topk, q.context));
+  lc.cache_bytes_per_token = double(2 * d.Hkv * d.dh + DI) * double(q.dtype_bytes);
+  lc.act_bytes = double(q.dtype_bytes) * double(d.D + 2 * d.H * d.dh + 4 * d.Hkv * d.dh + d.H * d.dh + HI * DI + DI) +
+                 4.0 * double(d.H);
+  lc.formula = fmt::format("DSA top-{} (H_I={}, d_I={}): fwd 2N + 2·(H_I·d_I+H_I)·(P(T)+K) + 6·H·dh·K, K = min({},T)",
+                           topk, HI, DI, topk);
+  return lc;
+}
+
+std::vector<CaseDef> cases(const ConfigSpec& spec) {
+  // A 4-layer model, d=64, 4 heads of 16; indexer 3 heads of 8 (4 rotary dims), top-12 keys.
+  Config base = spec.parse(
+      "n_layer=4,d_model=64,head_dim=16,seq_len=64,vocab=64,dsa_topk=12,idx_heads=3,idx_dim=8,idx_rope_dim=4");
+  return {
+      {"layer0_T1", base, 1, 1, 0},
+      {"layer0_T9_all_selected", base, 2, 9, 0},
+      {"layer0_B2_T37", base, 2, 37, 0},
+      {"layer1_ve_B2_T45", base, 2, 45, 1},
+      {"layer3_last_ve_gqa_T29", base.with("kv_ratio", int64_t(2)), 1, 29, 3},
+      {"layer2_mqa_T33", base.with("kv_ratio", int64_t(0)), 1, 33, 2},
+      {"layer2_top20_full_rope_T70", base.with("dsa_topk", int64_t(20)).with("idx_rope_dim", int64_t(8)), 1, 70, 2},
+  };
+}
+
+MethodSpec make_spec() {
+  MethodSpec m;
+  m.name = "dsa";
+  m.family = "sparse";
+  m.summary = "DSA: lightning indexer (ReLU heads, signed weights, LayerNorm'd key, partial RoPE) picks top-256 keys; KL aux loss";
+  m.citation = "DeepSeek-V3.2-Exp inference/model.py Indexer (arXiv 2512.02556); nanochat attention layer";
+  m.config = layer_config();
+  m.config.i("dsa_topk", 256, "keys selected per query", 1)
+      .i("idx_heads", 64, "indexer heads H_I", 1)
+      .i("idx_dim", 128, "indexer head dim d_I", 2)
+      .i("idx_rope_dim", 64, "rotary dims of the indexer heads (first ones, NeoX style)", 0)
+      .rule([](const Config& c) {
+        const int64_t R = c.i("idx_rope_dim");
+        if (R % 2 != 0 || R > c.i("idx_dim"))
+          throw InputError(fmt::format("idx_rope_dim {} must be even and at most idx_dim {}", R, c.i("idx_dim")));
+      });
+  m.ops = {"dsa_indexer", "sparse_attention"};
+  m.params = params;
+  m.make_inputs = make_layer_inputs;
+  m.reference = reference_fn;
+  m.forward = forward;
+  ConfigSpec spec = m.config;
+  m.cases = [spec]() { return cases(spec); };
+  m.account = account;
+  m.ve_dim = [](const Config& c, const LayerCtx& ctx) -> int64_t {
+    Dims d = dims(c);
+    return has_ve(ctx) ? d.Hkv * d.dh : 0;
+  };
+  return m;
+}
+
+MIXBENCH_REGISTER(make_spec());
+
+}  // namespace
+}  // namespace mixbench

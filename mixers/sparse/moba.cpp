@@ -1,0 +1,228 @@
+// Method `moba`: nanochat's attention layer (as dense_full: projections, VE gate, RoPE, QK-norm,
+// ×1.2, c_proj) whose attention is MoBA (MoonshotAI/MoBA, moba_naive):
+//   k̄_i   = mean of the keys in block i (block = moba_block tokens; the partial last block
+//           averages what it holds), per KV head;
+//   s_t,i = q_t·k̄_i per query head, in fp32 (fp64 for fp64 inputs), no 1/√d;
+//   blocks after the query's block are excluded, the query's own block is always chosen and
+//   counts toward the moba_topk blocks (seed 001: block 128, budget 256 tokens = 2 blocks);
+//   attention (scale dh^-½) over the chosen blocks' keys, token-causal inside the own block.
+// Ties between gate scores go to the lower block (stable sort). The selection carries no
+// gradient and MoBA adds no parameters. With GQA each query head selects its own blocks
+// (the KV heads are expanded to the query heads before the block-sparse op).
+//
+// Also defines the attention-layer pieces the sparse family shares (sparse.h, sparse_layer::).
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <fmt/format.h>
+
+#include <limits>
+
+#include "harness/backbone.h"
+#include "harness/errors.h"
+#include "mixers/common/layers.h"
+#include "mixers/sparse/sparse.h"
+#include "reference/sparse.h"
+
+namespace mixbench {
+
+namespace sparse_layer {
+
+Dims dims(const Config& c) {
+  ModelDims m = model_dims(c);
+  const int64_t r = c.i("kv_ratio");
+  return {m.d_model, m.n_head, r == 0 ? 1 : m.n_head / r, m.head_dim};
+}
+
+bool has_ve(const LayerCtx& ctx) { return ctx.layer % 2 == (ctx.n_layer - 1) % 2; }
+
+std::vector<ParamDef> attention_params(const Config& c, const LayerCtx& ctx) {
+  Dims d = dims(c);
+  const double s = std::sqrt(3.0) / std::sqrt(double(d.D));
+  std::vector<ParamDef> p = {
+      {"c_q", {d.H * d.dh, d.D}, ParamGroup::TransformerMatrix, true, "uniform", -s, s},
+      {"c_k", {d.Hkv * d.dh, d.D}, ParamGroup::TransformerMatrix, true, "uniform", -s, s},
+      {"c_v", {d.Hkv * d.dh, d.D}, ParamGroup::TransformerMatrix, true, "uniform", -s, s},
+      {"c_proj", {d.D, d.H * d.dh}, ParamGroup::TransformerMatrix, true, "const", 0.0, 0},
+  };
+  if (has_ve(ctx))
+    p.push_back({"ve_gate", {d.Hkv, kVeGateChannels}, ParamGroup::TransformerMatrix, true, "uniform", 0.0, 0.02});
+  return p;
+}
+
+int64_t attention_matmul_params(const Config& c, const LayerCtx& ctx) {
+  Dims d = dims(c);
+  return d.D * d.H * d.dh + 2 * d.D * d.Hkv * d.dh + d.H * d.dh * d.D + (has_ve(ctx) ? kVeGateChannels * d.Hkv : 0);
+}
+
+TensorMap make_layer_inputs(const Config& c, const LayerCtx& ctx, int64_t B, int64_t T, at::Generator& gen) {
+  Dims d = dims(c);
+  auto o = at::TensorOptions().dtype(at::kDouble);
+  TensorMap in{{"x", at::randn({B, T, d.D}, gen, o)}};
+  if (has_ve(ctx)) in.set("ve", at::randn({B, T, d.Hkv * d.dh}, gen, o));
+  return in;
+}
+
+QKV qkv(const TensorMap& in, const Config& c) {
+  Dims d = dims(c);
+  const at::Tensor& x = in.at("x");
+  const int64_t B = x.size(0), T = x.size(1);
+  at::Tensor q = at::linear(x, in.at("c_q")).view({B, T, d.H, d.dh});
+  at::Tensor k = at::linear(x, in.at("c_k")).view({B, T, d.Hkv, d.dh});
+  at::Tensor v = at::linear(x, in.at("c_v")).view({B, T, d.Hkv, d.dh});
+  if (in.has("ve")) {
+    at::Tensor gate = 3.0 * at::sigmoid(at::linear(x.slice(-1, 0, kVeGateChannels), in.at("ve_gate")));
+    v = v + gate.unsqueeze(-1) * in.at("ve").view({B, T, d.Hkv, d.dh});
+  }
+  q = layers::rms_norm(layers::rope(q, c.f("rope_base"))) * 1.2;
+  k = layers::rms_norm(layers::rope(k, c.f("rope_base"))) * 1.2;
+  return {q, k, v};
+}
+
+ConfigSpec layer_config() {
+  ConfigSpec s = backbone_config();
+  s.i("kv_ratio", 1, "query heads per KV head; 0 = one KV head (MQA)", 0)
+      .f("rope_base", 100000.0, "RoPE base", 1.0)
+      .rule([](const Config& c) {
+        ModelDims d = model_dims(c);
+        const int64_t r = c.i("kv_ratio");
+        if (r > 0 && d.n_head % r != 0)
+          throw InputError(fmt::format("{} heads are not divisible by kv_ratio {}", d.n_head, r));
+        if (d.d_model < kVeGateChannels) throw InputError("d_model must be at least 12 (VE gate channels)");
+      });
+  return s;
+}
+
+}  // namespace sparse_layer
+
+namespace {
+
+using namespace sparse_layer;
+
+reference::SparseLayerWeights ref_weights(const TensorMap& in) {
+  reference::SparseLayerWeights w;
+  w.c_q = in.at("c_q");
+  w.c_k = in.at("c_k");
+  w.c_v = in.at("c_v");
+  w.c_proj = in.at("c_proj");
+  w.ve_gate = in.get_or("ve_gate", at::Tensor());
+  return w;
+}
+
+TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx&) {
+  Dims d = dims(c);
+  return {{"y", reference::moba_layer(in.at("x"), in.get_or("ve", at::Tensor()), ref_weights(in), d.H, d.Hkv, d.dh,
+                                      c.f("rope_base"), c.i("moba_block"), c.i("moba_topk"))}};
+}
+
+// Block indices [B,H,T,nsel] of the MoBA gate (no gradient), nsel = min(topk, #blocks).
+at::Tensor moba_select(const at::Tensor& q, const at::Tensor& k, int64_t bs, int64_t topk) {
+  c10::NoGradGuard ng;
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), dh = q.size(3), Hkv = k.size(2), G = H / Hkv;
+  const int64_t NB = (T + bs - 1) / bs;
+  at::Tensor qf = layers::is_half(q) ? layers::f32(q) : q;
+  at::Tensor kf = layers::is_half(k) ? layers::f32(k) : k;
+  // Block means: sum of the (zero-padded) block over its real length.
+  at::Tensor kp = at::constant_pad_nd(kf, {0, 0, 0, 0, 0, NB * bs - T});
+  at::Tensor len = (T - at::arange(NB, kf.options()) * bs).clamp_max(double(bs)).view({1, NB, 1, 1});
+  at::Tensor kbar = kp.reshape({B, NB, bs, Hkv, dh}).sum(2) / len;              // [B,NB,Hkv,dh]
+  at::Tensor kh = kbar.permute({0, 2, 3, 1});                                // [B,Hkv,dh,NB]
+  at::Tensor qh = qf.reshape({B, T, Hkv, G, dh}).permute({0, 2, 1, 3, 4}).reshape({B, Hkv, T * G, dh});
+  at::Tensor s = at::matmul(qh, kh).view({B, Hkv, T, G, NB}).permute({0, 1, 3, 2, 4}).reshape({B, H, T, NB});
+  auto lo = at::TensorOptions().dtype(at::kLong).device(q.device());
+  at::Tensor blk = at::arange(NB, lo).view({1, NB});
+  at::Tensor cur = at::div(at::arange(T, lo), bs, "floor").view({T, 1});  // the query's block
+  s = s.masked_fill(blk > cur, -std::numeric_limits<double>::infinity());
+  s = s.masked_fill(blk == cur, std::numeric_limits<double>::infinity());
+  auto [vals, order] = at::sort(s, /*stable=*/true, /*dim=*/-1, /*descending=*/true);
+  const int64_t nsel = std::min(topk, NB);
+  at::Tensor sel = order.slice(3, 0, nsel);
+  return sel.masked_fill(sel > cur.view({1, 1, T, 1}), -1).contiguous();  // fewer blocks than topk: pad
+}
+
+TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx&, Backend backend) {
+  Dims d = dims(c);
+  const at::Tensor& x = in.at("x");
+  const int64_t B = x.size(0), T = x.size(1), G = d.H / d.Hkv, bs = c.i("moba_block");
+  QKV a = qkv(in, c);
+  at::Tensor idx = moba_select(a.q, a.k, bs, c.i("moba_topk"));
+  at::Tensor k = G > 1 ? a.k.repeat_interleave(G, 2) : a.k;  // per-query-head selections
+  at::Tensor v = G > 1 ? a.v.repeat_interleave(G, 2) : a.v;
+  Config op = Registry::get().op("block_sparse_attention").params.defaults();
+  op = op.with("block_size", bs).with("q_block", int64_t(1)).with("topk", idx.size(3))
+           .with("scale", 1.0 / std::sqrt(double(d.dh)));
+  at::Tensor o = call_op("block_sparse_attention", backend,
+                         {{"q", a.q}, {"k", k}, {"v", v}, {"block_indices", idx}}, op).at("o");
+  return {{"y", at::linear(o.reshape({B, T, d.H * d.dh}), in.at("c_proj"))}};
+}
+
+// Per token at length T, NB = ceil(T/bs), n = min(topk, NB) selected block slots:
+//   fwd = 2·N_l + 2·H·dh·NB (gate q·k̄ against every block) + Hkv·dh (block sums, element-wise)
+//         + 4·H·dh·n·bs (the block-sparse op computes every slot of every selected block,
+//           the masked future part of the own block and empty slots included)
+//   uncounted = Hkv·dh: the block sums run element-wise, invisible to the FLOP counter
+//   nanochat training core term = 12·H·dh·min(n·bs, T) + 2·H·dh·NB (the gate has no backward)
+//   decode at context c = 2·N_l + 2·H·dh·ceil(c/bs) + 4·H·dh·min(topk·bs, c)
+//   KV cache as dense attention: 2·Hkv·dh elements per token (block means are recomputable)
+LayerCost account(const Config& c, const LayerCtx& ctx, const CostQuery& q) {
+  Dims d = dims(c);
+  const int64_t bs = c.i("moba_block"), topk = c.i("moba_topk");
+  const int64_t NB = (q.T + bs - 1) / bs, n = std::min(topk, NB);
+  LayerCost lc;
+  const int64_t N = attention_matmul_params(c, ctx);
+  lc.params.transformer_matrices = N;
+  lc.params.matmul = N;
+  const double hd = double(d.H * d.dh);
+  lc.uncounted_flops = double(d.Hkv * d.dh);
+  lc.fwd_flops = 2.0 * double(N) + 2.0 * hd * double(NB) + lc.uncounted_flops + 4.0 * hd * double(n * bs);
+  lc.nanochat_core_flops = 12.0 * hd * double(std::min(n * bs, q.T)) + 2.0 * hd * double(NB);
+  lc.decode_flops = 2.0 * double(N) + 2.0 * hd * double((q.context + bs - 1) / bs) +
+                    4.0 * hd * double(std::min(topk * bs, q.context));
+  lc.cache_bytes_per_token = 2.0 * double(d.Hkv * d.dh) * double(q.dtype_bytes);
+  lc.act_bytes = double(q.dtype_bytes) * double(d.D + 2 * d.H * d.dh + 4 * d.Hkv * d.dh + d.H * d.dh) + 4.0 * double(d.H);
+  lc.formula = fmt::format("MoBA block {} top-{} blocks: fwd 2N + 2·H·dh·ceil(T/{}) + Hkv·dh + 4·H·dh·{}·{}", bs, topk, bs,
+                           n, bs);
+  return lc;
+}
+
+std::vector<CaseDef> cases(const ConfigSpec& spec) {
+  // A 4-layer model, d=64, 4 heads of 16; blocks of 8 tokens, 2 blocks (budget 16 tokens).
+  Config base = spec.parse("n_layer=4,d_model=64,head_dim=16,seq_len=64,vocab=64,moba_block=8,moba_topk=2");
+  return {
+      {"layer0_T1", base, 1, 1, 0},
+      {"layer0_T13_all_selected", base, 2, 13, 0},
+      {"layer0_B2_T37", base, 2, 37, 0},
+      {"layer1_ve_B2_T45", base, 2, 45, 1},
+      {"layer3_last_ve_gqa_T29", base.with("kv_ratio", int64_t(2)), 1, 29, 3},
+      {"layer2_mqa_T33", base.with("kv_ratio", int64_t(0)), 1, 33, 2},
+      {"layer2_top3_block5_T70", base.with("moba_topk", int64_t(3)).with("moba_block", int64_t(5)), 1, 70, 2},
+  };
+}
+
+MethodSpec make_spec() {
+  MethodSpec m;
+  m.name = "moba";
+  m.family = "sparse";
+  m.summary = "MoBA: per-head top-k key blocks by q·mean(K_block), own block forced and counted (block 128, 2 blocks)";
+  m.citation = "MoonshotAI/MoBA moba_naive (arXiv 2502.13189); nanochat attention layer";
+  m.config = layer_config();
+  m.config.i("moba_block", 128, "tokens per key block", 1)
+      .i("moba_topk", 2, "blocks per query and head, the own block included (budget = topk·block tokens)", 1);
+  m.ops = {"block_sparse_attention"};
+  m.params = attention_params;
+  m.make_inputs = make_layer_inputs;
+  m.reference = reference_fn;
+  m.forward = forward;
+  ConfigSpec spec = m.config;
+  m.cases = [spec]() { return cases(spec); };
+  m.account = account;
+  m.ve_dim = [](const Config& c, const LayerCtx& ctx) -> int64_t {
+    Dims d = dims(c);
+    return has_ve(ctx) ? d.Hkv * d.dh : 0;
+  };
+  return m;
+}
+
+MIXBENCH_REGISTER(make_spec());
+
+}  // namespace
+}  // namespace mixbench

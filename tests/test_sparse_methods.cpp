@@ -1,0 +1,140 @@
+// Sparse-attention methods: op block_sparse_attention, layers moba and dsa — conformance at fp64
+// and fp32, equality with dense_full when every key is selected, the DSA auxiliary loss reaching
+// only the indexer, bad block indices.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "harness/backbone.h"
+#include "harness/errors.h"
+#include "harness/registry.h"
+#include "suites/conformance.h"
+
+using namespace mixbench;
+using Json = nlohmann::json;
+
+namespace {
+
+double rel(const at::Tensor& a, const at::Tensor& b) {
+  at::Tensor x = a.to(at::kDouble), y = b.to(at::kDouble);
+  return (x - y).pow(2).mean().sqrt().item<double>() / (x.pow(2).mean().sqrt().item<double>() + 1e-12);
+}
+
+// Layer inputs and random parameters of `m` at cfg, layer `layer`.
+TensorMap layer_inputs(const MethodSpec& m, const Config& cfg, int64_t layer, int64_t B, int64_t T, uint64_t seed) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  LayerCtx ctx{layer, model_dims(cfg).n_layer};
+  TensorMap in = m.make_inputs(cfg, ctx, B, T, gen);
+  for (const auto& d : m.params(cfg, ctx)) in.set(d.name, random_param(d, gen, at::TensorOptions().dtype(at::kDouble)));
+  return in;
+}
+
+}  // namespace
+
+TEST(SparseMethods, ConformanceFp64AndFp32) {
+  for (const char* dtype : {"fp64", "fp32"}) {
+    ConformanceOptions opt;
+    opt.ops = {"block_sparse_attention"};
+    opt.methods = {"moba", "dsa"};
+    opt.dtype = dtype;
+    opt.finite_differences = std::string(dtype) == "fp64";
+    ConformanceSummary s;
+    Json r = run_conformance(opt, s);
+    EXPECT_EQ(s.failed, 0) << dtype;
+    EXPECT_EQ(s.errors, 0) << dtype;
+    int aux = 0, idx_grads = 0;
+    for (const auto& x : r) {
+      EXPECT_EQ(x["status"], "pass") << x.dump();
+      for (const auto& c : x["checks"]) {
+        if (c["tensor"] == "aux_loss") ++aux;
+        if (c["tensor"] == "grad_idx_wq" && c["kind"] == "gradient") ++idx_grads;
+      }
+    }
+    EXPECT_GE(aux, 7) << dtype;        // every dsa case compares aux_loss
+    EXPECT_GE(idx_grads, 7) << dtype;  // and the indexer's gradient (through aux_loss)
+  }
+}
+
+// T within the budget: every causal key is selected, so both layers must equal dense_full's
+// layer on the same weights (reference and optimized paths), with GQA and a VE layer too.
+TEST(SparseMethods, EverythingSelectedEqualsDenseFull) {
+  const MethodSpec& dense = Registry::get().method("dense_full");
+  struct C {
+    std::string method, cfg;
+    int64_t T, layer;
+  };
+  const std::string shape = "n_layer=4,d_model=64,head_dim=16,seq_len=64,vocab=64";
+  for (const C& c : {C{"moba", shape + ",moba_block=8,moba_topk=2", 16, 0}, C{"moba", shape + ",moba_block=5,moba_topk=3,kv_ratio=2", 13, 1},
+                     C{"moba", shape + ",moba_block=4,moba_topk=8", 31, 3},
+                     C{"dsa", shape + ",dsa_topk=12,idx_heads=3,idx_dim=8,idx_rope_dim=4", 12, 1},
+                     C{"dsa", shape + ",dsa_topk=40,idx_heads=2,idx_dim=8,idx_rope_dim=4,kv_ratio=2", 23, 0}}) {
+    const MethodSpec& m = Registry::get().method(c.method);
+    Config cfg = m.config.parse(c.cfg);
+    LayerCtx ctx{c.layer, 4};
+    TensorMap in = layer_inputs(m, cfg, c.layer, 2, c.T, 11);
+    Config dcfg = dense.config.parse(shape + ",kv_ratio=" + std::to_string(cfg.i("kv_ratio")));
+    at::Tensor yd = dense.reference(in, dcfg, ctx).at("y");
+    EXPECT_LT(rel(yd, dense.forward(in, dcfg, ctx, Backend::CPU).at("y")), 1e-12);
+    EXPECT_LT(rel(yd, m.reference(in, cfg, ctx).at("y")), 1e-12) << c.method << " " << c.cfg;
+    EXPECT_LT(rel(yd, m.forward(in, cfg, ctx, Backend::CPU).at("y")), 1e-12) << c.method << " " << c.cfg;
+    // Beyond the budget the layer must differ from dense attention.
+    TensorMap longer = layer_inputs(m, cfg, c.layer, 1, 3 * c.T + 5, 12);
+    at::Tensor yl = dense.reference(longer, dcfg, ctx).at("y");
+    EXPECT_GT(rel(yl, m.forward(longer, cfg, ctx, Backend::CPU).at("y")), 1e-6) << c.method << " " << c.cfg;
+  }
+}
+
+// aux_loss reaches the indexer's parameters only; y reaches none of them.
+TEST(SparseMethods, DsaAuxLossTrainsOnlyTheIndexer) {
+  const MethodSpec& m = Registry::get().method("dsa");
+  Config cfg = m.config.parse("n_layer=4,d_model=64,head_dim=16,seq_len=64,vocab=64,dsa_topk=8,idx_heads=3,idx_dim=8,idx_rope_dim=4");
+  LayerCtx ctx{1, 4};
+  TensorMap in = layer_inputs(m, cfg, 1, 2, 29, 21);
+  std::vector<std::string> names;
+  std::vector<at::Tensor> leaves;
+  for (const auto& [n, t] : in) {
+    t.requires_grad_(true);
+    names.push_back(n);
+    leaves.push_back(t);
+  }
+  for (Backend b : {Backend::CPU, Backend::Reference}) {
+    TensorMap out = b == Backend::CPU ? m.forward(in, cfg, ctx, b) : m.reference(in, cfg, ctx);
+    ASSERT_TRUE(out.has("aux_loss"));
+    EXPECT_EQ(out.at("aux_loss").dim(), 0);
+    EXPECT_GT(out.at("aux_loss").item<double>(), 0.0);
+    auto ga = torch::autograd::grad({out.at("aux_loss")}, leaves, {}, true, false, /*allow_unused=*/true);
+    auto gy = torch::autograd::grad({out.at("y").sum()}, leaves, {}, false, false, /*allow_unused=*/true);
+    for (size_t i = 0; i < names.size(); ++i) {
+      const bool indexer = names[i].rfind("idx_", 0) == 0;
+      const bool aux_nonzero = ga[i].defined() && ga[i].abs().max().item<double>() > 0;
+      const bool y_nonzero = gy[i].defined() && gy[i].abs().max().item<double>() > 0;
+      EXPECT_EQ(aux_nonzero, indexer) << names[i];
+      EXPECT_EQ(y_nonzero, !indexer) << names[i];
+    }
+  }
+}
+
+TEST(SparseMethods, BlockSparseRejectsBadIndices) {
+  const OpSpec& s = Registry::get().op("block_sparse_attention");
+  Config p = s.params.parse("H=2,Hkv=1,D=8,block_size=4,topk=2");
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  TensorMap in = s.make_inputs(p, 1, 10, gen);  // 3 blocks, 3 query rows
+  auto with = [&](at::Tensor idx) {
+    TensorMap m = in;
+    m.set("block_indices", idx);
+    return m;
+  };
+  auto i64 = at::TensorOptions().dtype(at::kLong);
+  at::Tensor good = at::tensor({0, -1, 1, 0, 2, -1}, i64).view({1, 1, 3, 2});
+  EXPECT_NO_THROW(s.cpu(with(good), p));
+  EXPECT_THROW(s.cpu(with(at::tensor({1, -1, 1, 0, 2, -1}, i64).view({1, 1, 3, 2})), p), InputError);  // row 0 sees block 1
+  EXPECT_THROW(s.cpu(with(at::tensor({0, -1, 1, 1, 2, -1}, i64).view({1, 1, 3, 2})), p), InputError);  // repeated
+  EXPECT_THROW(s.cpu(with(at::tensor({0, -1, 1, 0, 3, -1}, i64).view({1, 1, 3, 2})), p), InputError);  // ≥ #blocks
+  EXPECT_THROW(s.cpu(with(at::tensor({0, -2, 1, 0, 2, -1}, i64).view({1, 1, 3, 2})), p), InputError);  // < −1
+  EXPECT_THROW(s.cpu(with(good.view({1, 1, 6, 1})), p), InputError);                                    // shape
+  EXPECT_THROW(s.cpu(with(good.to(at::kInt)), p), InputError);                                          // dtype
+  EXPECT_THROW(s.reference(with(at::tensor({1, -1, 1, 0, 2, -1}, i64).view({1, 1, 3, 2})), p), InputError);
+}
