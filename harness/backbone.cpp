@@ -138,16 +138,31 @@ ParamCount count_params(const Model& m) {
   return c;
 }
 
-at::Tensor model_forward(const Model& m, const at::Tensor& idx, Backend backend) {
+namespace {
+enum class Pass { Forward, Prefill, Decode };
+
+// The backbone around the mixers, shared by forward, prefill and decode. Forward/prefill: idx
+// [B,T] from position 0; decode: idx [B,1] at cache->pos. `last_only`: lm_head on the last
+// position only.
+at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pass pass, ModelCache* cache,
+                     bool last_only) {
   const ModelDims& d = m.dims;
   const auto& P = m.params;
   if (idx.dim() != 2) throw InputError("model input must be [B, T] token ids");
   const int64_t T = idx.size(1);
+  if (pass == Pass::Decode && T != 1) throw InputError("model_decode_step takes idx [B, 1]");
+  if (pass != Pass::Forward && T < 1) throw InputError("prefill needs at least one token");
   at::Tensor x = rms_norm(at::embedding(P.at("wte"), idx));
-  if (T > 1) {
+  const at::Tensor embed = x;
+  if (pass == Pass::Decode) {
+    if (!cache->prev_embed.defined()) throw InputError("model_decode_step needs a cache filled by model_prefill");
+    at::Tensor gate = P.at("smear_lambda") * at::sigmoid(at::linear(x.slice(2, 0, 24), P.at("smear_gate")));
+    x = x + gate * cache->prev_embed;
+  } else if (T > 1) {
     at::Tensor gate = P.at("smear_lambda") * at::sigmoid(at::linear(x.slice(1, 1).slice(2, 0, 24), P.at("smear_gate")));
     x = at::cat({x.slice(1, 0, 1), x.slice(1, 1) + gate * x.slice(1, 0, T - 1)}, 1);
   }
+  if (pass == Pass::Prefill) cache->layers.assign(size_t(d.n_layer), TensorMap());
   at::Tensor x0 = x, x_backout;
   const int64_t backout_layer = d.n_layer / 2;
   for (int64_t i = 0; i < d.n_layer; ++i) {
@@ -164,8 +179,11 @@ at::Tensor model_forward(const Model& m, const at::Tensor& idx, Backend backend)
       if (name.rfind(prefix, 0) == 0) in.set(name.substr(prefix.size()), t);
     TensorMap out;
     {
-      NvtxRange r(fmt::format("{}/layer{}/forward", mixer.name, i));
-      out = mixer.forward(in, m.cfg, ctx, backend);
+      NvtxRange r(fmt::format("{}/layer{}/{}", mixer.name, i,
+                              pass == Pass::Forward ? "forward" : pass == Pass::Prefill ? "prefill" : "decode"));
+      if (pass == Pass::Forward) out = mixer.forward(in, m.cfg, ctx, backend);
+      else if (pass == Pass::Prefill) out = mixer.prefill(in, cache->layers[size_t(i)], m.cfg, ctx, backend);
+      else out = mixer.decode(in, cache->layers[size_t(i)], m.cfg, ctx, backend);
     }
     x = x + out.at("y");
     at::Tensor h = at::relu(at::linear(rms_norm(x), P.at(fmt::format("layers.{}.mlp.c_fc", i)))).square();
@@ -173,9 +191,44 @@ at::Tensor model_forward(const Model& m, const at::Tensor& idx, Backend backend)
     if (i == backout_layer) x_backout = x;
   }
   if (x_backout.defined()) x = x - P.at("backout_lambda") * x_backout;
+  if (last_only && x.size(1) > 1) x = x.slice(1, x.size(1) - 1);
   x = rms_norm(x);
   at::Tensor logits = at::linear(x, P.at("lm_head")).to(at::kFloat);
+  if (cache) {
+    cache->prev_embed = embed.slice(1, embed.size(1) - 1);
+    cache->pos = pass == Pass::Decode ? cache->pos + 1 : T;
+  }
   return 15.0 * at::tanh(logits / 15.0);
+}
+}  // namespace
+
+at::Tensor model_forward(const Model& m, const at::Tensor& idx, Backend backend) {
+  return run_model(m, idx, backend, Pass::Forward, nullptr, false);
+}
+
+int64_t ModelCache::bytes() const {
+  int64_t n = 0;
+  for (const auto& l : layers) n += cache_bytes(l);
+  return n;
+}
+
+bool model_has_decode(const Model& m) {
+  for (const auto& name : m.layer_mixers)
+    if (!Registry::get().method(name).has_decode()) return false;
+  return true;
+}
+
+at::Tensor model_prefill(const Model& m, const at::Tensor& idx, Backend backend, ModelCache* cache) {
+  if (!cache) return run_model(m, idx, backend, Pass::Forward, nullptr, true);
+  if (!model_has_decode(m)) throw UsageError(fmt::format("method {} registers no decode path", m.method->name));
+  *cache = ModelCache();
+  return run_model(m, idx, backend, Pass::Prefill, cache, true);
+}
+
+at::Tensor model_decode_step(const Model& m, const at::Tensor& idx_t, ModelCache& cache, Backend backend) {
+  if (!model_has_decode(m)) throw UsageError(fmt::format("method {} registers no decode path", m.method->name));
+  if (cache.layers.size() != size_t(m.dims.n_layer)) throw InputError("model_decode_step needs a cache filled by model_prefill");
+  return run_model(m, idx_t, backend, Pass::Decode, &cache, true);
 }
 
 at::Tensor model_loss(const Model& m, const at::Tensor& idx, const at::Tensor& targets, Backend backend) {

@@ -44,6 +44,24 @@ ParamCount count_params(const Model& m);
 
 // logits [B,T,vocab] (fp32, softcapped) for idx [B,T] int64.
 at::Tensor model_forward(const Model& m, const at::Tensor& idx, Backend backend);
+// Incremental decoding state of a model: one cache per layer (MethodSpec::prefill/decode), the
+// previous token's normalized embedding (the smear reads it) and the tokens consumed.
+struct ModelCache {
+  std::vector<TensorMap> layers;
+  at::Tensor prev_embed;  // [B,1,d]
+  int64_t pos = 0;
+  int64_t bytes() const;  // Σ cache_bytes over layers (the smear's one embedding excluded)
+};
+// Whether every layer's method registers prefill/decode.
+bool model_has_decode(const Model& m);
+// Forward over idx [B,T] returning only the last position's logits [B,1,vocab] (fp32,
+// softcapped): the lm_head runs on one position per sequence. With `cache` (every layer must have
+// a decode hook, else UsageError) the layers' prefill hooks fill it for model_decode_step.
+at::Tensor model_prefill(const Model& m, const at::Tensor& idx, Backend backend, ModelCache* cache = nullptr);
+// One token idx_t [B,1] at position cache.pos: smear with the previous embedding, the same
+// residual / x0 / backout stream as model_forward, each layer's decode hook; returns logits
+// [B,1,vocab] and advances the cache. model_prefill(T−n) then n steps == model_forward(T).
+at::Tensor model_decode_step(const Model& m, const at::Tensor& idx_t, ModelCache& cache, Backend backend);
 // Mean cross-entropy (nats) over targets != -1.
 at::Tensor model_loss(const Model& m, const at::Tensor& idx, const at::Tensor& targets, Backend backend);
 

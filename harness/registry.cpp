@@ -1,5 +1,6 @@
 #include "harness/registry.h"
 
+#include <ATen/ATen.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -20,6 +21,17 @@ const char* backend_name(Backend b) {
     case Backend::CUDA: return "cuda";
   }
   return "?";
+}
+
+int64_t cache_pos(const TensorMap& cache) { return cache.has("pos") ? cache.at("pos").item<int64_t>() : 0; }
+
+void set_cache_pos(TensorMap& cache, int64_t pos) { cache.set("pos", at::scalar_tensor(pos, at::TensorOptions().dtype(at::kLong))); }
+
+int64_t cache_bytes(const TensorMap& cache) {
+  int64_t n = 0;
+  for (const auto& [name, t] : cache)
+    if (name != "pos" && t.defined()) n += int64_t(t.numel()) * int64_t(t.element_size());
+  return n;
 }
 
 ParamCount& ParamCount::operator+=(const ParamCount& o) {
@@ -86,6 +98,8 @@ bool Registry::add(MethodSpec spec) {
   if (methods_.count(spec.name)) throw std::logic_error("method registered twice: " + spec.name);
   if (!spec.reference || !spec.forward || !spec.params || !spec.make_inputs || !spec.cases || !spec.account)
     throw std::logic_error("method " + spec.name + " lacks a required part");
+  if (bool(spec.prefill) != bool(spec.decode))
+    throw std::logic_error("method " + spec.name + " registers only one of prefill/decode");
   std::string name = spec.name;
   methods_.emplace(name, std::move(spec));
   return true;

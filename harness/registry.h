@@ -99,7 +99,24 @@ struct MethodSpec {
   std::function<LayerCost(const Config&, const LayerCtx&, const CostQuery&)> account;
   // Dimension of this layer's value-embedding table (0 = the layer takes no value embedding).
   std::function<int64_t(const Config&, const LayerCtx&)> ve_dim;
+  // Optional incremental decoding (both set or neither). `cache` is the layer's own state:
+  // "pos" (int64 scalar on the CPU: tokens consumed so far) plus the method's tensors (attention:
+  // K/V of the visible keys, a window keeping only its last `window` keys; linear methods: the
+  // recurrent state and the short-conv tail).
+  //   prefill: inputs with "x" [B,T,d] (+ "ve") from position 0 -> {"y" [B,T,d]}; fills `cache`
+  //   decode:  inputs with "x" [B,1,d] (+ "ve") at position cache["pos"] -> {"y" [B,1,d]}; updates it
+  // prefill(T−n) followed by n decode steps must reproduce forward(T) at the last n positions.
+  using DecodeFn = std::function<TensorMap(const TensorMap& in, TensorMap& cache, const Config&, const LayerCtx&, Backend)>;
+  DecodeFn prefill;
+  DecodeFn decode;
+  bool has_decode() const { return bool(prefill) && bool(decode); }
 };
+
+// Position (tokens consumed) recorded in a decode cache; 0 when the cache is empty.
+int64_t cache_pos(const TensorMap& cache);
+void set_cache_pos(TensorMap& cache, int64_t pos);
+// Bytes held by a cache's tensors (the position counter excluded).
+int64_t cache_bytes(const TensorMap& cache);
 
 class Registry {
  public:

@@ -330,6 +330,46 @@ Json guarded(Json base, Fn&& fn) {
   return base;
 }
 
+// Decode path of a layer: prefill(T−n) then n decode steps against forward(T), n = min(4, T−1).
+// Checks: "prefill_y" (prefill's y == forward's first T−n positions) and "decode_y" (the decoded
+// tokens == forward's last n positions), rel-RMS at the dtype's layer threshold.
+Json run_decode_case(const MethodSpec& m, const Config& cfg, const LayerCtx& ctx, const TensorMap& inputs64,
+                     const ConformanceOptions& opt) {
+  c10::NoGradGuard ng;
+  const at::ScalarType dt = parse_dtype(opt.dtype);
+  const at::Device dev = opt.backend == Backend::CUDA ? at::Device(at::kCUDA) : at::Device(at::kCPU);
+  TensorMap in;
+  for (const auto& [n, t] : inputs64) in.set(n, floating(t) ? t.to(dt).to(dev) : t.to(dev));
+  const at::Tensor x = in.at("x");
+  const int64_t T = x.size(1), n = std::min<int64_t>(4, T - 1), Tp = T - n;
+  ScopedMethod sm(m.name);
+  at::Tensor full = m.forward(in, cfg, ctx, opt.backend).at("y");
+  auto slice_in = [&](int64_t a, int64_t b) {
+    TensorMap s2 = in;
+    s2.set("x", x.slice(1, a, b));
+    if (in.has("ve")) s2.set("ve", in.at("ve").slice(1, a, b));
+    return s2;
+  };
+  TensorMap cache;
+  at::Tensor pre = m.prefill(slice_in(0, Tp), cache, cfg, ctx, opt.backend).at("y");
+  std::vector<at::Tensor> steps;
+  for (int64_t t = Tp; t < T; ++t) steps.push_back(m.decode(slice_in(t, t + 1), cache, cfg, ctx, opt.backend).at("y"));
+  const double thr = threshold(opt.dtype, TensorKind::Output, /*layer=*/true);
+  Json checks = Json::array();
+  bool ok = cache_pos(cache) == T;
+  Json c1 = check_json("prefill_y", "invariant", compare(full.slice(1, 0, Tp), pre), thr);
+  Json c2 = check_json("decode_y", "invariant", compare(full.slice(1, Tp), at::cat(steps, 1)), thr);
+  for (const Json& c : {c1, c2}) {
+    ok = ok && c["status"] == "pass";
+    checks.push_back(c);
+  }
+  Json r = {{"status", ok ? "pass" : "fail"}, {"checks", checks}};
+  r["shape"]["decode_steps"] = n;
+  r["shape"]["prefill_T"] = Tp;
+  if (cache_pos(cache) != T) r["message"] = fmt::format("cache position {} after {} tokens", cache_pos(cache), T);
+  return r;
+}
+
 void tally(const Json& r, ConformanceSummary& s) {
   const std::string st = r["status"];
   if (st == "pass") ++s.passed;
@@ -440,6 +480,20 @@ Json run_conformance(const ConformanceOptions& opt, ConformanceSummary& summary)
         Json fdr = guarded(fdb, [&] { return run_finite_differences(u, in, seed); });
         tally(fdr, summary);
         results.push_back(fdr);
+      }
+      if (m.has_decode() && c.T >= 2 && opt.fault.empty()) {
+        // prefill + decode steps == forward (the method's incremental decoding path)
+        Json db = base;
+        db["level"] = "invariant";
+        db["case"] = c.label + "/decode";
+        Json dr = guarded(db, [&] { return run_decode_case(m, c.cfg, ctx, in, opt); });
+        if (dr.contains("shape") && base.contains("shape")) {
+          Json sh = base["shape"];
+          for (auto it = dr["shape"].begin(); it != dr["shape"].end(); ++it) sh[it.key()] = it.value();
+          dr["shape"] = sh;
+        }
+        tally(dr, summary);
+        results.push_back(dr);
       }
     }
   }

@@ -121,10 +121,12 @@ struct Prediction {
   std::string bytes_formula;
   Json shape;
   Json config;
+  Json extra_accountant = Json::object();  // mode-specific accountant numbers (decode: FLOPs, cache bytes)
 };
 
 struct Point {
   std::function<void(const std::string& nvtx_prefix)> step;  // one repetition
+  std::function<Json()> measured;                             // optional: measurements after timing
 };
 
 // A unit of the sweep: one method at model or layer level, or one op.
@@ -189,8 +191,10 @@ Unit model_unit(const MethodSpec& method, const SweepOptions& opt) {
       p.bytes = 2.0 * pbytes + mc.act_bytes * BT;
       p.bytes_formula = "2·params·elem (weights + grads) + activation_bytes/token·B·T";
     } else {
-      p.bytes = pbytes + mc.cache_bytes_per_token * BT + mc.state_bytes * double(B) + 4.0 * double(d.vocab) * BT;
-      p.bytes_formula = "params·elem + kv_cache_bytes/token·B·T + state_bytes·B + fp32 logits 4·vocab·B·T";
+      // prefill computes the logits of the last position only (model_prefill)
+      p.fwd_flops_per_token = mc.fwd_flops - 2.0 * double(mc.params.lm_head) * double(T - 1) / double(T);
+      p.bytes = pbytes + mc.cache_bytes_per_token * BT + mc.state_bytes * double(B) + 4.0 * double(d.vocab) * double(B);
+      p.bytes_formula = "params·elem + kv_cache_bytes/token·B·T + state_bytes·B + fp32 last-position logits 4·vocab·B";
     }
     p.shape = {{"B", B}, {"T", T}, {"n_layer", d.n_layer}, {"d_model", d.d_model}, {"n_head", d.n_head},
                {"head_dim", d.head_dim}, {"vocab", d.vocab}};
@@ -225,7 +229,7 @@ Unit model_unit(const MethodSpec& method, const SweepOptions& opt) {
       if (!train) {
         c10::NoGradGuard ng;
         NvtxRange r(nv + "/forward");
-        model_forward(m, idx, backend);
+        model_prefill(m, idx, backend);
         return;
       }
       at::Tensor loss;
@@ -245,6 +249,81 @@ Unit model_unit(const MethodSpec& method, const SweepOptions& opt) {
   u.release = [st] {
     if (st->model) drop_grads(st->model->params);
   };
+  return u;
+}
+
+// Decode at model level: per point (B, c) the model prefills c tokens into its caches (untimed),
+// then each repetition is one decode step of B tokens (the context grows by one per step).
+Unit decode_unit(const MethodSpec& method, const SweepOptions& opt) {
+  const at::ScalarType dt = parse_dtype(opt.dtype);
+  const int64_t eb = int64_t(c10::elementSize(dt));
+  struct State {
+    std::optional<Model> model;
+  };
+  auto cs = std::make_shared<State>();
+  Unit u;
+  u.method = method.name;
+  u.predict = [&method, opt, eb](int64_t B, int64_t c) {
+    Config cfg = method_config(method, opt, c);
+    CostQuery q;
+    q.T = c;
+    q.context = c;
+    q.dtype_bytes = eb;
+    ModelCost mc = account_model(method, cfg, q);
+    ModelDims d = model_dims(cfg);
+    const double pbytes = double(mc.params.total()) * double(eb);
+    const double cache = (mc.cache_bytes_per_token * double(c) + mc.state_bytes) * double(B);
+    Prediction p;
+    p.fwd_flops_per_token = mc.decode_flops;
+    p.bytes = pbytes + cache + 4.0 * double(d.vocab) * double(B);
+    p.bytes_formula = "params·elem + (kv_cache_bytes/token·c + state_bytes)·B + fp32 logits 4·vocab·B";
+    p.extra_accountant = {{"context", c},
+                          {"decode_flops_per_token", mc.decode_flops},
+                          {"cache_bytes", cache},
+                          {"cache_bytes_formula", "(kv_cache_bytes/token·c + state_bytes)·B"},
+                          {"kv_cache_bytes_per_token", mc.cache_bytes_per_token},
+                          {"state_bytes", mc.state_bytes}};
+    p.shape = {{"B", B}, {"T", c}, {"context", c}, {"n_layer", d.n_layer}, {"d_model", d.d_model},
+               {"n_head", d.n_head}, {"head_dim", d.head_dim}, {"vocab", d.vocab}};
+    p.config = cfg.to_json();
+    return p;
+  };
+  u.setup = [&method, opt, cs, dt](int64_t c) {
+    if (cs->model) return;
+    Config cfg = method_config(method, opt, c);
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(opt.seed);
+    Model m = build_model(method, cfg, gen, at::TensorOptions().dtype(at::kFloat));
+    TensorMap moved;
+    for (const auto& [n, p] : m.params) moved.set(n, p.to(device_of(opt.device), dt).detach());
+    m.params = std::move(moved);
+    cs->model = std::move(m);
+  };
+  u.prepare = [&method, opt, cs](int64_t B, int64_t c) {
+    c10::NoGradGuard ng;
+    const at::Device dev = device_of(opt.device);
+    const Backend backend = opt.device == "cuda" ? Backend::CUDA : Backend::CPU;
+    Model& m = *cs->model;
+    m.cfg = method_config(method, opt, c);  // windows follow seq_len = c
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(opt.seed + 1);
+    const auto lopts = at::TensorOptions().dtype(at::kLong);
+    at::Tensor idx = at::randint(m.dims.vocab, {B, c}, gen, lopts).to(dev);
+    auto cache = std::make_shared<ModelCache>();
+    at::Tensor logits = model_prefill(m, idx, backend, cache.get());
+    const int64_t after_prefill = cache->bytes();
+    auto next = std::make_shared<at::Tensor>(logits.argmax(-1));  // greedy: [B,1]
+    Point pt;
+    pt.step = [cs, cache, next, backend](const std::string& nv) {
+      c10::NoGradGuard ng;
+      NvtxRange r(nv + "/decode");
+      *next = model_decode_step(*cs->model, *next, *cache, backend).argmax(-1);
+    };
+    pt.measured = [cache, after_prefill, c]() -> Json {
+      return {{"bytes_after_prefill", after_prefill}, {"context_after_prefill", c},
+              {"bytes_at_end", cache->bytes()}, {"context_at_end", cache->pos}};
+    };
+    return pt;
+  };
+  u.release = [cs] { cs->model.reset(); };
   return u;
 }
 
@@ -574,6 +653,8 @@ SweepOptions sweep_options_from_args(const Args& a) {
   o.level = a.get_or("level", o.level);
   if (o.level != "op" && o.level != "layer" && o.level != "model")
     throw UsageError(fmt::format("unknown level '{}' (use op, layer or model)", o.level));
+  if (o.mode == "decode" && o.level != "model")
+    throw UsageError(fmt::format("--mode decode runs at model level (the backbone drives the caches), not --level {}", o.level));
   if (auto b = a.get("batch")) o.batches = parse_int_list(*b, "batch size");
   if (auto l = a.get("lengths")) o.lengths = parse_lengths(*l);
   o.device = a.get_or("device", o.device);
@@ -631,8 +712,11 @@ Json sweep_config_json(const SweepOptions& o) {
                             ? Json(fmt::format("plain in-place SGD update (lr {}) standing in for the optimizer step "
                                                "until Muon lands", o.sgd_lr))
                             : Json(nullptr)},
-          {"flops_convention", o.mode == "train" ? "accountant forward FLOPs x3 (forward + backward)"
-                                                 : "accountant forward FLOPs (executed, exact causal pairs)"}};
+          {"flops_convention",
+           o.mode == "train"    ? "accountant forward FLOPs x3 (forward + backward)"
+           : o.mode == "decode" ? "accountant decode FLOPs per token at context c, B tokens per step"
+           : o.level == "model" ? "accountant forward FLOPs (executed, exact causal pairs), lm_head on the last position only"
+                                : "accountant forward FLOPs (executed, exact causal pairs)"}};
 }
 
 // ------------------------------------------------------------------ the sweep
@@ -645,21 +729,6 @@ Json run_sweep(const SweepOptions& opt, SweepSummary& sum) {
                 {"mode", opt.mode}, {"device", opt.device}, {"dtype", opt.dtype}};
   };
 
-  if (opt.mode == "decode") {
-    // The registry's MethodSpec has no decode/cache entry point yet; timing a full re-forward
-    // would not be decode, so every method is recorded as skipped.
-    for (const auto& name : opt.methods) {
-      Json r = base(name, "");
-      r["status"] = "skipped";
-      r["reason"] = "no decode path";
-      r["message"] = "the method registers no decode step with a KV cache or recurrent state";
-      r["shape"] = Json::object();
-      results.push_back(r);
-      ++sum.skipped;
-    }
-    return results;
-  }
-
   std::vector<Unit> units;
   if (opt.level == "op") {
     std::set<std::string> seen;
@@ -669,7 +738,17 @@ Json run_sweep(const SweepOptions& opt, SweepSummary& sum) {
   } else {
     for (const auto& name : opt.methods) {
       const MethodSpec& m = reg.method(name);
-      units.push_back(opt.level == "model" ? model_unit(m, opt) : layer_unit(m, opt));
+      if (opt.mode == "decode" && !m.has_decode()) {
+        Json r = base(name, "");
+        r["status"] = "skipped";
+        r["reason"] = "no decode path";
+        r["message"] = "the method registers no decode step with a KV cache or recurrent state";
+        r["shape"] = Json::object();
+        results.push_back(r);
+        ++sum.skipped;
+        continue;
+      }
+      units.push_back(opt.mode == "decode" ? decode_unit(m, opt) : opt.level == "model" ? model_unit(m, opt) : layer_unit(m, opt));
     }
   }
 
@@ -705,6 +784,7 @@ Json run_sweep(const SweepOptions& opt, SweepSummary& sum) {
           NvtxRange range(nv);
           MemProbe mem{opt.device};
           Json timing, memory;
+          std::function<Json()> measured;
           {
             {
               // The model or layer is built on first use, before the probe, so the delta is the point's.
@@ -714,12 +794,13 @@ Json run_sweep(const SweepOptions& opt, SweepSummary& sum) {
             mem.start();
             Point pt = u.prepare(B, T);
             std::vector<double> s = time_reps(pt, opt, nv);
+            measured = pt.measured;
             sync_device(opt.device);
             memory = mem.finish();
             timing = timing_json(s, opt.warmup);
           }
           const double med = timing["median_s"].get<double>();
-          const double tokens = double(B * T);
+          const double tokens = opt.mode == "decode" ? double(B) : double(B * T);  // per repetition
           r["status"] = "ok";
           r["timing"] = timing;
           r["tokens_per_s"] = tokens / med;
@@ -736,7 +817,10 @@ Json run_sweep(const SweepOptions& opt, SweepSummary& sum) {
             acct["flops_per_step"] = nullptr;
             r["flop_per_s"] = nullptr;
           }
+          for (auto it = pred.extra_accountant.begin(); it != pred.extra_accountant.end(); ++it) acct[it.key()] = it.value();
           r["accountant"] = acct;
+          if (opt.mode == "decode") r["latency_per_token_s"] = med;
+          if (measured) r["cache"] = measured();
           r["memory"] = memory;
           last_fit = T;
           ++sum.ok;

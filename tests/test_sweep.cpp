@@ -176,16 +176,58 @@ TEST(Sweep, MemoryLimitRecordsOomAndContinuesWithNextBatch) {
   EXPECT_EQ(std::distance(std::sregex_iterator(page.begin(), page.end(), oom_re), std::sregex_iterator()), 3);
 }
 
-TEST(Sweep, DecodeIsSkippedWithReason) {
+TEST(Sweep, DecodeReportsCacheGrowthFromTheAccountant) {
   fs::path out = sweep_tmp() / "decode.json";
-  ASSERT_EQ(cli({"sweep", "--mode", "decode", "--methods", "dense,mqa", "--quiet", "--out", out.string()}), 0);
+  ASSERT_EQ(cli({"sweep", "--mode", "decode", "--methods", "dense_full,gqa,gdn,lightning", "--preset", "cpu-tiny",
+                 "--lengths", "64,128", "--batch", "1,2", "--reps", "2", "--warmup", "1", "--quiet", "--out",
+                 out.string()}),
+            0);
   Json r = load(out);
   expect_valid(r);
-  ASSERT_EQ(r["results"].size(), 2u);
-  for (const auto& x : r["results"]) {
-    EXPECT_EQ(x["status"], "skipped");
-    EXPECT_EQ(x["reason"], "no decode path");
+  EXPECT_EQ(r["config"]["mode"], "decode");
+  for (const std::string m : {"dense_full", "gqa", "gdn", "lightning"}) {
+    for (int64_t B : {1, 2}) {
+      auto pts = points(r, m, B);
+      ASSERT_EQ(pts.size(), 2u) << m;
+      for (const auto& x : pts) {
+        expect_sane_ok_point(x);
+        EXPECT_EQ(x["mode"], "decode");
+        EXPECT_EQ(x["accountant"]["context"], x["shape"]["T"]);
+        EXPECT_DOUBLE_EQ(x["latency_per_token_s"].get<double>(), x["timing"]["median_s"].get<double>());
+        EXPECT_DOUBLE_EQ(x["tokens_per_s"].get<double>(), double(B) / x["timing"]["median_s"].get<double>());
+        // fp32 caches hold exactly what the accountant predicts (K/V per token, or state + conv tails)
+        EXPECT_EQ(x["cache"]["context_after_prefill"], x["shape"]["T"]);
+        EXPECT_DOUBLE_EQ(double(x["cache"]["bytes_after_prefill"].get<int64_t>()),
+                         x["accountant"]["cache_bytes"].get<double>())
+            << m;
+        // warm-up + reps decode steps after the prefill
+        EXPECT_EQ(x["cache"]["context_at_end"].get<int64_t>(), x["shape"]["T"].get<int64_t>() + 3);
+      }
+      const Json &a = pts[0], &b = pts[1];
+      ASSERT_EQ(a["shape"]["T"], 64);
+      ASSERT_EQ(b["shape"]["T"], 128);
+      const double ca = a["accountant"]["cache_bytes"], cb = b["accountant"]["cache_bytes"];
+      const double fa = a["accountant"]["decode_flops_per_token"], fb = b["accountant"]["decode_flops_per_token"];
+      const int64_t ea = a["cache"]["bytes_at_end"], eb = b["cache"]["bytes_at_end"];
+      if (m == "dense_full" || m == "gqa") {
+        EXPECT_DOUBLE_EQ(cb, 2.0 * ca) << m;  // KV cache grows linearly with the context
+        EXPECT_GT(fb, fa) << m;
+        EXPECT_GT(ea, int64_t(a["cache"]["bytes_after_prefill"])) << m;  // and with every decoded token
+      } else {
+        EXPECT_DOUBLE_EQ(cb, ca) << m;  // fixed recurrent state
+        EXPECT_GT(ca, 0) << m;
+        EXPECT_DOUBLE_EQ(fb, fa) << m;
+        EXPECT_EQ(ea, eb) << m;
+        EXPECT_EQ(ea, int64_t(a["cache"]["bytes_after_prefill"])) << m;
+      }
+    }
   }
+  // B = 2 holds twice the cache of B = 1; gqa's KV cache is half of dense_full's
+  EXPECT_DOUBLE_EQ(points(r, "gdn", 2)[0]["accountant"]["cache_bytes"].get<double>(),
+                   2.0 * points(r, "gdn", 1)[0]["accountant"]["cache_bytes"].get<double>());
+  EXPECT_DOUBLE_EQ(points(r, "gqa", 1)[1]["accountant"]["cache_bytes"].get<double>(),
+                   0.5 * points(r, "dense_full", 1)[1]["accountant"]["cache_bytes"].get<double>());
+  EXPECT_EQ(cli({"sweep", "--mode", "decode", "--methods", "gqa", "--level", "layer", "--quiet"}), 2);
 }
 
 TEST(Sweep, BadInputExitsTwo) {

@@ -77,8 +77,11 @@ TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx& ctx
                                                      c.f("rope_base"), c.f("logit_scale_a"))}};
 }
 
-TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Backend backend) {
-  AttnDims d = attn_dims(c);
+struct Qkv {
+  at::Tensor q, k, v;  // [B,T,H,dh], [B,T,Hkv,dh] ×2, after RoPE (from position `offset`), QK norm and ×1.2
+};
+
+Qkv project(const TensorMap& in, const Config& c, const AttnDims& d, int64_t offset) {
   const at::Tensor& x = in.at("x");
   const int64_t B = x.size(0), T = x.size(1), H = d.m.n_head, Hkv = d.n_kv_head, dh = d.m.head_dim;
   at::Tensor q = at::linear(x, in.at("c_q")).view({B, T, H, dh});
@@ -88,14 +91,76 @@ TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Bac
     at::Tensor gate = 3.0 * at::sigmoid(at::linear(x.slice(-1, 0, kVeGateChannels), in.at("ve_gate")));
     v = v + gate.unsqueeze(-1) * in.at("ve").view({B, T, Hkv, dh});
   }
-  q = layers::rms_norm(layers::rope(q, c.f("rope_base"))) * 1.2;
-  k = layers::rms_norm(layers::rope(k, c.f("rope_base"))) * 1.2;
+  q = layers::rms_norm(layers::rope(q, c.f("rope_base"), offset)) * 1.2;
+  k = layers::rms_norm(layers::rope(k, c.f("rope_base"), offset)) * 1.2;
+  return {q, k, v};
+}
+
+at::Tensor attend(const Qkv& p, const Config& c, const LayerCtx& ctx, const AttnDims& d, Backend backend) {
   Config op;
-  op.set("scale", 1.0 / std::sqrt(double(dh)));
+  op.set("scale", 1.0 / std::sqrt(double(d.m.head_dim)));
   op.set("window", layer_window(c, ctx));
   op.set("logit_scale_a", c.f("logit_scale_a"));
-  at::Tensor y = call_op("attention", backend, {{"q", q}, {"k", k}, {"v", v}}, op).at("o");
-  return {{"y", at::linear(y.reshape({B, T, H * dh}), in.at("c_proj"))}};
+  return call_op("attention", backend, {{"q", p.q}, {"k", p.k}, {"v", p.v}}, op).at("o");
+}
+
+TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Backend backend) {
+  AttnDims d = attn_dims(c);
+  const at::Tensor& x = in.at("x");
+  const int64_t B = x.size(0), T = x.size(1);
+  at::Tensor y = attend(project(in, c, d, 0), c, ctx, d, backend);
+  return {{"y", at::linear(y.reshape({B, T, d.m.n_head * d.m.head_dim}), in.at("c_proj"))}};
+}
+
+// Keeps the keys a later query can see: all of them (full layers) or the last `window`.
+at::Tensor keep_visible(const at::Tensor& kv, int64_t window) {
+  if (window <= 0 || kv.size(1) <= window) return kv;
+  return kv.slice(1, kv.size(1) - window).clone();
+}
+
+// Decode cache: "pos", "k" [B,Tc,Hkv,dh], "v" [B,Tc,Hkv,dh] (post RoPE/norm, as the op sees them).
+TensorMap prefill(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx& ctx, Backend backend) {
+  AttnDims d = attn_dims(c);
+  const at::Tensor& x = in.at("x");
+  const int64_t B = x.size(0), T = x.size(1);
+  Qkv p = project(in, c, d, 0);
+  at::Tensor y = attend(p, c, ctx, d, backend);
+  const int64_t w = layer_window(c, ctx);
+  cache = TensorMap();
+  set_cache_pos(cache, T);
+  cache.set("k", keep_visible(p.k, w).contiguous());
+  cache.set("v", keep_visible(p.v, w).contiguous());
+  return {{"y", at::linear(y.reshape({B, T, d.m.n_head * d.m.head_dim}), in.at("c_proj"))}};
+}
+
+// One token at position pos: q attends to the cached keys plus its own (the last `window` of them
+// on windowed layers); logit scale s_pos = log_a(pos + a). Scores and softmax in FP32 for
+// half-precision inputs, as the fused kernels accumulate.
+TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx& ctx, Backend) {
+  AttnDims d = attn_dims(c);
+  const at::Tensor& x = in.at("x");
+  if (x.dim() != 3 || x.size(1) != 1) throw InputError("attention decode takes x [B,1,d]");
+  const int64_t B = x.size(0), H = d.m.n_head, Hkv = d.n_kv_head, dh = d.m.head_dim, G = H / Hkv;
+  const int64_t pos = cache_pos(cache);
+  Qkv p = project(in, c, d, pos);
+  const int64_t w = layer_window(c, ctx);
+  at::Tensor K = cache.has("k") ? at::cat({cache.at("k"), p.k}, 1) : p.k;
+  at::Tensor V = cache.has("v") ? at::cat({cache.at("v"), p.v}, 1) : p.v;
+  K = keep_visible(K, w);
+  V = keep_visible(V, w);
+  cache.set("k", K);
+  cache.set("v", V);
+  set_cache_pos(cache, pos + 1);
+  const bool half = layers::is_half(x);
+  at::Tensor q = half ? layers::f32(p.q) : p.q;
+  const double a = c.f("logit_scale_a");
+  if (a > 0) q = q * layers::logit_scale(1, a, pos).to(q.options()).view({1, 1, 1, 1});
+  at::Tensor Kf = half ? layers::f32(K) : K, Vf = half ? layers::f32(V) : V;
+  at::Tensor qh = q.reshape({B, Hkv, G, dh});
+  at::Tensor scores = at::matmul(qh, Kf.permute({0, 2, 3, 1})) * (1.0 / std::sqrt(double(dh)));  // [B,Hkv,G,Tc]
+  at::Tensor o = at::matmul(at::softmax(scores, -1), Vf.transpose(1, 2));                        // [B,Hkv,G,dh]
+  o = o.reshape({B, 1, H * dh}).to(x.scalar_type());
+  return {{"y", at::linear(o, in.at("c_proj"))}};
 }
 
 // Per-token cost of one layer at length T (see LayerCost):
@@ -170,6 +235,8 @@ MethodSpec attention_method(const std::string& name, const std::string& summary,
   m.make_inputs = make_inputs;
   m.reference = reference_fn;
   m.forward = forward;
+  m.prefill = prefill;
+  m.decode = decode;
 #if defined(MIXBENCH_WITH_CUDA)
   m.has_cuda = true;
 #endif

@@ -5,6 +5,7 @@
 
 #include "harness/backbone.h"
 #include "harness/errors.h"
+#include "mixers/common/layers.h"
 
 namespace mixbench::linear {
 
@@ -59,6 +60,61 @@ DeltaQKV delta_qkv(const TensorMap& in, const DeltaDims& d) {
     v = v + gate.unsqueeze(-1) * in.at("ve").view({B, T, d.H, d.V});
   }
   return {l2norm(q), l2norm(k), v};
+}
+
+namespace {
+at::Tensor conv_cached(const at::Tensor& xp, const at::Tensor& w, TensorMap& cache, const std::string& name, bool decode) {
+  const int64_t T = xp.size(1), W = w.size(1);
+  if (!decode) {
+    cache.set(name, at::constant_pad_nd(xp, {0, 0, W - 1, 0}).slice(1, T).contiguous());
+    return short_conv_silu(xp, w);
+  }
+  if (T != 1) throw InputError("delta decode takes x [B,1,d]");
+  at::Tensor tail = cache.has(name) ? cache.at(name) : at::zeros({xp.size(0), W - 1, xp.size(2)}, xp.options());
+  at::Tensor full = at::cat({tail, xp}, 1);  // [B,W,C]
+  at::Tensor y = full.narrow(1, 0, 1) * w.select(1, 0);
+  for (int64_t i = 1; i < W; ++i) y = y + full.narrow(1, i, 1) * w.select(1, i);
+  cache.set(name, full.slice(1, 1).contiguous());
+  return at::silu(y);
+}
+}  // namespace
+
+DeltaQKV delta_qkv_cached(const TensorMap& in, const DeltaDims& d, TensorMap& cache, bool decode) {
+  const at::Tensor& x = in.at("x");
+  const int64_t B = x.size(0), T = x.size(1);
+  at::Tensor q = conv_cached(at::linear(x, in.at("q_proj")), in.at("q_conv"), cache, "q_tail", decode).view({B, T, d.H, d.K});
+  at::Tensor k = conv_cached(at::linear(x, in.at("k_proj")), in.at("k_conv"), cache, "k_tail", decode).view({B, T, d.H, d.K});
+  at::Tensor v = conv_cached(at::linear(x, in.at("v_proj")), in.at("v_conv"), cache, "v_tail", decode).view({B, T, d.H, d.V});
+  if (in.has("ve")) {
+    at::Tensor gate = 3.0 * at::sigmoid(at::linear(x.narrow(-1, 0, kDeltaVeGateChannels), in.at("ve_gate")));
+    v = v + gate.unsqueeze(-1) * in.at("ve").view({B, T, d.H, d.V});
+  }
+  return {l2norm(q), l2norm(k), v};
+}
+
+at::Tensor delta_core_cached(const std::string& op, const DeltaQKV& qkv, const at::Tensor& beta, const at::Tensor& g,
+                             Backend backend, TensorMap& cache, bool decode) {
+  const int64_t K = qkv.q.size(3);
+  if (!decode) {
+    Config p;
+    p.set("scale", 0.0);
+    TensorMap in{{"q", qkv.q}, {"k", qkv.k}, {"v", qkv.v}, {"beta", beta}};
+    if (g.defined()) in.set("g", g);
+    TensorMap out = call_op(op, backend, in, p);
+    cache.set("state", out.at("ht"));
+    set_cache_pos(cache, qkv.q.size(1));
+    return out.at("o");
+  }
+  const int64_t pos = cache_pos(cache);
+  at::Tensor S = cache.has("state")
+                     ? cache.at("state")
+                     : at::zeros({qkv.q.size(0), qkv.q.size(2), K, qkv.v.size(3)},
+                                 qkv.v.options().dtype(layers::is_half(qkv.v) ? at::kFloat : qkv.v.scalar_type()));
+  DeltaResult r = delta_step(qkv.q.select(1, 0), qkv.k.select(1, 0), qkv.v.select(1, 0), beta.select(1, 0),
+                             g.defined() ? g.select(1, 0) : g, 1.0 / std::sqrt(double(K)), S);
+  cache.set("state", r.ht);
+  set_cache_pos(cache, pos + 1);
+  return r.o.unsqueeze(1).to(qkv.v.scalar_type());
 }
 
 std::vector<ParamDef> delta_common_params(const DeltaDims& d, const LayerCtx& ctx) {

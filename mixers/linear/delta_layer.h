@@ -40,6 +40,17 @@ struct DeltaQKV {
 };
 DeltaQKV delta_qkv(const TensorMap& in, const DeltaDims& d);
 
+// The same with a decode cache (MethodSpec::prefill/decode). Cache entries: "q_tail", "k_tail",
+// "v_tail" [B,W−1,C], the last W−1 pre-conv projections (zeros before the sequence).
+// decode = false: x [B,T,d] from position 0, the tails are (re)written; decode = true: x [B,1,d],
+// the conv reads and shifts the tails.
+DeltaQKV delta_qkv_cached(const TensorMap& in, const DeltaDims& d, TensorMap& cache, bool decode);
+// The delta core with the cache: decode = false runs the op (q,k,v [B,T,...]) and stores its final
+// state as cache "state" [B,H,K,V] (FP32 for half inputs), "pos" = T; decode = true applies
+// delta_step to the one token and advances "pos". g undefined for DeltaNet. Scale K^-0.5.
+at::Tensor delta_core_cached(const std::string& op, const DeltaQKV& qkv, const at::Tensor& beta, const at::Tensor& g,
+                             Backend backend, TensorMap& cache, bool decode);
+
 // Parameters every delta layer has: q/k/v projections and convs, b_proj, o_norm, o_proj, ve_gate.
 std::vector<ParamDef> delta_common_params(const DeltaDims& d, const LayerCtx& ctx);
 TensorMap delta_make_inputs(const Config& c, const LayerCtx& ctx, int64_t B, int64_t T, at::Generator& gen);

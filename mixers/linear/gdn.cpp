@@ -33,21 +33,36 @@ std::vector<ParamDef> params(const Config& c, const LayerCtx& ctx) {
   return p;
 }
 
-TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Backend backend) {
+// cache == nullptr: plain forward; else prefill (decode = false) or one decode step.
+TensorMap run(const TensorMap& in, const Config& c, Backend backend, TensorMap* cache, bool decode) {
   DeltaDims d = delta_dims(c);
   const at::Tensor& x = in.at("x");
   const int64_t B = x.size(0), T = x.size(1);
-  DeltaQKV qkv = delta_qkv(in, d);
+  DeltaQKV qkv = cache ? delta_qkv_cached(in, d, *cache, decode) : delta_qkv(in, d);
   at::Tensor beta = at::sigmoid(at::linear(x, in.at("b_proj")));
   at::Tensor g = -in.at("A_log").exp() * at::softplus(at::linear(x, in.at("a_proj")) + in.at("dt_bias") + c.f("gate_bias_offset"));
-  Config op;
-  op.set("scale", 0.0);
-  at::Tensor o = call_op("gated_delta_rule", backend,
-                         {{"q", qkv.q}, {"k", qkv.k}, {"v", qkv.v}, {"g", g}, {"beta", beta}}, op)
-                     .at("o");
+  at::Tensor o;
+  if (cache) {
+    o = delta_core_cached("gated_delta_rule", qkv, beta, g, backend, *cache, decode);
+  } else {
+    Config op;
+    op.set("scale", 0.0);
+    o = call_op("gated_delta_rule", backend, {{"q", qkv.q}, {"k", qkv.k}, {"v", qkv.v}, {"g", g}, {"beta", beta}}, op).at("o");
+  }
   at::Tensor gate = at::silu(at::linear(x, in.at("g_proj"))).view({B, T, d.H, d.V});
   o = rms_norm_gain(o, in.at("o_norm"), d.eps) * gate;
   return {{"y", at::linear(o.reshape({B, T, d.H * d.V}), in.at("o_proj"))}};
+}
+
+TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx&, Backend backend) {
+  return run(in, c, backend, nullptr, false);
+}
+TensorMap prefill(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx&, Backend backend) {
+  cache = TensorMap();
+  return run(in, c, backend, &cache, false);
+}
+TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx&, Backend backend) {
+  return run(in, c, backend, &cache, true);
 }
 
 // Parameters: matmul N = d(2HK + HV) [q,k,v] + dH [b] + dH [a] + dHV [g] + HVd [o] (+ 12H VE gate);
@@ -81,6 +96,8 @@ MethodSpec make_spec() {
   m.make_inputs = delta_make_inputs;
   m.reference = reference_fn;
   m.forward = forward;
+  m.prefill = prefill;
+  m.decode = decode;
   ConfigSpec spec = m.config;
   m.cases = [spec]() { return delta_cases(spec, "gate_bias_offset=-5"); };
   m.account = account;

@@ -102,7 +102,12 @@ at::Tensor qk_normalize(const at::Tensor& x, const GlaFamilyDesc& ds) {
   return layers::rms_norm(x) * ds.qk_tau;
 }
 
-TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Backend backend, const GlaFamilyDesc& ds) {
+struct Prepared {
+  at::Tensor q, k, v, g;  // op inputs [B,T,H,K], [B,T,H,K], [B,T,H,V], [B,T,H] or [B,T,H,K]
+};
+
+// Projections, norms, feature map, RoPE from position `offset`, decays: everything before the op.
+Prepared prepare(const TensorMap& in, const Config& c, const GlaFamilyDesc& ds, int64_t offset) {
   Dims m = dims(c, ds);
   const at::Tensor& x = in.at("x");
   const int64_t B = x.size(0), T = x.size(1), H = m.H, K = m.K, V = m.V;
@@ -122,8 +127,8 @@ TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Bac
     k = at::elu(k) + 1.0;
   }
   if (ds.rope) {
-    q = layers::rope(q, c.f("rope_base"));
-    k = layers::rope(k, c.f("rope_base"));
+    q = layers::rope(q, c.f("rope_base"), offset);
+    k = layers::rope(k, c.f("rope_base"), offset);
   }
   if (ds.k_inv_sqrt) k = k * (1.0 / std::sqrt(double(K)));
   at::Tensor g;
@@ -133,14 +138,57 @@ TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Bac
   } else {
     g = at::tensor(fixed_decays(ds, H), at::TensorOptions().dtype(at::kDouble)).to(x.options()).view({1, 1, H}).expand({B, T, H});
   }
-  Config op;
-  op.set("scale", resolved_scale(ds, K));
-  at::Tensor o = call_op(ds.op, backend, {{"q", q}, {"k", k}, {"v", v}, {"g", g}}, op).at("o");
+  return {q, k, v, g};
+}
+
+// Output side: per-head RMSNorm [· gain] [⊙ gate], then W_o. o [B,T,H,V].
+at::Tensor finish(at::Tensor o, const TensorMap& in, const Config& c, const GlaFamilyDesc& ds) {
+  Dims m = dims(c, ds);
+  const at::Tensor& x = in.at("x");
+  const int64_t B = x.size(0), T = x.size(1), H = m.H, V = m.V;
   o = layers::rms_norm(o);
   if (ds.out_gain) o = o * in.at("o_norm");
   if (ds.out_gate == "silu") o = o * at::silu(at::linear(x, in.at("w_g"))).view({B, T, H, V});
   else if (ds.out_gate == "sigmoid") o = o * at::sigmoid(at::linear(x, in.at("w_g"))).view({B, T, H, V});
-  return {{"y", at::linear(o.reshape({B, T, H * V}), in.at("w_o"))}};
+  return at::linear(o.reshape({B, T, H * V}), in.at("w_o"));
+}
+
+TensorMap run_op(const Prepared& p, const Config& c, Backend backend, const GlaFamilyDesc& ds) {
+  Config op;
+  op.set("scale", resolved_scale(ds, dims(c, ds).K));
+  return call_op(ds.op, backend, {{"q", p.q}, {"k", p.k}, {"v", p.v}, {"g", p.g}}, op);
+}
+
+TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Backend backend, const GlaFamilyDesc& ds) {
+  at::Tensor o = run_op(prepare(in, c, ds, 0), c, backend, ds).at("o");
+  return {{"y", finish(o, in, c, ds)}};
+}
+
+// Decode cache: "pos" and "state" [B,H,K,V] (the op's final state; FP32 for half inputs).
+TensorMap prefill(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx&, Backend backend,
+                  const GlaFamilyDesc& ds) {
+  TensorMap out = run_op(prepare(in, c, ds, 0), c, backend, ds);
+  cache = TensorMap();
+  set_cache_pos(cache, in.at("x").size(1));
+  cache.set("state", out.at("ht"));
+  return {{"y", finish(out.at("o"), in, c, ds)}};
+}
+
+TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx&, Backend,
+                 const GlaFamilyDesc& ds) {
+  const at::Tensor& x = in.at("x");
+  if (x.dim() != 3 || x.size(1) != 1) throw InputError(ds.name + " decode takes x [B,1,d]");
+  Dims m = dims(c, ds);
+  const int64_t pos = cache_pos(cache);
+  Prepared p = prepare(in, c, ds, pos);
+  at::Tensor S = cache.has("state") ? cache.at("state")
+                                    : at::zeros({x.size(0), m.H, m.K, m.V}, x.options().dtype(layers::is_half(x) ? at::kFloat : x.scalar_type()));
+  const double scale = resolved_scale(ds, m.K);
+  auto step = ds.op == "gla" ? gla_step : simple_gla_step;
+  auto [o, S2] = step(p.q.select(1, 0), p.k.select(1, 0), p.v.select(1, 0), p.g.select(1, 0), scale, S);
+  cache.set("state", S2);
+  set_cache_pos(cache, pos + 1);
+  return {{"y", finish(o.unsqueeze(1).to(x.scalar_type()), in, c, ds)}};
 }
 
 // Per-token cost of one layer at length T (see LayerCost). C = 64, Tp = ceil(T/64)·64.
@@ -229,6 +277,12 @@ MethodSpec make_gla_family_method(const GlaFamilyDesc& ds) {
   m.reference = [ds](const TensorMap& in, const Config& c, const LayerCtx& ctx) { return reference_fn(in, c, ctx, ds); };
   m.forward = [ds](const TensorMap& in, const Config& c, const LayerCtx& ctx, Backend b) {
     return forward(in, c, ctx, b, ds);
+  };
+  m.prefill = [ds](const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx& ctx, Backend b) {
+    return prefill(in, cache, c, ctx, b, ds);
+  };
+  m.decode = [ds](const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx& ctx, Backend b) {
+    return decode(in, cache, c, ctx, b, ds);
   };
   ConfigSpec spec = m.config;
   m.cases = [spec]() { return cases_for(spec); };

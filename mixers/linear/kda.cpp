@@ -36,20 +36,37 @@ std::vector<ParamDef> params(const Config& c, const LayerCtx& ctx) {
   return p;
 }
 
-TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Backend backend) {
+// cache == nullptr: plain forward; else prefill (decode = false) or one decode step.
+TensorMap run(const TensorMap& in, const Config& c, Backend backend, TensorMap* cache, bool decode) {
   DeltaDims d = delta_dims(c);
   const at::Tensor& x = in.at("x");
   const int64_t B = x.size(0), T = x.size(1);
-  DeltaQKV qkv = delta_qkv(in, d);
+  DeltaQKV qkv = cache ? delta_qkv_cached(in, d, *cache, decode) : delta_qkv(in, d);
   at::Tensor beta = at::sigmoid(at::linear(x, in.at("b_proj")));
   at::Tensor f = at::linear(at::linear(x, in.at("f_proj1")), in.at("f_proj2")) + in.at("dt_bias") + c.f("gate_bias_offset");
   at::Tensor g = -in.at("A_log").exp().view({d.H, 1}) * at::softplus(f.view({B, T, d.H, d.K}));
-  Config op;
-  op.set("scale", 0.0);
-  at::Tensor o = call_op("kda", backend, {{"q", qkv.q}, {"k", qkv.k}, {"v", qkv.v}, {"g", g}, {"beta", beta}}, op).at("o");
+  at::Tensor o;
+  if (cache) {
+    o = delta_core_cached("kda", qkv, beta, g, backend, *cache, decode);
+  } else {
+    Config op;
+    op.set("scale", 0.0);
+    o = call_op("kda", backend, {{"q", qkv.q}, {"k", qkv.k}, {"v", qkv.v}, {"g", g}, {"beta", beta}}, op).at("o");
+  }
   at::Tensor gate = at::sigmoid(at::linear(at::linear(x, in.at("g_proj1")), in.at("g_proj2"), in.at("g_proj2_bias")));
   o = rms_norm_gain(o, in.at("o_norm"), d.eps) * gate.view({B, T, d.H, d.V});
   return {{"y", at::linear(o.reshape({B, T, d.H * d.V}), in.at("o_proj"))}};
+}
+
+TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx&, Backend backend) {
+  return run(in, c, backend, nullptr, false);
+}
+TensorMap prefill(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx&, Backend backend) {
+  cache = TensorMap();
+  return run(in, c, backend, &cache, false);
+}
+TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx&, Backend backend) {
+  return run(in, c, backend, &cache, true);
 }
 
 // Parameters: matmul N = d(2HK + HV) [q,k,v] + dH [b] + dV + V·HK [f] + dV + V·HV [g_out] + HVd [o]
@@ -84,6 +101,8 @@ MethodSpec make_spec() {
   m.make_inputs = delta_make_inputs;
   m.reference = reference_fn;
   m.forward = forward;
+  m.prefill = prefill;
+  m.decode = decode;
   ConfigSpec spec = m.config;
   // Cases: gate offset −5 (see add_gate_offset_knob) and norm_eps 1e-2: with fla's 1e-5, a head
   // whose output is near zero sits where the RMSNorm is extremely curved, and the reference's
