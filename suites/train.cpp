@@ -414,16 +414,17 @@ TrainPreset train_preset(const std::string& name) {
   if (name == "tiny") {
     TrainPreset p;
     p.config = "n_layer=4,d_model=128,head_dim=32,seq_len=128,vocab=257";
-    p.steps = 200;
-    p.batch = 8;
-    p.eval_every = 50;
-    p.eval_batches = 4;
-    p.checkpoint_every = 100;
-    // A CPU batch is far below nanochat's 2^19 tokens; √(B/B_ref) would shrink every lr ~20×, so
+    p.steps = 100;
+    p.batch = 4;
+    p.eval_every = 25;
+    p.eval_batches = 2;
+    p.checkpoint_every = 50;
+    // A CPU batch is far below nanochat's 2^19 tokens; √(B/B_ref) would shrink every lr ~30×, so
     // the tiny preset takes its own batch as the reference (lr scale 1) and the unscaled decay.
     p.hyper.batch_tokens_ref = double(p.batch * 128);
     p.hyper.muon_wd = 0.28;
-    p.hyper.muon_bf16 = true;
+    // nanochat orthogonalises in bf16 only where bf16 is its compute dtype; on the CPU it is fp32.
+    p.hyper.muon_bf16 = false;
     return p;
   }
   throw UsageError(fmt::format("unknown preset '{}' (known: tiny)", name));
