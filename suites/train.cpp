@@ -414,9 +414,9 @@ TrainPreset train_preset(const std::string& name) {
   if (name == "tiny") {
     TrainPreset p;
     p.config = "n_layer=4,d_model=128,head_dim=32,seq_len=128,vocab=257";
-    p.steps = 100;
-    p.batch = 4;
-    p.eval_every = 25;
+    p.steps = 80;
+    p.batch = 2;
+    p.eval_every = 20;
     p.eval_batches = 2;
     p.checkpoint_every = 50;
     // A CPU batch is far below nanochat's 2^19 tokens; √(B/B_ref) would shrink every lr ~30×, so
