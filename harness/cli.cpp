@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 
 #include <iostream>
+#include <filesystem>
+#include <unistd.h>
 
 #include "harness/args.h"
 #include "harness/backbone.h"
@@ -19,6 +21,7 @@
 #include "reports/plot.h"
 #include "suites/conformance.h"
 #include "suites/sweep.h"
+#include "suites/train.h"
 
 namespace mixbench {
 
@@ -43,6 +46,13 @@ commands:
                 [--lengths 1k:1m | 256,512,...] [--device cpu|cuda] [--dtype bf16|fp32|fp64] [--preset NAME]
                 [--config k=v,...] [--reps N] [--warmup N] [--memory-limit BYTES|2G] [--out FILE]
                 throughput and OOM grid (presets cpu-tiny, the default, and gpu-d12); oom points are results
+  train         --method NAME [--preset tiny] [--steps N] [--batch B] [--seed S] [--data synthetic|PATH]
+                [--config k=v,...] [--out DIR] [--resume] [--eval-every N] [--stop-after N]
+                Muon/AdamW training; progress as JSON lines when stdout is not a terminal;
+                DIR/checkpoint.safetensors (atomic) and DIR/train.json
+  leaderboard   [--preset tiny] [--methods a,b] [--steps N] [--batch B] [--seed S] [--data synthetic|PATH]
+                [--config k=v,...] [--out report.json]
+                equal-FLOP ranking: each method's shape calibrated to dense's FLOPs/token (±2%)
   plot          FILE --out page.html              offline HTML page (inline SVG) of a sweep report
   report        FILE                              Markdown summary of a report
   validate      FILE                              check a report against reports/report.schema.json
@@ -346,6 +356,81 @@ int cmd_sweep(const std::vector<std::string>& args) {
   return sum.errors == 0 ? 0 : 1;
 }
 
+
+// ------------------------------------------------------------------ train / leaderboard
+int progress_mode(bool quiet) { return quiet ? 0 : (::isatty(STDOUT_FILENO) ? 2 : 1); }
+
+int cmd_train(const std::vector<std::string>& args) {
+  Args a(args, {"method", "preset", "steps", "batch", "seed", "data", "out", "config", "eval-every", "eval-batches",
+                "checkpoint-every", "stop-after"},
+         {"resume", "quiet"});
+  TrainOptions o;
+  auto m = a.get("method");
+  if (!m) throw UsageError("train needs --method NAME");
+  o.method = *m;
+  o.preset = a.get_or("preset", "tiny");
+  o.steps = a.get_int("steps", 0);
+  o.batch = a.get_int("batch", 0);
+  o.seed = uint64_t(a.get_int("seed", 0));
+  o.data = a.get_or("data", "synthetic");
+  o.out = a.get_or("out", "");
+  o.config = a.get_or("config", "");
+  o.resume = a.flag("resume");
+  o.eval_every = a.get_int("eval-every", 0);
+  o.eval_batches = a.get_int("eval-batches", 0);
+  o.checkpoint_every = a.get_int("checkpoint-every", 0);
+  o.stop_after = a.get_int("stop-after", 0);
+  if (o.steps < 0 || o.batch < 0 || o.eval_every < 0 || o.eval_batches < 0 || o.checkpoint_every < 0 || o.stop_after < 0)
+    throw UsageError("--steps, --batch, --eval-every, --eval-batches, --checkpoint-every and --stop-after must be >= 0");
+  o.progress = progress_mode(a.flag("quiet"));
+  TrainResult r = run_train(o);
+  RunInfo info = run_info("train", args);
+  info.argv.insert(info.argv.begin() + 1, "train");
+  info.config = {{"method", o.method}, {"preset", o.preset}, {"config", r.cfg.to_json()}, {"steps", o.steps},
+                 {"batch", o.batch}, {"data", o.data}, {"resume", o.resume}};
+  info.seeds = {{"base", o.seed}};
+  Json report = make_report(info, Json::array({train_result_json(r)}));
+  if (!o.out.empty()) write_report((std::filesystem::path(o.out) / "train.json").string(), report);
+  std::cerr << fmt::format("train {}: {} steps, val {} {:.4f}, {:.0f} tok/s\n", r.method, r.steps_done,
+                           r.byte_level ? "bpb" : "bits/token", r.val_bpb, r.tokens_per_s);
+  return 0;
+}
+
+int cmd_leaderboard(const std::vector<std::string>& args) {
+  Args a(args, {"preset", "steps", "batch", "seed", "data", "out", "config"}, {"quiet"}, {"methods"});
+  LeaderboardOptions o;
+  o.preset = a.get_or("preset", "tiny");
+  o.methods = a.list("methods");
+  o.steps = a.get_int("steps", 0);
+  o.batch = a.get_int("batch", 0);
+  o.seed = uint64_t(a.get_int("seed", 0));
+  o.data = a.get_or("data", "synthetic");
+  o.config = a.get_or("config", "");
+  o.out = a.get_or("out", "");
+  if (o.steps < 0 || o.batch < 0) throw UsageError("--steps and --batch must be >= 0");
+  o.progress = progress_mode(a.flag("quiet"));
+  std::string md;
+  Json results = run_leaderboard(o, md);
+  RunInfo info = run_info("leaderboard", args);
+  info.argv.insert(info.argv.begin() + 1, "leaderboard");
+  info.config = {{"preset", o.preset}, {"methods", results.size()}, {"steps", o.steps}, {"batch", o.batch},
+                 {"data", o.data}, {"config", o.config}, {"anchor", "dense"}};
+  info.seeds = {{"base", o.seed}};
+  Json report = make_report(info, results);
+  report["markdown"] = md;
+  if (!o.out.empty()) {
+    write_report(o.out, report);
+    std::filesystem::path mdp(o.out);
+    mdp.replace_extension(".md");
+    write_file_atomic(mdp.string(), md);
+  }
+  std::cerr << md;
+  int rc = 0;
+  for (const auto& r : results)
+    if (r["status"] != "ok") rc = 1;
+  return rc;
+}
+
 // ------------------------------------------------------------------ report / validate
 Json load_report(const std::string& path) {
   std::string text = read_file(path);
@@ -408,10 +493,12 @@ int run_cli(const std::vector<std::string>& argv) {
     if (cmd == "account") return cmd_account(rest);
     if (cmd == "golden") return cmd_golden(rest);
     if (cmd == "sweep") return cmd_sweep(rest);
+    if (cmd == "train") return cmd_train(rest);
+    if (cmd == "leaderboard") return cmd_leaderboard(rest);
     if (cmd == "plot") return cmd_plot(rest);
     if (cmd == "report") return cmd_report(rest);
     if (cmd == "validate") return cmd_validate(rest);
-    auto near = closest_names(cmd, {"list", "conformance", "account", "golden", "sweep", "plot", "report", "validate"});
+    auto near = closest_names(cmd, {"list", "conformance", "account", "golden", "sweep", "train", "leaderboard", "plot", "report", "validate"});
     throw UsageError(fmt::format("unknown command '{}'{}", cmd, near.empty() ? "" : " (did you mean " + near[0] + "?)"));
   } catch (const UsageError& e) {
     std::cerr << "mixbench: error: " << e.what() << "\n";

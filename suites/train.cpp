@@ -1,0 +1,726 @@
+#include "suites/train.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/GradMode.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <random>
+
+#include "harness/errors.h"
+#include "harness/io.h"
+#include "harness/registry.h"
+#include "harness/report.h"
+#include "harness/safetensors.h"
+
+namespace mixbench {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+// ------------------------------------------------------------------ schedules
+namespace {
+int64_t warmdown_iters(const Schedule& s) {
+  // Python's round(): half to even, which nearbyint does in the default rounding mode.
+  return int64_t(std::nearbyint(s.warmdown_ratio * double(s.steps)));
+}
+}  // namespace
+
+double lr_multiplier(const Schedule& s, int64_t it) {
+  const int64_t wd = warmdown_iters(s);
+  if (it < s.warmup) return double(it + 1) / double(s.warmup);
+  if (it <= s.steps - wd) return 1.0;
+  const double progress = double(s.steps - it) / double(wd);
+  return progress * 1.0 + (1.0 - progress) * s.final_lr_frac;
+}
+
+double muon_momentum(const Schedule& s, int64_t it) {
+  const int64_t wd = warmdown_iters(s);
+  const int64_t start = s.steps - wd;
+  if (it < s.momentum_warmup) {
+    const double frac = double(it) / double(s.momentum_warmup);
+    return (1 - frac) * 0.85 + frac * 0.97;
+  }
+  if (it >= start) {
+    const double progress = double(it - start) / double(wd);
+    return 0.97 * (1 - progress) + 0.90 * progress;
+  }
+  return 0.97;
+}
+
+double muon_weight_decay(const Schedule& s, int64_t it, double wd0) {
+  return wd0 * 0.5 * (1 + std::cos(M_PI * double(it) / double(s.steps)));
+}
+
+// ------------------------------------------------------------------ optimizer pieces
+namespace {
+constexpr double kPolarExpress[5][3] = {
+    {8.156554524902461, -22.48329292557795, 15.878769915207462},
+    {4.042929935166739, -2.808917465908714, 0.5000178451051316},
+    {3.8916678022926607, -2.772484153217685, 0.5060648178503393},
+    {3.285753657755655, -2.3681294933425376, 0.46449024233003106},
+    {2.3465413258596377, -1.7097828382687081, 0.42323551169305323},
+};
+}  // namespace
+
+at::Tensor polar_express(const at::Tensor& X0, int steps) {
+  if (X0.dim() != 2) throw InputError("polar_express takes a 2-D matrix");
+  at::Tensor X = X0 / (X0.norm() * 1.01 + 1e-6);
+  const bool tall = X.size(0) > X.size(1);
+  for (int i = 0; i < std::min(steps, 5); ++i) {
+    const double a = kPolarExpress[i][0], b = kPolarExpress[i][1], c = kPolarExpress[i][2];
+    if (tall) {
+      at::Tensor A = at::matmul(X.t(), X);
+      at::Tensor B = b * A + c * at::matmul(A, A);
+      X = a * X + at::matmul(X, B);
+    } else {
+      at::Tensor A = at::matmul(X, X.t());
+      at::Tensor B = b * A + c * at::matmul(A, A);
+      X = a * X + at::matmul(B, X);
+    }
+  }
+  return X;
+}
+
+void adamw_update(at::Tensor& p, const at::Tensor& g, at::Tensor& exp_avg, at::Tensor& exp_avg_sq, int64_t step,
+                  double lr, double beta1, double beta2, double eps, double wd) {
+  c10::NoGradGuard ng;
+  // fp32 math at least (parameters may be stored in lower precision); fp64 stays fp64
+  const auto ct = at::promote_types(p.scalar_type(), at::kFloat);
+  at::Tensor g32 = g.to(ct);
+  at::Tensor p32 = p.to(ct);
+  p32.mul_(1 - lr * wd);
+  exp_avg.lerp_(g32, 1 - beta1);
+  exp_avg_sq.lerp_(g32.square(), 1 - beta2);
+  const double bias1 = 1 - std::pow(beta1, double(step));
+  const double bias2 = 1 - std::pow(beta2, double(step));
+  at::Tensor denom = (exp_avg_sq / bias2).sqrt() + eps;
+  p32.add_(exp_avg / denom, -lr / bias1);
+  p.copy_(p32);
+}
+
+void muon_update(at::Tensor& p, const at::Tensor& grad, at::Tensor& buf, at::Tensor& buf2, double momentum, double lr,
+                 double wd, double beta2, bool bf16) {
+  c10::NoGradGuard ng;
+  const int64_t rows = p.size(0), cols = p.size(1);
+  // Nesterov momentum
+  buf.lerp_(grad, 1 - momentum);
+  at::Tensor g = grad.lerp(buf, momentum);
+  at::Tensor X = bf16 ? g.to(at::kBFloat16) : g;
+  // Row equilibration: every row to the mean row norm
+  at::Tensor Xf = X.to(at::kFloat);
+  at::Tensor target = Xf.norm() / std::sqrt(double(rows));
+  at::Tensor row_norm = Xf.norm(2, {-1}, true).clamp_min(1e-6);
+  X = X * (target / row_norm).to(X.scalar_type());
+  X = polar_express(X, 5);
+  g = X.to(p.scalar_type());
+  // Frobenius norm of an exactly semi-orthogonal matrix
+  const double target_norm = std::sqrt(double(std::min(rows, cols)));
+  g = g * (target_norm / g.to(at::kFloat).norm().clamp_min(1e-6)).to(g.scalar_type());
+  // NorMuon variance reduction
+  const int64_t red_dim = rows >= cols ? -1 : -2;
+  const double red_size = double(g.size(red_dim));
+  at::Tensor v_mean = g.to(at::kFloat).square().mean({red_dim}, true);
+  at::Tensor v_norm = (v_mean.sum() * red_size).sqrt();
+  buf2.lerp_(v_mean.to(buf2.scalar_type()), 1 - beta2);
+  at::Tensor step_size = buf2.clamp_min(1e-10).rsqrt();
+  at::Tensor v_norm_new = ((v_mean * red_size) * step_size.to(at::kFloat).square()).sum().sqrt();
+  at::Tensor final_scale = step_size * (v_norm / v_norm_new.clamp_min(1e-10));
+  g = g * final_scale.to(g.scalar_type());
+  // Cautious weight decay and the update
+  const double lr_eff = lr * std::sqrt(std::max(1.0, double(rows) / double(cols)));
+  at::Tensor mask = (g * p >= 0).to(p.scalar_type());
+  p.sub_(lr_eff * g + lr_eff * wd * p * mask);
+}
+
+// ------------------------------------------------------------------ Optimizer
+Optimizer::Optimizer(const Model& m, int64_t batch_tokens, const TrainHyper& h) : h_(h) {
+  const double bs = std::sqrt(double(batch_tokens) / h.batch_tokens_ref);
+  const double ds = std::pow(double(m.dims.d_model) / 768.0, -0.5);
+  groups_ = {
+      {"muon", true, 0.02 * bs, 0, 0.9, 0},
+      {"lm_head", false, 0.008 * bs * ds, 0.8, 0.96, 0.01},
+      {"wte", false, 0.3 * bs * ds, 0.8, 0.995, 0.001},
+      {"value_embeds", false, 0.15 * bs * ds, 0.8, 0.995, 0.01},
+      {"resid_lambdas", false, 0.005 * bs, 0.8, 0.95, 0.05},
+      {"x0_lambdas", false, 0.5 * bs, 0.96, 0.95, 0.0},
+      {"smear", false, 0.2, 0.8, 0.95, 0.0},
+      // Mixer parameters that are not matrices (gains, decay parameters, conv taps): nanochat has
+      // none; mixbench trains them with AdamW at the Muon base lr, no decay.
+      {"mixer_other", false, 0.02 * bs, 0.8, 0.95, 0.0},
+  };
+  auto idx = [&](const std::string& n) {
+    for (size_t i = 0; i < groups_.size(); ++i)
+      if (groups_[i].name == n) return i;
+    throw std::logic_error("no group " + n);
+  };
+  for (const auto& [name, t] : m.params) {
+    const ParamDef& d = m.defs.at(name);
+    std::string g;
+    if (name == "wte") g = "wte";
+    else if (name == "lm_head") g = "lm_head";
+    else if (name.rfind("ve.", 0) == 0) g = "value_embeds";
+    else if (name == "resid_lambdas") g = "resid_lambdas";
+    else if (name == "x0_lambdas") g = "x0_lambdas";
+    else if (name == "smear_gate" || name == "smear_lambda" || name == "backout_lambda") g = "smear";
+    else if (name.rfind("layers.", 0) == 0) g = (d.matmul && d.shape.size() == 2) ? "muon" : "mixer_other";
+    else throw std::logic_error("parameter " + name + " has no optimizer group");
+    group_of_[name] = idx(g);
+    auto o = t.options().requires_grad(false);
+    if (g == "muon") {
+      m1_[name] = at::zeros(t.sizes(), o);
+      m2_[name] = t.size(0) >= t.size(1) ? at::zeros({t.size(0), 1}, o) : at::zeros({1, t.size(1)}, o);
+    } else {
+      m1_[name] = at::zeros(t.sizes(), o.dtype(at::kFloat));
+      m2_[name] = at::zeros(t.sizes(), o.dtype(at::kFloat));
+    }
+  }
+}
+
+std::string Optimizer::group_of(const std::string& p) const { return groups_.at(group_of_.at(p)).name; }
+double Optimizer::base_lr(const std::string& p) const { return groups_.at(group_of_.at(p)).lr; }
+
+void Optimizer::step(Model& m, int64_t it) {
+  c10::NoGradGuard ng;
+  const double lrm = lr_multiplier(h_.schedule, it);
+  const double mom = muon_momentum(h_.schedule, it);
+  const double wd = muon_weight_decay(h_.schedule, it, h_.muon_wd);
+  ++adam_step_;
+  for (const auto& [name, t] : m.params) {
+    const Group& g = groups_[group_of_.at(name)];
+    at::Tensor p = t;
+    at::Tensor grad = t.grad();
+    if (!grad.defined()) grad = at::zeros_like(t);
+    if (g.muon) muon_update(p, grad, m1_.at(name), m2_.at(name), mom, g.lr * lrm, wd, g.beta2, h_.muon_bf16);
+    else adamw_update(p, grad, m1_.at(name), m2_.at(name), adam_step_, g.lr * lrm, g.beta1, g.beta2, 1e-10, g.wd);
+  }
+}
+
+TensorMap Optimizer::state() const {
+  TensorMap s;
+  for (const auto& [n, t] : m1_) s.set("m1." + n, t);
+  for (const auto& [n, t] : m2_) s.set("m2." + n, t);
+  s.set("adam_step", at::full({1}, adam_step_, at::TensorOptions().dtype(at::kLong)));
+  return s;
+}
+
+void Optimizer::load_state(const TensorMap& s) {
+  c10::NoGradGuard ng;
+  for (auto* mp : {&m1_, &m2_})
+    for (auto& [n, t] : *mp) {
+      const std::string key = (mp == &m1_ ? "m1." : "m2.") + n;
+      if (!s.has(key)) throw InputError("checkpoint lacks optimizer state " + key);
+      const at::Tensor& src = s.at(key);
+      if (src.sizes() != t.sizes()) throw InputError("checkpoint optimizer state " + key + " has the wrong shape");
+      t.copy_(src);
+    }
+  if (!s.has("adam_step")) throw InputError("checkpoint lacks adam_step");
+  adam_step_ = s.at("adam_step").item<int64_t>();
+}
+
+// ------------------------------------------------------------------ data
+namespace {
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+const char* kWords[] = {"the", "a", "river", "stone", "light", "blue", "runs", "over", "under", "small",
+                        "green", "house", "quiet", "fast", "and", "of", "tree", "sky", "old", "new",
+                        "cold", "warm", "bird", "sings", "wind", "moves", "near", "far", "red", "road",
+                        "sand", "glass"};
+
+at::Tensor bytes_to_tokens(const std::vector<int64_t>& v) {
+  return at::tensor(at::ArrayRef<int64_t>(v), at::TensorOptions().dtype(at::kLong)).clone();
+}
+}  // namespace
+
+std::string synthetic_document(uint64_t seed, int64_t index) {
+  std::mt19937_64 rng(splitmix64(splitmix64(seed) ^ uint64_t(index)));
+  auto uni = [&](int64_t lo, int64_t hi) { return lo + int64_t(rng() % uint64_t(hi - lo + 1)); };
+  std::vector<std::pair<std::string, std::string>> facts;
+  const int64_t n_facts = uni(3, 8);
+  std::string doc = "facts:";
+  for (int64_t i = 0; i < n_facts; ++i) {
+    std::string k, v;
+    for (int64_t j = 0, n = uni(3, 5); j < n; ++j) k += char('a' + uni(0, 25));
+    for (int64_t j = 0, n = uni(2, 4); j < n; ++j) v += char('0' + uni(0, 9));
+    facts.emplace_back(k, v);
+    doc += " " + k + "=" + v + ";";
+  }
+  doc += "\n";
+  for (int64_t s = 0, n = uni(8, 16); s < n; ++s) {
+    const int64_t kind = uni(0, 2);
+    if (kind == 0) {  // filler sentence
+      for (int64_t w = 0, nw = uni(4, 10); w < nw; ++w) doc += std::string(w ? " " : "") + kWords[uni(0, 31)];
+      doc += ".\n";
+    } else if (kind == 1) {  // recall a fact stated at the top
+      const auto& f = facts[size_t(uni(0, n_facts - 1))];
+      doc += "what is " + f.first + "? " + f.second + ".\n";
+    } else {  // verbatim copy of an earlier span
+      const int64_t len = std::min<int64_t>(uni(16, 48), int64_t(doc.size()));
+      const int64_t start = uni(0, int64_t(doc.size()) - len);
+      const std::string span = doc.substr(size_t(start), size_t(len));
+      doc += "copy: " + span + "\n";
+    }
+  }
+  return doc;
+}
+
+Corpus synthetic_corpus(uint64_t seed, int64_t train_bytes, int64_t val_bytes) {
+  Corpus c;
+  auto build = [&](uint64_t s, int64_t n) {
+    std::vector<int64_t> v;
+    v.reserve(size_t(n + 1024));
+    for (int64_t i = 0; int64_t(v.size()) < n; ++i) {
+      v.push_back(kByteBos);
+      for (unsigned char ch : synthetic_document(s, i)) v.push_back(ch);
+    }
+    v.resize(size_t(n));
+    return bytes_to_tokens(v);
+  };
+  c.train = build(seed, train_bytes);
+  c.val = build(seed ^ 0x7A11D47AC0FFEEull, val_bytes);
+  c.byte_level = true;
+  c.max_token = kByteBos;
+  c.source = fmt::format("synthetic(seed={},train_bytes={},val_bytes={})", seed, train_bytes, val_bytes);
+  c.hash = fnv1a_hex("synthetic-v1:" + c.source);
+  return c;
+}
+
+namespace {
+std::vector<std::string> list_files(const std::string& path, const std::string& ext) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw InputError(fmt::format("data path '{}' does not exist", path));
+  std::vector<std::string> files;
+  if (fs::is_directory(path, ec)) {
+    for (const auto& e : fs::recursive_directory_iterator(path))
+      if (e.is_regular_file() && (ext.empty() || e.path().extension() == ext)) files.push_back(e.path().string());
+    std::sort(files.begin(), files.end());
+  } else {
+    files.push_back(path);
+  }
+  if (files.empty()) throw InputError(fmt::format("data folder '{}' holds no {} files", path, ext.empty() ? "" : ext));
+  return files;
+}
+
+void split_corpus(Corpus& c, const at::Tensor& all) {
+  const int64_t n = all.size(0);
+  const int64_t nval = std::max<int64_t>(n / 10, 1);
+  if (n - nval < 2) throw InputError(fmt::format("data '{}' is too short ({} tokens)", c.source, n));
+  c.train = all.slice(0, 0, n - nval).clone();
+  c.val = all.slice(0, n - nval).clone();
+  c.max_token = all.max().item<int64_t>();
+}
+}  // namespace
+
+Corpus text_corpus(const std::string& path) {
+  Corpus c;
+  c.source = path;
+  std::vector<int64_t> v;
+  std::string hash_text = "text-v1";
+  for (const auto& f : list_files(path, "")) {
+    const std::string text = read_file(f);
+    v.push_back(kByteBos);
+    for (unsigned char ch : text) v.push_back(ch);
+    hash_text += "\n" + f + ":" + fnv1a_hex(text);
+  }
+  c.hash = fnv1a_hex(hash_text);
+  c.byte_level = true;
+  split_corpus(c, bytes_to_tokens(v));
+  return c;
+}
+
+at::Tensor read_bin_shard(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(fmt::format("cannot open shard '{}'", path));
+  int32_t header[256];
+  in.read(reinterpret_cast<char*>(header), sizeof(header));
+  if (in.gcount() != sizeof(header))
+    throw InputError(fmt::format("shard '{}' is truncated: the 1024-byte header is incomplete", path));
+  if (header[0] != 20240520)
+    throw InputError(fmt::format("shard '{}' has magic {} (expected 20240520): not a modded-nanogpt .bin shard", path, header[0]));
+  if (header[1] != 1) throw InputError(fmt::format("shard '{}' has version {} (expected 1)", path, header[1]));
+  const int64_t n = header[2];
+  if (n < 0) throw InputError(fmt::format("shard '{}' declares a negative token count", path));
+  std::vector<uint16_t> tok{};
+  tok.resize(size_t(n));
+  in.read(reinterpret_cast<char*>(tok.data()), std::streamsize(n * 2));
+  if (in.gcount() != std::streamsize(n * 2))
+    throw InputError(fmt::format("shard '{}' is truncated: header declares {} tokens, file holds {}", path, n,
+                                 int64_t(in.gcount()) / 2));
+  at::Tensor t = at::empty({n}, at::TensorOptions().dtype(at::kLong));
+  int64_t* p = t.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) p[i] = tok[size_t(i)];
+  return t;
+}
+
+Corpus bin_corpus(const std::string& path) {
+  Corpus c;
+  c.source = path;
+  c.byte_level = false;
+  c.bos = 50256;  // GPT-2 end-of-text, which prefixes each document in the shards
+  std::vector<at::Tensor> train, val;
+  std::string hash_text = "bin-v1";
+  for (const auto& f : list_files(path, ".bin")) {
+    at::Tensor t = read_bin_shard(f);
+    hash_text += "\n" + f + ":" + std::to_string(t.size(0));
+    (fs::path(f).filename().string().find("val") != std::string::npos ? val : train).push_back(t);
+  }
+  c.hash = fnv1a_hex(hash_text);
+  if (train.empty()) throw InputError(fmt::format("data '{}' holds only validation shards", path));
+  if (val.empty()) {
+    split_corpus(c, at::cat(train));
+  } else {
+    c.train = at::cat(train);
+    c.val = at::cat(val);
+    c.max_token = std::max(c.train.max().item<int64_t>(), c.val.max().item<int64_t>());
+  }
+  return c;
+}
+
+Corpus load_corpus(const std::string& data, uint64_t seed) {
+  if (data == "synthetic") return synthetic_corpus(seed, int64_t(1) << 21, int64_t(1) << 16);
+  std::error_code ec;
+  if (fs::is_directory(data, ec)) {
+    for (const auto& e : fs::recursive_directory_iterator(data))
+      if (e.is_regular_file() && e.path().extension() == ".bin") return bin_corpus(data);
+    return text_corpus(data);
+  }
+  if (fs::path(data).extension() == ".bin") return bin_corpus(data);
+  return text_corpus(data);
+}
+
+void get_batch(const at::Tensor& stream, int64_t pos, int64_t B, int64_t T, at::Tensor& x, at::Tensor& y) {
+  const int64_t N = stream.size(0);
+  if (N < T + 1) throw InputError(fmt::format("token stream of {} tokens is shorter than one row of {}", N, T + 1));
+  at::Tensor off = at::arange(B * (T + 1), at::TensorOptions().dtype(at::kLong)) + pos;
+  at::Tensor rows = stream.index_select(0, at::remainder(off, N)).view({B, T + 1});
+  x = rows.slice(1, 0, T).contiguous();
+  y = rows.slice(1, 1).contiguous();
+}
+
+// ------------------------------------------------------------------ training
+TrainPreset train_preset(const std::string& name) {
+  if (name == "tiny") {
+    TrainPreset p;
+    p.config = "n_layer=4,d_model=128,head_dim=32,seq_len=128,vocab=257";
+    p.steps = 80;
+    p.batch = 2;
+    p.eval_every = 20;
+    p.eval_batches = 2;
+    p.checkpoint_every = 50;
+    // A CPU batch is far below nanochat's 2^19 tokens; √(B/B_ref) would shrink every lr ~30×, so
+    // the tiny preset takes its own batch as the reference (lr scale 1) and the unscaled decay.
+    p.hyper.batch_tokens_ref = double(p.batch * 128);
+    p.hyper.muon_wd = 0.28;
+    // nanochat orthogonalises in bf16 only where bf16 is its compute dtype; on the CPU it is fp32.
+    p.hyper.muon_bf16 = false;
+    return p;
+  }
+  throw UsageError(fmt::format("unknown preset '{}' (known: tiny)", name));
+}
+
+namespace {
+double evaluate(const Model& m, const Corpus& c, int64_t B, int64_t T, int64_t n_batches) {
+  c10::NoGradGuard ng;
+  double nats = 0, count = 0;
+  for (int64_t k = 0; k < n_batches; ++k) {
+    at::Tensor x, y;
+    get_batch(c.val, k * B * (T + 1), B, T, x, y);
+    at::Tensor logits = model_forward(m, x, Backend::CPU);
+    at::Tensor ce = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}), {},
+                                           at::Reduction::None, -1).to(at::kDouble);
+    at::Tensor w = c.byte_level ? (y.reshape({-1}) != c.bos).to(at::kDouble) : at::ones_like(ce);
+    nats += (ce * w).sum().item<double>();
+    count += w.sum().item<double>();
+  }
+  return count > 0 ? nats / (std::log(2.0) * count) : 0.0;
+}
+
+std::string fingerprint(const TrainResult& r, int64_t steps, int64_t B, uint64_t seed, const std::string& data_hash) {
+  return fnv1a_hex(fmt::format("{}|{}|{}|{}|{}|{}", r.method, r.cfg.str(), steps, B, seed, data_hash));
+}
+}  // namespace
+
+TrainResult run_train(const TrainOptions& opt) {
+  const TrainPreset P = train_preset(opt.preset);
+  const MethodSpec& ms = Registry::get().method(opt.method);
+  const int64_t steps = opt.steps > 0 ? opt.steps : P.steps;
+  const int64_t B = opt.batch > 0 ? opt.batch : P.batch;
+  const int64_t eval_every = opt.eval_every > 0 ? opt.eval_every : P.eval_every;
+  const int64_t eval_batches = opt.eval_batches > 0 ? opt.eval_batches : P.eval_batches;
+  const int64_t ckpt_every = opt.checkpoint_every > 0 ? opt.checkpoint_every : P.checkpoint_every;
+  if (opt.resume && opt.out.empty()) throw UsageError("--resume needs --out DIR (where the checkpoint is)");
+  TrainResult r;
+  r.method = ms.name;
+  r.cfg = ms.config.parse(P.config + (opt.config.empty() ? "" : "," + opt.config));
+  const ModelDims d = model_dims(r.cfg);
+  const int64_t T = d.seq_len;
+  Corpus corpus = load_corpus(opt.data, opt.seed);
+  r.byte_level = corpus.byte_level;
+  if (corpus.max_token >= d.vocab)
+    throw InputError(fmt::format("data holds token {} but the vocabulary has {} entries (set vocab=)", corpus.max_token,
+                                 d.vocab));
+  CostQuery q;
+  q.T = T;
+  r.cost = account_model(ms, r.cfg, q);
+
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(opt.seed);
+  Model model = build_model(ms, r.cfg, gen, at::TensorOptions().dtype(at::kFloat));
+  for (const auto& [n, t] : model.params) t.requires_grad_(true);
+  TrainHyper h = P.hyper;
+  h.schedule.steps = steps;
+  Optimizer optim(model, B * T, h);
+
+  const std::string fp = fingerprint(r, steps, B, opt.seed, corpus.hash);
+  const std::string ckpt = opt.out.empty() ? "" : (fs::path(opt.out) / "checkpoint.safetensors").string();
+  int64_t start = 0, pos = 0;
+  double prior_seconds = 0;
+  if (opt.resume) {
+    SafetensorsFile f = read_safetensors(ckpt);
+    auto meta = [&](const std::string& k) {
+      auto it = f.metadata.find(k);
+      if (it == f.metadata.end()) throw InputError(fmt::format("checkpoint '{}' lacks '{}'", ckpt, k));
+      return it->second;
+    };
+    if (meta("fingerprint") != fp)
+      throw InputError(fmt::format("checkpoint '{}' belongs to a different run (method, config, steps, batch, seed "
+                                   "or data differ)", ckpt));
+    start = std::stoll(meta("step"));
+    pos = std::stoll(meta("data_pos"));
+    prior_seconds = std::stod(meta("seconds"));
+    r.losses = Json::parse(meta("losses")).get<std::vector<double>>();
+    for (const auto& e : Json::parse(meta("val_curve"))) r.val_curve.emplace_back(e[0].get<int64_t>(), e[1].get<double>());
+    c10::NoGradGuard ng;
+    TensorMap opt_state;
+    for (const auto& [n, t] : f.tensors) {
+      if (n.rfind("param.", 0) == 0) {
+        const std::string pn = n.substr(6);
+        if (!model.params.has(pn) || model.params.at(pn).sizes() != t.sizes())
+          throw InputError(fmt::format("checkpoint parameter '{}' does not fit the model", pn));
+        model.params.at(pn).copy_(t);
+      } else if (n.rfind("opt.", 0) == 0) {
+        opt_state.set(n.substr(4), t);
+      }
+    }
+    optim.load_state(opt_state);
+    if (f.tensors.has("rng_state")) gen.set_state(f.tensors.at("rng_state"));
+    if (int64_t(r.losses.size()) != start) throw InputError("checkpoint loss history does not match its step");
+  }
+
+  auto save = [&](int64_t step_done, double seconds) {
+    if (ckpt.empty()) return;
+    fs::create_directories(opt.out);
+    TensorMap t;
+    for (const auto& [n, p] : model.params) t.set("param." + n, p.detach());
+    for (const auto& [n, s] : optim.state()) t.set("opt." + n, s);
+    t.set("rng_state", gen.get_state());
+    Json vc = Json::array();
+    for (const auto& [s, v] : r.val_curve) vc.push_back({s, v});
+    write_safetensors(ckpt, t,
+                      {{"fingerprint", fp}, {"step", std::to_string(step_done)}, {"data_pos", std::to_string(pos)},
+                       {"seconds", fmt::format("{:.17g}", seconds)}, {"losses", Json(r.losses).dump()},
+                       {"val_curve", vc.dump()}, {"method", r.method}, {"config", r.cfg.str()}});
+  };
+
+  const int64_t N = corpus.train.size(0);
+  double seconds = 0;
+  int64_t tokens_now = 0;
+  int64_t done = start;
+  for (int64_t it = start; it < steps; ++it) {
+    auto t0 = std::chrono::steady_clock::now();
+    at::Tensor x, y;
+    get_batch(corpus.train, pos, B, T, x, y);
+    pos = (pos + B * (T + 1)) % N;
+    at::Tensor loss = model_loss(model, x, y, Backend::CPU);
+    loss.backward();
+    r.losses.push_back(loss.item<double>());
+    optim.step(model, it);
+    for (const auto& [n, p] : model.params) p.mutable_grad() = at::Tensor();
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    tokens_now += B * T;
+    done = it + 1;
+    const bool do_eval = done % eval_every == 0 || done == steps;
+    if (do_eval) r.val_curve.emplace_back(done, evaluate(model, corpus, B, T, eval_batches));
+    if (opt.progress) {
+      const double tps = double(tokens_now) / std::max(seconds, 1e-9);
+      const double eta = double(steps - done) * double(B * T) / std::max(tps, 1e-9);
+      if (opt.progress == 1) {
+        Json j = {{"method", r.method}, {"step", done}, {"steps", steps}, {"loss", r.losses.back()},
+                  {"lr_mult", lr_multiplier(h.schedule, it)}, {"tok_per_s", tps}, {"eta_s", eta}};
+        if (do_eval) j["val_bpb"] = r.val_curve.back().second;
+        std::cout << j.dump() << std::endl;
+      } else if (do_eval || done % 10 == 0) {
+        std::cout << fmt::format("{} step {}/{}  loss {:.4f}{}  {:.0f} tok/s  eta {:.0f}s\n", r.method, done, steps,
+                                 r.losses.back(),
+                                 do_eval ? fmt::format("  val bpb {:.4f}", r.val_curve.back().second) : "", tps, eta)
+                  << std::flush;
+      }
+    }
+    const bool stopping = opt.stop_after > 0 && done >= opt.stop_after;
+    if (done % ckpt_every == 0 || done == steps || stopping) save(done, prior_seconds + seconds);
+    if (stopping) break;
+  }
+  r.steps_done = done;
+  r.tokens = done * B * T;
+  r.seconds = prior_seconds + seconds;
+  r.tokens_per_s = tokens_now > 0 ? double(tokens_now) / std::max(seconds, 1e-9) : 0.0;
+  if (!r.val_curve.empty()) r.val_bpb = r.val_curve.back().second;
+  return r;
+}
+
+Json train_result_json(const TrainResult& r) {
+  const ModelDims d = model_dims(r.cfg);
+  Json vc = Json::array();
+  for (const auto& [s, v] : r.val_curve) vc.push_back({{"step", s}, {r.byte_level ? "bpb" : "bits_per_token", v}});
+  return {{"status", "ok"},
+          {"method", r.method},
+          {"level", "model"},
+          {"device", "cpu"},
+          {"dtype", "fp32"},
+          {"config", r.cfg.to_json()},
+          {"shape", {{"n_layer", d.n_layer}, {"d_model", d.d_model}, {"n_head", d.n_head}, {"head_dim", d.head_dim},
+                     {"seq_len", d.seq_len}, {"vocab", d.vocab}}},
+          {r.byte_level ? "val_bpb" : "val_bits_per_token", r.val_bpb},
+          {"steps", r.steps_done},
+          {"tokens", r.tokens},
+          {"seconds", r.seconds},
+          {"tokens_per_s", r.tokens_per_s},
+          {"train_flops_per_token_nanochat", r.cost.train_flops_nanochat},
+          {"params", {{"total", r.cost.params.total()}, {"matmul", r.cost.params.matmul}}},
+          {"loss_curve", r.losses},
+          {"val_curve", vc}};
+}
+
+// ------------------------------------------------------------------ leaderboard
+Calibration calibrate(const std::string& method, const std::string& preset, const std::string& extra) {
+  const TrainPreset P = train_preset(preset);
+  auto cfg_text = [&](const std::string& shape) {
+    std::string s = P.config + "," + shape;
+    if (!extra.empty()) s += "," + extra;
+    return s;
+  };
+  const MethodSpec& anchor = Registry::get().method("dense");
+  Config acfg = anchor.config.parse(cfg_text(""));
+  const ModelDims ad = model_dims(acfg);
+  CostQuery q;
+  q.T = ad.seq_len;
+  const double F = account_model(anchor, acfg, q).train_flops_nanochat;
+  const MethodSpec& ms = Registry::get().method(method);
+  ms.config.parse(cfg_text(""));  // a bad extra override is reported as itself, not as "no shape fits"
+  Calibration best;
+  best.method = method;
+  best.anchor_flops = F;
+  bool have = false;
+  auto shape_dist = [&](int64_t L, int64_t D) {
+    return double(std::abs(L - ad.n_layer)) + double(std::abs(D - ad.d_model)) / double(ad.head_dim);
+  };
+  for (int64_t L = 1; L <= 2 * ad.n_layer; ++L)
+    for (int64_t D = ad.head_dim; D <= 2 * ad.d_model; D += ad.head_dim) {
+      const std::string shape = fmt::format("n_layer={},d_model={}", L, D);
+      Config c;
+      try {
+        c = ms.config.parse(cfg_text(shape));
+      } catch (const InputError&) {
+        continue;  // a shape this method cannot take
+      }
+      const double f = account_model(ms, c, q).train_flops_nanochat;
+      const double res = f / F - 1.0;
+      const bool within = std::abs(res) <= 0.02;
+      bool better;
+      if (!have) better = true;
+      else if (within != best.within) better = within;
+      else if (within) better = shape_dist(L, D) < shape_dist(best.n_layer, best.d_model) ||
+                                (shape_dist(L, D) == shape_dist(best.n_layer, best.d_model) &&
+                                 std::abs(res) < std::abs(best.residual));
+      else better = std::abs(res) < std::abs(best.residual);
+      if (better) {
+        have = true;
+        best.n_layer = L;
+        best.d_model = D;
+        best.flops = f;
+        best.residual = res;
+        best.within = within;
+        best.config = shape;
+      }
+    }
+  if (!have) throw InputError(fmt::format("no shape of the calibration grid is valid for method '{}'", method));
+  return best;
+}
+
+Json run_leaderboard(const LeaderboardOptions& opt, std::string& md) {
+  std::vector<std::string> methods = opt.methods;
+  if (methods.empty()) methods = {"dense_full", "dense", "mqa", "gqa", "gla", "gdn"};
+  for (const auto& m : methods) Registry::get().method(m);  // unknown names fail first
+  Json results = Json::array();
+  for (const auto& m : methods) {
+    Calibration cal = calibrate(m, opt.preset, opt.config);
+    TrainOptions to;
+    to.method = m;
+    to.preset = opt.preset;
+    to.config = cal.config + (opt.config.empty() ? "" : "," + opt.config);
+    to.steps = opt.steps;
+    to.batch = opt.batch;
+    to.seed = opt.seed;
+    to.data = opt.data;
+    to.progress = opt.progress;
+    Json row;
+    try {
+      TrainResult tr = run_train(to);
+      row = train_result_json(tr);
+    } catch (const UsageError&) {
+      throw;
+    } catch (const std::exception& e) {
+      row = {{"status", "error"}, {"method", m}, {"message", e.what()}};
+    }
+    row["calibration"] = {{"n_layer", cal.n_layer}, {"d_model", cal.d_model}, {"flops_per_token", cal.flops},
+                          {"anchor_flops_per_token", cal.anchor_flops}, {"residual", cal.residual},
+                          {"within_2pct", cal.within}};
+    results.push_back(row);
+  }
+  // Ranking by validation loss and the paired difference against dense_full.
+  const char* key = "val_bpb";
+  if (!results.empty() && results[0].contains("val_bits_per_token")) key = "val_bits_per_token";
+  double base = NAN;
+  for (const auto& r : results)
+    if (r["method"] == "dense_full" && r["status"] == "ok") base = r[key].get<double>();
+  std::vector<size_t> order;
+  for (size_t i = 0; i < results.size(); ++i)
+    if (results[i]["status"] == "ok") order.push_back(i);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return results[a][key].get<double>() < results[b][key].get<double>(); });
+  for (size_t k = 0; k < order.size(); ++k) {
+    Json& r = results[order[k]];
+    r["rank"] = int64_t(k + 1);
+    r["delta_vs_dense_full"] = std::isnan(base) ? Json() : Json(r[key].get<double>() - base);
+  }
+  md = fmt::format("| rank | method | val {} | FLOPs/token | calibration | params | tokens | tok/s | Δ vs dense_full |\n",
+                   key == std::string("val_bpb") ? "bpb" : "bits/token");
+  md += "|---:|---|---:|---:|---|---:|---:|---:|---:|\n";
+  for (size_t i : order) {
+    const Json& r = results[i];
+    const Json& c = r["calibration"];
+    md += fmt::format("| {} | {} | {:.4f} | {:.4g} | L={} d={} ({:+.2f}%{}) | {} | {} | {:.0f} | {} |\n",
+                      r["rank"].get<int64_t>(), r["method"].get<std::string>(), r[key].get<double>(),
+                      r["train_flops_per_token_nanochat"].get<double>(), c["n_layer"].get<int64_t>(),
+                      c["d_model"].get<int64_t>(), 100 * c["residual"].get<double>(),
+                      c["within_2pct"].get<bool>() ? "" : ", outside ±2%", r["params"]["total"].get<int64_t>(),
+                      r["tokens"].get<int64_t>(), r["tokens_per_s"].get<double>(),
+                      r["delta_vs_dense_full"].is_null() ? "-" : fmt::format("{:+.4f}", r["delta_vs_dense_full"].get<double>()));
+  }
+  for (const auto& r : results)
+    if (r["status"] != "ok") md += fmt::format("\n{}: error: {}\n", r["method"].get<std::string>(), r["message"].get<std::string>());
+  return results;
+}
+
+}  // namespace mixbench
