@@ -386,6 +386,16 @@ Json run_conformance(const ConformanceOptions& opt, ConformanceSummary& summary)
     throw UsageError("--device cuda: no CUDA device is available in this process");
   parse_dtype(opt.dtype);
   Json results = Json::array();
+  // Reference gradients against central differences, on the case's own FP64 inputs (small T only).
+  auto run_fd = [&](const Unit& u, const TensorMap& in, Json base, uint64_t seed) {
+    base["level"] = "fd";
+    base["device"] = "cpu";
+    base["dtype"] = "fp64";
+    base["backend"] = "reference";
+    Json r = guarded(base, [&] { return run_finite_differences(u, in, seed); });
+    tally(r, summary);
+    results.push_back(r);
+  };
   const std::string device = opt.backend == Backend::CUDA ? "cuda" : "cpu";
 
   // ---- op level
@@ -432,16 +442,7 @@ Json run_conformance(const ConformanceOptions& opt, ConformanceSummary& summary)
         tally(ir, summary);
         results.push_back(ir);
       }
-      if (opt.finite_differences && c.T <= 40 && opt.fault.empty()) {
-        Json fdb = base;
-        fdb["level"] = "fd";
-        fdb["device"] = "cpu";
-        fdb["dtype"] = "fp64";
-        fdb["backend"] = "reference";
-        Json fdr = guarded(fdb, [&] { return run_finite_differences(u, in, seed); });
-        tally(fdr, summary);
-        results.push_back(fdr);
-      }
+      if (opt.finite_differences && c.T <= 40 && opt.fault.empty()) run_fd(u, in, base, seed);
     }
   }
 
@@ -471,16 +472,7 @@ Json run_conformance(const ConformanceOptions& opt, ConformanceSummary& summary)
       Json res = guarded(base, [&] { return run_case(u, in, opt, seed); });
       tally(res, summary);
       results.push_back(res);
-      if (opt.finite_differences && c.T <= 40 && opt.fault.empty()) {
-        Json fdb = base;
-        fdb["level"] = "fd";
-        fdb["device"] = "cpu";
-        fdb["dtype"] = "fp64";
-        fdb["backend"] = "reference";
-        Json fdr = guarded(fdb, [&] { return run_finite_differences(u, in, seed); });
-        tally(fdr, summary);
-        results.push_back(fdr);
-      }
+      if (opt.finite_differences && c.T <= 40 && opt.fault.empty()) run_fd(u, in, base, seed);
       if (m.has_decode() && c.T >= 2 && opt.fault.empty()) {
         // prefill + decode steps == forward (the method's incremental decoding path)
         Json db = base;
