@@ -19,6 +19,7 @@
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
 
+#include "mixers/linear/chunk_cuda.h"
 #include "mixers/common/layers.h"
 #include "harness/errors.h"
 #include "reference/delta.h"
@@ -304,8 +305,24 @@ OpSpec delta_op_spec(DeltaGate gate) {
                                   resolve_scale(p, q.size(3)), in.get_or("h0", at::Tensor()));
     return TensorMap{{"o", r.o}, {"ht", r.ht}};
   };
-  // The chunked WY path is device-agnostic LibTorch: on the GPU it runs through cuBLAS.
-  s.cuda = s.cpu;
+  // CUDA: gated_delta_rule with bf16 / fp16 inputs and K, V in {64, 128} runs the tensor-core chunk
+  // kernels (forward; the backward differentiates the chunked WY path). Everything else runs the
+  // device-agnostic chunked WY path (cuBLAS on the GPU).
+  s.cuda = [gate](const TensorMap& in, const Config& p) {
+    check_inputs(in, p, gate);
+    const at::Tensor& q = in.at("q");
+    const at::Tensor h0 = in.get_or("h0", at::Tensor());
+    if (gate == DeltaGate::Head && chunk_tc_eligible(q, in.at("k"), in.at("v"), in.at("g"), in.at("beta"), h0)) {
+      note_kernel("gated_delta_rule_tc");
+      auto [o, ht] = gated_delta_rule_tc(q, in.at("k"), in.at("v"), in.at("g"), in.at("beta"),
+                                         resolve_scale(p, q.size(3)), h0);
+      return TensorMap{{"o", o}, {"ht", ht}};
+    }
+    note_kernel("chunked-libtorch");
+    DeltaResult r = delta_chunked(q, in.at("k"), in.at("v"), in.at("beta"), gate_of(in, gate),
+                                  resolve_scale(p, q.size(3)), h0);
+    return TensorMap{{"o", r.o}, {"ht", r.ht}};
+  };
   s.cases = [ps, gate]() { return cases(ps, gate); };
   s.check_inputs = [gate](const TensorMap& in, const Config& p) { check_inputs(in, p, gate); };
   s.invariants = [gate](const TensorMap& in, const Config& p, Backend b, at::ScalarType dt) {

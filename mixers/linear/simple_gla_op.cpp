@@ -19,6 +19,7 @@
 #include "harness/errors.h"
 #include "harness/metrics.h"
 #include "harness/registry.h"
+#include "mixers/linear/chunk_cuda.h"
 #include "mixers/linear/gla_ops.h"
 #include "reference/gla.h"
 
@@ -248,13 +249,19 @@ TensorMap cpu_fn(const TensorMap& in, const Config& p) {
   return {{"o", o}, {"ht", ht}};
 }
 
-// CUDA path: the fused kernel when the inputs allow it (simple_gla_cuda_eligible: CUDA tensors,
-// K and V in {64, 128}, fp32/bf16/fp16), else the chunked LibTorch path on whatever device the
+// CUDA path: bf16 / fp16 inputs with K and V in {64, 128} run the tensor-core chunk kernels
+// (chunk_cuda.h, forward and backward); fp32 inputs the fused fp32 forward kernel
+// (simple_gla_cuda_eligible), else the chunked LibTorch path on whatever device the
 // inputs are on. note_kernel records which one ran.
 TensorMap cuda_fn(const TensorMap& in, const Config& p) {
   check_inputs(in, p);
   const at::Tensor h0 = in.get_or("h0", at::Tensor());
   const double scale = resolve_scale(p, in.at("q").size(3));
+  if (linear::chunk_tc_eligible(in.at("q"), in.at("k"), in.at("v"), in.at("g"), at::Tensor(), h0)) {
+    note_kernel("simple_gla_tc");
+    auto [o, ht] = linear::simple_gla_tc(in.at("q"), in.at("k"), in.at("v"), in.at("g"), scale, h0);
+    return {{"o", o}, {"ht", ht}};
+  }
 #if defined(MIXBENCH_WITH_CUDA)
   if (linear::simple_gla_cuda_eligible(in.at("q"), in.at("k"), in.at("v"), in.at("g"), h0)) {
     note_kernel("simple_gla_fwd_cuda");

@@ -1,0 +1,48 @@
+// C entry points of mixers/linear/chunk_kernels.cu for ci/kernels/chunk_check.py (ctypes), so the
+// kernels can be checked and timed against float64 references and peers without building the harness.
+#include <stdexcept>
+#include <cstdio>
+
+#include "mixers/linear/chunk_kernels.h"
+
+using namespace mixbench::linear::tc;
+
+namespace {
+template <typename F>
+int guarded(F&& f) {
+  try {
+    f();
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+}
+Dtype dtype_of(int fp16) { return fp16 ? Dtype::FP16 : Dtype::BF16; }
+}  // namespace
+
+extern "C" {
+int ck_walk_fwd(int fp16, const void* k, const void* v, const void* w, const float* b, const float* h0, void* hs,
+                void* vnew, float* ht, int B, int T, int H, int K, int V, void* stream) {
+  return guarded([&] { walk_fwd(dtype_of(fp16), k, v, w, b, h0, hs, vnew, ht, Dims{B, T, H, K, V}, stream); });
+}
+int ck_walk_bwd(int fp16, const void* q, const void* d_o, const float* b, const float* dht, void* dhs, float* dh0,
+                float scale, int B, int T, int H, int K, int V, void* stream) {
+  return guarded([&] { walk_bwd(dtype_of(fp16), q, d_o, b, dht, dhs, dh0, scale, Dims{B, T, H, K, V}, stream); });
+}
+int ck_output(int fp16, const void* q, const void* k, const void* v, const float* b, const void* hs, void* o,
+              float scale, int B, int T, int H, int K, int V, void* stream) {
+  return guarded([&] { chunk_output(dtype_of(fp16), q, k, v, b, hs, o, scale, Dims{B, T, H, K, V}, stream); });
+}
+int ck_dqkv(int fp16, const void* q, const void* k, const void* v, const void* d_o, const float* b, const void* hs,
+            const void* dhs, float* dqf, float* dkf, void* dv, float* y, float* z, float scale, int B, int T, int H,
+            int K, int V, void* stream) {
+  return guarded([&] {
+    chunk_dqkv(dtype_of(fp16), q, k, v, d_o, b, hs, dhs, dqf, dkf, dv, y, z, scale, Dims{B, T, H, K, V}, stream);
+  });
+}
+int ck_prep(int fp16, const void* k, const void* v, const float* beta, const float* b, void* w, void* u, int B, int T,
+            int H, int K, int V, void* stream) {
+  return guarded([&] { delta_prep(dtype_of(fp16), k, v, beta, b, w, u, Dims{B, T, H, K, V}, stream); });
+}
+}

@@ -1,0 +1,317 @@
+"""Check and time the tensor-core chunk kernels (mixers/linear/chunk_kernels.cu) without the harness.
+
+Builds them into a shared library with nvcc, then through ctypes:
+  * checks simple_gla forward + backward (o, ht, dq, dk, dv, dg, dh0) and the gated delta rule
+    forward (o, ht) against float64 per-token recurrences (autograd for the gradients) on small
+    shapes: K, V in {64, 128}, T in {1, 63, 64, 65, 200}, with and without h0 / dht, bf16 and fp16,
+    outputs poisoned with NaN before each call;
+  * times the forwards (and our simple_gla backward) at B*T = 64K, H = 16, K = V = 128, bf16, next
+    to flash-linear-attention's chunk kernels when it is importable, CUDA events, median of 20,
+    two input sets rotated.
+Usage: python3 ci/kernels/chunk_check.py [--out results.json] [--lib /tmp/libchunk.so] [--no-time]
+"""
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import torch
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def build(lib):
+    nvcc = os.environ.get("NVCC", "/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else "nvcc")
+    cmd = [nvcc, "-O3", "-arch=sm_90", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-I", ROOT,
+           "--expt-relaxed-constexpr", "-lineinfo",
+           os.path.join(ROOT, "mixers/linear/chunk_kernels.cu"), os.path.join(ROOT, "ci/kernels/chunk_capi.cu"),
+           "-o", lib]
+    subprocess.run(cmd, check=True)
+    return ctypes.CDLL(lib)
+
+
+L = None
+
+
+def p(t):
+    return ctypes.c_void_p(t.data_ptr()) if t is not None else ctypes.c_void_p(0)
+
+
+def stream():
+    return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+
+def call(name, *args):
+    rc = getattr(L, name)(*args)
+    if rc != 0:
+        raise RuntimeError(name + " failed")
+
+
+POISON = True
+
+
+def poison(*shape, dtype, dev="cuda"):
+    if not POISON:
+        return torch.empty(shape, dtype=dtype, device=dev)
+    return torch.full(shape, float("nan"), dtype=dtype, device=dev)
+
+
+def chunk_cumsum(g, T):
+    B, _, H = g.shape
+    NT = (T + 63) // 64
+    gp = torch.zeros(B, NT * 64, H, device=g.device, dtype=torch.float32)
+    gp[:, :T] = g.float()
+    return gp.view(B, NT, 64, H).cumsum(2).view(B, NT * 64, H).contiguous()
+
+
+def dims(q, v):
+    B, T, H, K = q.shape
+    return B, T, H, K, v.shape[-1]
+
+
+def fp16(t):
+    return 1 if t.dtype == torch.float16 else 0
+
+
+def sgla_fwd(q, k, v, g, scale, h0):
+    B, T, H, K, V = dims(q, v)
+    NT = (T + 63) // 64
+    b = chunk_cumsum(g, T)
+    hs = poison(B, H, NT, K, V, dtype=q.dtype)
+    ht = poison(B, H, K, V, dtype=torch.float32)
+    o = poison(B, T, H, V, dtype=q.dtype)
+    call("ck_walk_fwd", fp16(q), p(k), p(v), p(None), p(b), p(h0), p(hs), p(None), p(ht), B, T, H, K, V, stream())
+    call("ck_output", fp16(q), p(q), p(k), p(v), p(b), p(hs), p(o), ctypes.c_float(scale), B, T, H, K, V, stream())
+    return o, ht, hs, b
+
+
+def sgla_bwd(q, k, v, g, scale, h0, do, dht, fwd=None):
+    B, T, H, K, V = dims(q, v)
+    NT = (T + 63) // 64
+    o, ht, hs, b = fwd if fwd is not None else sgla_fwd(q, k, v, g, scale, h0)
+    dhs = poison(*hs.shape, dtype=q.dtype)
+    dh0 = poison(B, H, K, V, dtype=torch.float32)
+    call("ck_walk_bwd", fp16(q), p(q), p(do), p(b), p(dht), p(dhs), p(dh0), ctypes.c_float(scale), B, T, H, K, V,
+         stream())
+    dqf = poison(B, T, H, K, dtype=torch.float32)
+    dkf = poison(B, T, H, K, dtype=torch.float32)
+    dv = poison(B, T, H, V, dtype=q.dtype)
+    y = poison(B, T, H, dtype=torch.float32)
+    z = poison(B, NT, H, dtype=torch.float32)
+    call("ck_dqkv", fp16(q), p(q), p(k), p(v), p(do), p(b), p(hs), p(dhs), p(dqf), p(dkf), p(dv), p(y), p(z),
+         ctypes.c_float(scale), B, T, H, K, V, stream())
+    x = torch.zeros(B, NT * 64, H, device=q.device, dtype=torch.float32)
+    yp = torch.zeros_like(x)
+    x[:, :T] = (q.float() * dqf).sum(-1) - (k.float() * dkf).sum(-1) + y
+    yp[:, :T] = y
+    x, yp = x.view(B, NT, 64, H), yp.view(B, NT, 64, H)
+    dg = (x.flip(2).cumsum(2).flip(2) + yp.cumsum(2) - yp + z[:, :, None, :]).view(B, NT * 64, H)[:, :T]
+    return dqf, dkf, dv, dg, dh0
+
+
+def gdn_fwd(q, k, v, g, beta, scale, h0):
+    B, T, H, K, V = dims(q, v)
+    NT = (T + 63) // 64
+    b = chunk_cumsum(g, T)
+    w = poison(B, T, H, K, dtype=q.dtype)
+    u = poison(B, T, H, V, dtype=q.dtype)
+    betaf = beta.float().contiguous()
+    call("ck_prep", fp16(q), p(k), p(v), p(betaf), p(b), p(w), p(u), B, T, H, K, V, stream())
+    hs = poison(B, H, NT, K, V, dtype=q.dtype)
+    vn = poison(B, T, H, V, dtype=q.dtype)
+    ht = poison(B, H, K, V, dtype=torch.float32)
+    call("ck_walk_fwd", fp16(q), p(k), p(u), p(w), p(b), p(h0), p(hs), p(vn), p(ht), B, T, H, K, V, stream())
+    o = poison(B, T, H, V, dtype=q.dtype)
+    call("ck_output", fp16(q), p(q), p(k), p(vn), p(b), p(hs), p(o), ctypes.c_float(scale), B, T, H, K, V, stream())
+    return o, ht
+
+
+def ref_sgla(q, k, v, g, scale, h0):
+    B, T, H, K = q.shape
+    S = h0.clone() if h0 is not None else q.new_zeros(B, H, K, v.shape[-1])
+    out = []
+    for t in range(T):
+        S = S * g[:, t].exp()[..., None, None] + k[:, t, :, :, None] * v[:, t, :, None, :]
+        out.append(torch.einsum("bhk,bhkv->bhv", q[:, t] * scale, S))
+    return torch.stack(out, 1), S
+
+
+def ref_gdn(q, k, v, g, beta, scale, h0):
+    B, T, H, K = q.shape
+    S = h0.clone() if h0 is not None else q.new_zeros(B, H, K, v.shape[-1])
+    out = []
+    for t in range(T):
+        S = S * g[:, t].exp()[..., None, None]
+        kS = torch.einsum("bhk,bhkv->bhv", k[:, t], S)
+        u = beta[:, t, :, None] * (v[:, t] - kS)
+        S = S + k[:, t, :, :, None] * u[:, :, None, :]
+        out.append(torch.einsum("bhk,bhkv->bhv", q[:, t] * scale, S))
+    return torch.stack(out, 1), S
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    d = (a - b).norm() / max(b.norm().item(), 1e-300)
+    return float(d) if torch.isfinite(a).all() else float("inf")
+
+
+def inputs(B, T, H, K, V, dt, gate_div, seed, delta=False):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    r = lambda *s: torch.randn(*s, device="cuda", generator=gen)
+    q, k, v = r(B, T, H, K), r(B, T, H, K), r(B, T, H, V)
+    if delta:
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+    g = F.logsigmoid(r(B, T, H)) / gate_div
+    beta = torch.sigmoid(r(B, T, H))
+    h0 = r(B, H, K, V)
+    return [x.to(dt) for x in (q, k, v)] + [g, beta, h0]
+
+
+def check(results):
+    ok = True
+    thr = {"o": 5e-3, "ht": 5e-3, "grad": 1e-2}
+    for dt in (torch.bfloat16, torch.float16):
+        for K, V in ((64, 64), (64, 128), (128, 64), (128, 128)):
+            for T in (1, 63, 64, 65, 200):
+                for with_h0 in (False, True):
+                    for gate_div in (1, 16):
+                        q, k, v, g, beta, h0 = inputs(2, T, 3, K, V, dt, gate_div, seed=T * 7 + K + V)
+                        h0 = h0 if with_h0 else None
+                        scale = K ** -0.5
+                        # simple_gla forward and backward against float64 autograd
+                        xs = [x.double().requires_grad_() for x in (q, k, v, g)]
+                        h0d = h0.double().requires_grad_() if h0 is not None else None
+                        o_r, ht_r = ref_sgla(*xs, scale, h0d)
+                        do = torch.randn_like(o_r)
+                        dht = torch.randn_like(ht_r) if with_h0 else None
+                        loss = (o_r * do).sum() + ((ht_r * dht).sum() if dht is not None else 0)
+                        grads = torch.autograd.grad(loss, xs + ([h0d] if h0d is not None else []))
+                        fwd = sgla_fwd(q, k, v, g, scale, h0)
+                        dq, dk, dv, dg, dh0 = sgla_bwd(q, k, v, g, scale, h0, do.to(dt),
+                                                       dht.float() if dht is not None else None, fwd)
+                        errs = {"o": rel(fwd[0], o_r), "ht": rel(fwd[1], ht_r), "dq": rel(dq, grads[0]),
+                                "dk": rel(dk, grads[1]), "dv": rel(dv, grads[2]), "dg": rel(dg, grads[3])}
+                        if h0 is not None:
+                            errs["dh0"] = rel(dh0, grads[4])
+                        # gated delta rule forward
+                        qd, kd, vd, gd, betad, _ = inputs(2, T, 3, K, V, dt, gate_div, seed=T * 5 + K, delta=True)
+                        o2, ht2 = gdn_fwd(qd, kd, vd, gd, betad.to(dt), scale, h0)
+                        o2r, ht2r = ref_gdn(qd.double(), kd.double(), vd.double(), gd.double(),
+                                            betad.to(dt).double(), scale, h0.double() if h0 is not None else None)
+                        errs["gdn_o"] = rel(o2, o2r)
+                        errs["gdn_ht"] = rel(ht2, ht2r)
+                        lim = {n: thr["o"] if n in ("o", "gdn_o") else thr["ht"] if "ht" in n else thr["grad"]
+                               for n in errs}
+                        bad = {n: e for n, e in errs.items() if not e <= lim[n]}
+                        ok &= not bad
+                        case = dict(dtype=str(dt).split(".")[-1], K=K, V=V, T=T, h0=with_h0, gate_div=gate_div,
+                                    errors=errs, passed=not bad)
+                        results.append(case)
+                        if bad:
+                            print("FAIL", {k_: v_ for k_, v_ in case.items() if k_ != "errors"}, bad)
+    worst = {}
+    for c in results:
+        for n, e in c["errors"].items():
+            worst[n] = max(worst.get(n, 0.0), e)
+    print("worst relative RMS errors:", {n: f"{e:.2e}" for n, e in worst.items()})
+    return ok
+
+
+def time_it(fn, sets, reps=20, warmup=3):
+    for i in range(warmup):
+        fn(sets[i % 2])
+    torch.cuda.synchronize()
+    ts = []
+    for i in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn(sets[i % 2])
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return statistics.median(ts)
+
+
+def timing(out, lengths):
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+        from fla.ops.simple_gla import chunk_simple_gla
+    except Exception as e:  # noqa: BLE001
+        chunk_simple_gla = chunk_gated_delta_rule = None
+        print("flash-linear-attention not importable:", e)
+    H, D = 16, 128
+    for T in lengths:
+        B = 65536 // T
+        sets = []
+        for s in range(2):
+            q, k, v, g, beta, _ = inputs(B, T, H, D, D, torch.bfloat16, 16, seed=100 + s)
+            qn, kn = F.normalize(q.float(), dim=-1).bfloat16(), F.normalize(k.float(), dim=-1).bfloat16()
+            do = torch.randn_like(v)
+            sets.append(dict(q=q, k=k, v=v, g=g, beta=beta.bfloat16(), qn=qn, kn=kn, do=do))
+        sc = D ** -0.5
+        row = dict(B=B, T=T, H=H, D=D)
+        a0 = sets[0]
+        NT = T // 64
+        b0 = chunk_cumsum(a0["g"], T)
+        hs0 = torch.empty(B, H, NT, D, D, dtype=torch.bfloat16, device="cuda")
+        ht0 = torch.empty(B, H, D, D, device="cuda")
+        o0 = torch.empty_like(a0["v"])
+        one = [a0, a0]
+        row["part_cumsum_ms"] = time_it(lambda a: chunk_cumsum(a["g"], T), one)
+        row["part_walk_ms"] = time_it(lambda a: call("ck_walk_fwd", 0, p(a["k"]), p(a["v"]), p(None), p(b0), p(None),
+                                                     p(hs0), p(None), p(ht0), B, T, H, D, D, stream()), one)
+        row["part_output_ms"] = time_it(lambda a: call("ck_output", 0, p(a["q"]), p(a["k"]), p(a["v"]), p(b0), p(hs0),
+                                                       p(o0), ctypes.c_float(sc), B, T, H, D, D, stream()), one)
+        betaf = a0["beta"].float()
+        row["part_prep_ms"] = time_it(lambda a: call("ck_prep", 0, p(a["kn"]), p(a["v"]), p(betaf), p(b0), p(hs0),
+                                                     p(o0), B, T, H, D, D, stream()), one)
+        row["ours_sgla_fwd_ms"] = time_it(lambda a: sgla_fwd(a["q"], a["k"], a["v"], a["g"], sc, None), sets)
+        row["ours_sgla_fwdbwd_ms"] = time_it(
+            lambda a: sgla_bwd(a["q"], a["k"], a["v"], a["g"], sc, None, a["do"], None), sets)
+        row["ours_gdn_fwd_ms"] = time_it(
+            lambda a: gdn_fwd(a["qn"], a["kn"], a["v"], a["g"], a["beta"], sc, None), sets)
+        if chunk_simple_gla is not None:
+            row["fla_sgla_fwd_ms"] = time_it(lambda a: chunk_simple_gla(a["q"], a["k"], a["v"], a["g"]), sets)
+            row["fla_gdn_fwd_ms"] = time_it(
+                lambda a: chunk_gated_delta_rule(a["qn"], a["kn"], a["v"], a["g"], a["beta"]), sets)
+            o_f, _ = chunk_simple_gla(sets[0]["q"], sets[0]["k"], sets[0]["v"], sets[0]["g"])
+            o_o = sgla_fwd(sets[0]["q"], sets[0]["k"], sets[0]["v"], sets[0]["g"], sc, None)[0]
+            row["sgla_rel_diff_vs_fla"] = rel(o_o, o_f)
+            o_f, _ = chunk_gated_delta_rule(sets[0]["qn"], sets[0]["kn"], sets[0]["v"], sets[0]["g"], sets[0]["beta"])
+            o_o = gdn_fwd(sets[0]["qn"], sets[0]["kn"], sets[0]["v"], sets[0]["g"], sets[0]["beta"], sc, None)[0]
+            row["gdn_rel_diff_vs_fla"] = rel(o_o, o_f)
+        print(json.dumps(row))
+        out.append(row)
+
+
+def main():
+    global L
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--lib", default="/tmp/libmixbench_chunk.so")
+    ap.add_argument("--no-time", action="store_true")
+    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--lengths", default="2048,8192,32768")
+    a = ap.parse_args()
+    L = build(a.lib)
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "checks": [], "timing": []}
+    global POISON
+    ok = True if a.no_check else check(res["checks"])
+    POISON = False
+    print("checks", "passed" if ok else "FAILED")
+    if not a.no_time:
+        timing(res["timing"], [int(x) for x in a.lengths.split(",")])
+    if a.out:
+        tmp = a.out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(res, f, indent=1)
+        os.replace(tmp, a.out)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,220 @@
+// Autograd wrappers of the tensor-core chunk kernels (see chunk_cuda.h, chunk_kernels.h).
+#include "mixers/linear/chunk_cuda.h"
+
+#include <stdexcept>
+
+#if defined(MIXBENCH_WITH_CUDA)
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "harness/alloc.h"
+#include "mixers/linear/chunk_kernels.h"
+#include "mixers/linear/delta_chunk.h"
+#endif
+
+namespace mixbench::linear {
+
+#if defined(MIXBENCH_WITH_CUDA)
+namespace {
+
+tc::Dtype dtype_of(const at::Tensor& t) {
+  return t.scalar_type() == at::kHalf ? tc::Dtype::FP16 : tc::Dtype::BF16;
+}
+// Contiguous and 16-byte aligned (the kernels copy rows with 16-byte cp.async).
+at::Tensor prep(const at::Tensor& t, at::ScalarType dt) {
+  at::Tensor x = t.to(dt).contiguous();
+  if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) x = x.clone();
+  return x;
+}
+void* stream() { return at::cuda::getCurrentCUDAStream().stream(); }
+tc::Dims dims(const at::Tensor& q, const at::Tensor& v) {
+  return {int(q.size(0)), int(q.size(1)), int(q.size(2)), int(q.size(3)), int(v.size(3))};
+}
+// Cumulative sum of g inside each chunk of 64 tokens, fp32 [B, 64·NT, H], g read as 0 past T.
+at::Tensor chunk_cumsum(const at::Tensor& g) {
+  const int64_t B = g.size(0), T = g.size(1), H = g.size(2), NT = tc::num_chunks(int(T));
+  at::Tensor b = at::zeros({B, NT * 64, H}, g.options().dtype(at::kFloat));
+  b.narrow(1, 0, T).copy_(g);
+  return b.view({B, NT, 64, H}).cumsum(2).view({B, NT * 64, H}).contiguous();
+}
+const float* fptr(const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
+
+struct Fwd {
+  at::Tensor o, ht, hs, b;
+};
+Fwd simple_gla_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                       double scale, const at::Tensor& h0, bool poison_outputs) {
+  const tc::Dims d = dims(q, v);
+  const int64_t NT = tc::num_chunks(d.T);
+  Fwd f;
+  f.b = chunk_cumsum(g);
+  f.hs = at::empty({d.B, d.H, NT, d.K, d.V}, q.options());
+  f.ht = poison_outputs ? alloc_output({d.B, d.H, d.K, d.V}, q.options().dtype(at::kFloat))
+                        : at::empty({d.B, d.H, d.K, d.V}, q.options().dtype(at::kFloat));
+  tc::walk_fwd(dtype_of(q), k.data_ptr(), v.data_ptr(), nullptr, f.b.data_ptr<float>(), fptr(h0), f.hs.data_ptr(),
+               nullptr, f.ht.data_ptr<float>(), d, stream());
+  if (poison_outputs) {
+    f.o = alloc_output({d.B, d.T, d.H, d.V}, v.options());
+    tc::chunk_output(dtype_of(q), q.data_ptr(), k.data_ptr(), v.data_ptr(), f.b.data_ptr<float>(), f.hs.data_ptr(),
+                     f.o.data_ptr(), float(scale), d, stream());
+  }
+  return f;
+}
+
+struct SimpleGlaTcFn : public torch::autograd::Function<SimpleGlaTcFn> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
+                                                const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                                                const at::Tensor& h0, double scale) {
+    ctx->saved_data["scale"] = scale;
+    ctx->save_for_backward({q, k, v, g, h0});
+    Fwd f = simple_gla_forward(q, k, v, g, scale, h0, /*poison_outputs=*/true);
+    return {f.o, f.ht};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    const at::Tensor &q = s[0], &k = s[1], &v = s[2], &g = s[3], &h0 = s[4];
+    const double scale = ctx->saved_data["scale"].toDouble();
+    c10::cuda::CUDAGuard guard(q.device());
+    const tc::Dims d = dims(q, v);
+    const int64_t NT = tc::num_chunks(d.T);
+    at::Tensor d_o = grads[0].defined() ? prep(grads[0], q.scalar_type()) : at::zeros_like(v);
+    at::Tensor dht = grads[1].defined() ? prep(grads[1], at::kFloat) : at::Tensor();
+    Fwd f = simple_gla_forward(q, k, v, g, scale, h0, /*poison_outputs=*/false);
+    at::Tensor dhs = at::empty_like(f.hs);
+    at::Tensor dh0 = at::empty({d.B, d.H, d.K, d.V}, q.options().dtype(at::kFloat));
+    tc::walk_bwd(dtype_of(q), q.data_ptr(), d_o.data_ptr(), f.b.data_ptr<float>(), fptr(dht), dhs.data_ptr(),
+                 dh0.data_ptr<float>(), float(scale), d, stream());
+    auto f32 = q.options().dtype(at::kFloat);
+    at::Tensor dqf = at::empty({d.B, d.T, d.H, d.K}, f32), dkf = at::empty({d.B, d.T, d.H, d.K}, f32);
+    at::Tensor dv = at::empty_like(v), y = at::empty({d.B, d.T, d.H}, f32), z = at::empty({d.B, NT, d.H}, f32);
+    tc::chunk_dqkv(dtype_of(q), q.data_ptr(), k.data_ptr(), v.data_ptr(), d_o.data_ptr(), f.b.data_ptr<float>(),
+                   f.hs.data_ptr(), dhs.data_ptr(), dqf.data_ptr<float>(), dkf.data_ptr<float>(), dv.data_ptr(),
+                   y.data_ptr<float>(), z.data_ptr<float>(), float(scale), d, stream());
+    // Decay gradient, per chunk (chunk_kernels.h): dg_t = Σ_{i≥t} x_i + Σ_{j<t} y_j + z_c.
+    at::Tensor x = at::zeros({d.B, NT * 64, d.H}, f32), yp = at::zeros({d.B, NT * 64, d.H}, f32);
+    x.narrow(1, 0, d.T).copy_((q.to(at::kFloat) * dqf).sum(-1) - (k.to(at::kFloat) * dkf).sum(-1) + y);
+    yp.narrow(1, 0, d.T).copy_(y);
+    x = x.view({d.B, NT, 64, d.H});
+    yp = yp.view({d.B, NT, 64, d.H});
+    at::Tensor dg = x.flip(2).cumsum(2).flip(2) + (yp.cumsum(2) - yp) + z.unsqueeze(2);
+    dg = dg.view({d.B, NT * 64, d.H}).narrow(1, 0, d.T);
+    return {dqf.to(q.scalar_type()), dkf.to(k.scalar_type()), dv, dg.to(g.scalar_type()),
+            h0.defined() ? dh0.to(h0.scalar_type()) : at::Tensor(), at::Tensor()};
+  }
+};
+
+struct GdnTcFn : public torch::autograd::Function<GdnTcFn> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
+                                                const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                                                const at::Tensor& beta, const at::Tensor& h0, double scale) {
+    ctx->saved_data["scale"] = scale;
+    ctx->save_for_backward({q, k, v, g, beta, h0});
+    const tc::Dims d = dims(q, v);
+    const int64_t NT = tc::num_chunks(d.T);
+    at::Tensor b = chunk_cumsum(g);
+    at::Tensor betaf = beta.to(at::kFloat).contiguous();
+    at::Tensor w = at::empty_like(k), u = at::empty_like(v), vn = at::empty_like(v);
+    tc::delta_prep(dtype_of(q), k.data_ptr(), v.data_ptr(), betaf.data_ptr<float>(), b.data_ptr<float>(),
+                   w.data_ptr(), u.data_ptr(), d, stream());
+    at::Tensor hs = at::empty({d.B, d.H, NT, d.K, d.V}, q.options());
+    at::Tensor ht = alloc_output({d.B, d.H, d.K, d.V}, q.options().dtype(at::kFloat));
+    tc::walk_fwd(dtype_of(q), k.data_ptr(), u.data_ptr(), w.data_ptr(), b.data_ptr<float>(), fptr(h0), hs.data_ptr(),
+                 vn.data_ptr(), ht.data_ptr<float>(), d, stream());
+    at::Tensor o = alloc_output({d.B, d.T, d.H, d.V}, v.options());
+    tc::chunk_output(dtype_of(q), q.data_ptr(), k.data_ptr(), vn.data_ptr(), b.data_ptr<float>(), hs.data_ptr(),
+                     o.data_ptr(), float(scale), d, stream());
+    return {o, ht};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    const double scale = ctx->saved_data["scale"].toDouble();
+    at::AutoGradMode enable(true);
+    std::vector<at::Tensor> in(6), xs;
+    std::vector<size_t> which;
+    for (size_t i = 0; i < 6; ++i) {
+      if (!s[i].defined()) continue;
+      in[i] = s[i].detach();
+      if (ctx->needs_input_grad(i)) {
+        in[i].requires_grad_(true);
+        xs.push_back(in[i]);
+        which.push_back(i);
+      }
+    }
+    torch::autograd::variable_list out(7);
+    if (xs.empty()) return out;
+    DeltaResult r = delta_chunked(in[0], in[1], in[2], in[4], in[3], scale, in[5]);
+    std::vector<at::Tensor> outs, gs;
+    if (grads[0].defined()) outs.push_back(r.o), gs.push_back(grads[0]);
+    if (grads[1].defined()) outs.push_back(r.ht), gs.push_back(grads[1]);
+    if (outs.empty()) return out;
+    auto gx = torch::autograd::grad(outs, xs, gs, false, false, /*allow_unused=*/true);
+    for (size_t n = 0; n < which.size(); ++n) out[which[n]] = gx[n];
+    return out;
+  }
+};
+
+}  // namespace
+
+bool chunk_tc_eligible(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                       const at::Tensor& beta, const at::Tensor& h0) {
+  if (!q.defined() || !k.defined() || !v.defined() || !g.defined() || !q.is_cuda()) return false;
+  const auto dt = q.scalar_type();
+  if ((dt != at::kBFloat16 && dt != at::kHalf) || k.scalar_type() != dt || v.scalar_type() != dt) return false;
+  for (const at::Tensor* t : {&k, &v, &g, &beta, &h0})
+    if (t->defined() && t->device() != q.device()) return false;
+  if (q.dim() != 4 || k.sizes() != q.sizes() || v.dim() != 4 || g.dim() != 3) return false;
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
+  if (T < 1 || v.size(0) != B || v.size(1) != T || v.size(2) != H || g.sizes() != at::IntArrayRef{B, T, H}) return false;
+  if (!at::isFloatingType(g.scalar_type())) return false;
+  if (beta.defined() && (beta.sizes() != at::IntArrayRef{B, T, H} || !at::isFloatingType(beta.scalar_type())))
+    return false;
+  if (h0.defined() && h0.sizes() != at::IntArrayRef{B, H, K, V}) return false;
+  if (B * H > 65535 || (T + 63) / 64 > 65535) return false;
+  return tc::supported(int(K), int(V));
+}
+
+std::pair<at::Tensor, at::Tensor> simple_gla_tc(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                const at::Tensor& g, double scale, const at::Tensor& h0) {
+  if (!chunk_tc_eligible(q, k, v, g, at::Tensor(), h0)) throw std::invalid_argument("simple_gla_tc: inputs not eligible");
+  c10::cuda::CUDAGuard guard(q.device());
+  const auto dt = q.scalar_type();
+  auto r = SimpleGlaTcFn::apply(prep(q, dt), prep(k, dt), prep(v, dt), g, h0.defined() ? prep(h0, at::kFloat) : h0,
+                                scale);
+  return {r[0], r[1]};
+}
+
+std::pair<at::Tensor, at::Tensor> gated_delta_rule_tc(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                      const at::Tensor& g, const at::Tensor& beta, double scale,
+                                                      const at::Tensor& h0) {
+  if (!chunk_tc_eligible(q, k, v, g, beta, h0) || !beta.defined())
+    throw std::invalid_argument("gated_delta_rule_tc: inputs not eligible");
+  c10::cuda::CUDAGuard guard(q.device());
+  const auto dt = q.scalar_type();
+  auto r = GdnTcFn::apply(prep(q, dt), prep(k, dt), prep(v, dt), g, beta, h0.defined() ? prep(h0, at::kFloat) : h0,
+                          scale);
+  return {r[0], r[1]};
+}
+
+#else
+
+bool chunk_tc_eligible(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                       const at::Tensor&) {
+  return false;
+}
+std::pair<at::Tensor, at::Tensor> simple_gla_tc(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                const at::Tensor&, double, const at::Tensor&) {
+  throw std::runtime_error("simple_gla_tc: built without CUDA");
+}
+std::pair<at::Tensor, at::Tensor> gated_delta_rule_tc(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                      const at::Tensor&, const at::Tensor&, double,
+                                                      const at::Tensor&) {
+  throw std::runtime_error("gated_delta_rule_tc: built without CUDA");
+}
+
+#endif
+
+}  // namespace mixbench::linear

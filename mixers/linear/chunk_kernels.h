@@ -1,0 +1,62 @@
+// Tensor-core kernels of the chunked linear-attention algorithm with a scalar log decay per head
+// (`simple_gla` and `gated_delta_rule`), bf16 / fp16 inputs, fp32 accumulation. Plain C++ interface
+// on raw device pointers (no LibTorch here) so the kernels can also be checked and timed outside the
+// harness; mixers/linear/chunk_cuda.cpp wraps them into the ops' CUDA paths with autograd.
+//
+// Layout as flash-linear-attention: q, k, w [B,T,H,K]; v, u, o [B,T,H,V]; `b` is the cumulative sum
+// of the log decay g inside each chunk of 64 tokens, fp32 [B,Tp,H] with Tp = 64·ceil(T/64) and g read
+// as 0 past T; states [B,H,K,V] fp32; per-chunk states `hs` [B,H,NT,K,V] in the input dtype.
+// All tensors contiguous and 16-byte aligned; K, V ∈ {64, 128}.
+#pragma once
+
+namespace mixbench::linear::tc {
+
+enum class Dtype { BF16, FP16 };
+
+struct Dims {
+  int B, T, H, K, V;
+};
+
+inline int num_chunks(int T) { return (T + 63) / 64; }
+
+// True when the kernels take these head dims.
+bool supported(int K, int V);
+
+// Forward state walk over the chunks of every (b, h). For chunk c, stores the state at the chunk start
+// into hs[c], then (delta rule only, `w` non-null) computes v_new = u − w·S, rounds it to the input
+// dtype and stores it into `vnew`, and updates S ← e^{b_L} S + (k ⊙ e^{b_L − b})ᵀ v_new (v_new = v for
+// simple_gla). h0 may be null (zero state); the final state goes to ht.
+void walk_fwd(Dtype dt, const void* k, const void* v, const void* w, const float* b, const float* h0, void* hs,
+              void* vnew, float* ht, Dims d, void* stream);
+
+// Reverse walk of the state gradient for simple_gla: dS_NT = dht (null = 0); for c = NT−1 … 0 stores
+// dS_{c+1} (the gradient of the state at the end of chunk c) into dhs[c], then
+// dS_c = e^{b_L} dS_{c+1} + (scale·q ⊙ e^{b})ᵀ do. dh0 receives dS_0.
+void walk_bwd(Dtype dt, const void* q, const void* d_o, const float* b, const float* dht, void* dhs, float* dh0,
+              float scale, Dims d, void* stream);
+
+// Output of every chunk, all chunks in parallel:
+// o = scale·(q ⊙ e^{b}) h_c + (scale·(q kᵀ) ⊙ e^{b_i − b_j} ⊙ [j ≤ i]) v.
+void chunk_output(Dtype dt, const void* q, const void* k, const void* v, const float* b, const void* hs, void* o,
+                  float scale, Dims d, void* stream);
+
+// Gradients of q, k, v of simple_gla for every chunk in parallel, given the forward states hs (state
+// at chunk start) and the backward states dhs (gradient of the state at chunk end); dq, dk in fp32,
+// dv in the input dtype. Also the pieces of the decay gradient, formed per chunk so that no large
+// terms cancel across the sequence: y_j = k_j·dk_j^inter (fp32 [B,T,H]) and z_c = e^{b_L}⟨dh_c, h_c⟩
+// (fp32 [B,NT,H]). With x_i = q_i·dq_i − k_i·dk_i + y_i, the gradient of g_t in chunk c is
+//   dg_t = Σ_{i ≥ t in c} x_i + Σ_{j < t in c} y_j + z_c.
+void chunk_dqkv(Dtype dt, const void* q, const void* k, const void* v, const void* d_o, const float* b,
+                const void* hs, const void* dhs, float* dqf, float* dkf, void* dv, float* y, float* z, float scale,
+                Dims d, void* stream);
+
+// Delta-rule preparation of every chunk in parallel (WY / UT form): with
+// A = tril(diag(β) (k kᵀ) ⊙ e^{b_i − b_j}, −1) and X = (I + A)⁻¹,
+// w = X (β e^{b} ⊙ k) and u = X (β ⊙ v), rounded to the input dtype. beta fp32 [B,T,H].
+void delta_prep(Dtype dt, const void* k, const void* v, const float* beta, const float* b, void* w, void* u, Dims d,
+                void* stream);
+
+// Throws std::runtime_error naming `what` when the last launch failed.
+void check_launch(const char* what);
+
+}  // namespace mixbench::linear::tc
