@@ -40,5 +40,21 @@ if [ -f ci/peers.py ]; then
   python3 ci/peers.py --out "$OUT/peers.json" || rc=1
   python3 ci/compare.py "$OUT/bench_cuda.json" "$OUT/peers.json" --out "$OUT/comparison.json" || rc=1
 fi
+log "chunk kernels: check against float64 and time next to flash-linear-attention"
+python3 ci/kernels/chunk_check.py --quick --lib /tmp/mixbench_chunk.so --out "$OUT/chunk_kernels.json" \
+    > "$LOGS/chunk.txt" 2>&1 || rc=1
+grep -vi warn "$LOGS/chunk.txt" | tail -6
+if command -v compute-sanitizer > /dev/null; then
+  log "compute-sanitizer (memcheck, racecheck) on the chunk kernels"
+  : > "$OUT/sanitizer.txt"
+  for tool in memcheck racecheck; do
+    PREBUILT=1 compute-sanitizer --tool "$tool" --error-exitcode 3 \
+      python3 ci/kernels/chunk_check.py --sanitize --lib /tmp/mixbench_chunk.so > "$LOGS/sanitizer_$tool.txt" 2>&1
+    src=$?
+    echo "$tool exit=$src $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOGS/sanitizer_$tool.txt" | tail -1)" >> "$OUT/sanitizer.txt"
+    [ $src -eq 0 ] || rc=1
+  done
+  cat "$OUT/sanitizer.txt"
+fi
 log done
 exit $rc

@@ -22,9 +22,14 @@ Dtype dtype_of(int fp16) { return fp16 ? Dtype::FP16 : Dtype::BF16; }
 }  // namespace
 
 extern "C" {
+int ck_layout_ok() { return layout_ok() ? 1 : 0; }
 int ck_walk_fwd(int fp16, const void* k, const void* v, const void* w, const float* b, const float* h0, void* hs,
                 void* vnew, float* ht, int B, int T, int H, int K, int V, void* stream) {
   return guarded([&] { walk_fwd(dtype_of(fp16), k, v, w, b, h0, hs, vnew, ht, Dims{B, T, H, K, V}, stream); });
+}
+int ck_fused(int fp16, const void* q, const void* k, const void* v, const void* w, const float* b, const float* h0,
+             void* o, float* ht, float scale, int B, int T, int H, int K, int V, void* stream) {
+  return guarded([&] { fused_fwd(dtype_of(fp16), q, k, v, w, b, h0, o, ht, scale, Dims{B, T, H, K, V}, stream); });
 }
 int ck_walk_bwd(int fp16, const void* q, const void* d_o, const float* b, const float* dht, void* dhs, float* dh0,
                 float scale, int B, int T, int H, int K, int V, void* stream) {

@@ -89,6 +89,16 @@ def sgla_fwd(q, k, v, g, scale, h0):
     return o, ht, hs, b
 
 
+def sgla_fused(q, k, v, g, scale, h0):
+    B, T, H, K, V = dims(q, v)
+    b = chunk_cumsum(g, T)
+    ht = poison(B, H, K, V, dtype=torch.float32)
+    o = poison(B, T, H, V, dtype=q.dtype)
+    call("ck_fused", fp16(q), p(q), p(k), p(v), p(None), p(b), p(h0), p(o), p(ht), ctypes.c_float(scale),
+         B, T, H, K, V, stream())
+    return o, ht
+
+
 def sgla_bwd(q, k, v, g, scale, h0, do, dht, fwd=None):
     B, T, H, K, V = dims(q, v)
     NT = (T + 63) // 64
@@ -113,7 +123,7 @@ def sgla_bwd(q, k, v, g, scale, h0, do, dht, fwd=None):
     return dqf, dkf, dv, dg, dh0
 
 
-def gdn_fwd(q, k, v, g, beta, scale, h0):
+def gdn_fwd(q, k, v, g, beta, scale, h0, fused=True):
     B, T, H, K, V = dims(q, v)
     NT = (T + 63) // 64
     b = chunk_cumsum(g, T)
@@ -121,11 +131,15 @@ def gdn_fwd(q, k, v, g, beta, scale, h0):
     u = poison(B, T, H, V, dtype=q.dtype)
     betaf = beta.float().contiguous()
     call("ck_prep", fp16(q), p(k), p(v), p(betaf), p(b), p(w), p(u), B, T, H, K, V, stream())
+    ht = poison(B, H, K, V, dtype=torch.float32)
+    o = poison(B, T, H, V, dtype=q.dtype)
+    if fused:
+        call("ck_fused", fp16(q), p(q), p(k), p(u), p(w), p(b), p(h0), p(o), p(ht), ctypes.c_float(scale),
+             B, T, H, K, V, stream())
+        return o, ht
     hs = poison(B, H, NT, K, V, dtype=q.dtype)
     vn = poison(B, T, H, V, dtype=q.dtype)
-    ht = poison(B, H, K, V, dtype=torch.float32)
     call("ck_walk_fwd", fp16(q), p(k), p(u), p(w), p(b), p(h0), p(hs), p(vn), p(ht), B, T, H, K, V, stream())
-    o = poison(B, T, H, V, dtype=q.dtype)
     call("ck_output", fp16(q), p(q), p(k), p(vn), p(b), p(hs), p(o), ctypes.c_float(scale), B, T, H, K, V, stream())
     return o, ht
 
@@ -171,12 +185,29 @@ def inputs(B, T, H, K, V, dt, gate_div, seed, delta=False):
     return [x.to(dt) for x in (q, k, v)] + [g, beta, h0]
 
 
-def check(results):
+def sanitize_run():
+    """Every kernel once on small shapes (for compute-sanitizer); outputs must come back finite."""
+    ok = True
+    for K, V in ((64, 128), (128, 128), (128, 64)):
+        for T in (65, 130):
+            q, k, v, g, beta, h0 = inputs(2, T, 3, K, V, torch.bfloat16, 4, seed=T + K)
+            scale = K ** -0.5
+            fwd = sgla_fwd(q, k, v, g, scale, h0)
+            outs = list(fwd[:2]) + list(sgla_fused(q, k, v, g, scale, h0))
+            outs += list(sgla_bwd(q, k, v, g, scale, h0, torch.randn_like(v), torch.randn_like(h0), fwd))
+            outs += list(gdn_fwd(q, k, v, g, beta, scale, h0)) + list(gdn_fwd(q, k, v, g, beta, scale, h0, False))
+            torch.cuda.synchronize()
+            ok &= all(bool(torch.isfinite(x).all()) for x in outs)
+    print("sanitize run:", "finite" if ok else "NON-FINITE OUTPUTS")
+    return ok
+
+
+def check(results, quick=False):
     ok = True
     thr = {"o": 5e-3, "ht": 5e-3, "grad": 1e-2}
-    for dt in (torch.bfloat16, torch.float16):
-        for K, V in ((64, 64), (64, 128), (128, 64), (128, 128)):
-            for T in (1, 63, 64, 65, 200):
+    for dt in ((torch.bfloat16,) if quick else (torch.bfloat16, torch.float16)):
+        for K, V in (((64, 128), (128, 128)) if quick else ((64, 64), (64, 128), (128, 64), (128, 128))):
+            for T in ((1, 65, 200) if quick else (1, 63, 64, 65, 200)):
                 for with_h0 in (False, True):
                     for gate_div in (1, 16):
                         q, k, v, g, beta, h0 = inputs(2, T, 3, K, V, dt, gate_div, seed=T * 7 + K + V)
@@ -193,7 +224,9 @@ def check(results):
                         fwd = sgla_fwd(q, k, v, g, scale, h0)
                         dq, dk, dv, dg, dh0 = sgla_bwd(q, k, v, g, scale, h0, do.to(dt),
                                                        dht.float() if dht is not None else None, fwd)
-                        errs = {"o": rel(fwd[0], o_r), "ht": rel(fwd[1], ht_r), "dq": rel(dq, grads[0]),
+                        fo, fht = sgla_fused(q, k, v, g, scale, h0)
+                        errs = {"o": rel(fwd[0], o_r), "ht": rel(fwd[1], ht_r), "o_fused": rel(fo, o_r),
+                                "ht_fused": rel(fht, ht_r), "dq": rel(dq, grads[0]),
                                 "dk": rel(dk, grads[1]), "dv": rel(dv, grads[2]), "dg": rel(dg, grads[3])}
                         if h0 is not None:
                             errs["dh0"] = rel(dh0, grads[4])
@@ -204,7 +237,10 @@ def check(results):
                                             betad.to(dt).double(), scale, h0.double() if h0 is not None else None)
                         errs["gdn_o"] = rel(o2, o2r)
                         errs["gdn_ht"] = rel(ht2, ht2r)
-                        lim = {n: thr["o"] if n in ("o", "gdn_o") else thr["ht"] if "ht" in n else thr["grad"]
+                        o3, ht3 = gdn_fwd(qd, kd, vd, gd, betad.to(dt), scale, h0, fused=False)
+                        errs["gdn_o_split"] = rel(o3, o2r)
+                        errs["gdn_ht_split"] = rel(ht3, ht2r)
+                        lim = {n: thr["o"] if n in ("o", "gdn_o", "o_fused", "gdn_o_split") else thr["ht"] if "ht" in n else thr["grad"]
                                for n in errs}
                         bad = {n: e for n, e in errs.items() if not e <= lim[n]}
                         ok &= not bad
@@ -269,11 +305,15 @@ def timing(out, lengths):
         betaf = a0["beta"].float()
         row["part_prep_ms"] = time_it(lambda a: call("ck_prep", 0, p(a["kn"]), p(a["v"]), p(betaf), p(b0), p(hs0),
                                                      p(o0), B, T, H, D, D, stream()), one)
-        row["ours_sgla_fwd_ms"] = time_it(lambda a: sgla_fwd(a["q"], a["k"], a["v"], a["g"], sc, None), sets)
+        row["note"] = "ours_*_ms: fused kernel; *_split_ms: walk + output kernels"
+        row["ours_sgla_fwd_split_ms"] = time_it(lambda a: sgla_fwd(a["q"], a["k"], a["v"], a["g"], sc, None), sets)
+        row["ours_sgla_fwd_ms"] = time_it(lambda a: sgla_fused(a["q"], a["k"], a["v"], a["g"], sc, None), sets)
         row["ours_sgla_fwdbwd_ms"] = time_it(
             lambda a: sgla_bwd(a["q"], a["k"], a["v"], a["g"], sc, None, a["do"], None), sets)
         row["ours_gdn_fwd_ms"] = time_it(
             lambda a: gdn_fwd(a["qn"], a["kn"], a["v"], a["g"], a["beta"], sc, None), sets)
+        row["ours_gdn_fwd_split_ms"] = time_it(
+            lambda a: gdn_fwd(a["qn"], a["kn"], a["v"], a["g"], a["beta"], sc, None, fused=False), sets)
         if chunk_simple_gla is not None:
             row["fla_sgla_fwd_ms"] = time_it(lambda a: chunk_simple_gla(a["q"], a["k"], a["v"], a["g"]), sets)
             row["fla_gdn_fwd_ms"] = time_it(
@@ -295,12 +335,19 @@ def main():
     ap.add_argument("--lib", default="/tmp/libmixbench_chunk.so")
     ap.add_argument("--no-time", action="store_true")
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="bf16 and fewer shapes")
+    ap.add_argument("--sanitize", action="store_true", help="run every kernel once on small shapes, no references")
     ap.add_argument("--lengths", default="2048,8192,32768")
     a = ap.parse_args()
-    L = build(a.lib)
+    L = ctypes.CDLL(a.lib) if os.environ.get("PREBUILT") and os.path.exists(a.lib) else build(a.lib)
+    if L.ck_layout_ok() != 1:
+        print("accumulator fragment layout differs from the one the kernels assume")
+        sys.exit(1)
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "checks": [], "timing": []}
     global POISON
-    ok = True if a.no_check else check(res["checks"])
+    if a.sanitize:
+        sys.exit(0 if sanitize_run() else 1)
+    ok = True if a.no_check else check(res["checks"], a.quick)
     POISON = False
     print("checks", "passed" if ok else "FAILED")
     if not a.no_time:

@@ -44,22 +44,32 @@ const float* fptr(const at::Tensor& t) { return t.defined() ? t.data_ptr<float>(
 struct Fwd {
   at::Tensor o, ht, hs, b;
 };
+// with_output: o and ht for the forward (fused kernel or walk + output, whichever prefer_fused picks);
+// otherwise only the per-chunk states hs (and ht) that the backward needs.
 Fwd simple_gla_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
-                       double scale, const at::Tensor& h0, bool poison_outputs) {
+                       double scale, const at::Tensor& h0, bool with_output) {
   const tc::Dims d = dims(q, v);
   const int64_t NT = tc::num_chunks(d.T);
   Fwd f;
   f.b = chunk_cumsum(g);
+  auto f32 = q.options().dtype(at::kFloat);
+  if (with_output) {
+    f.o = alloc_output({d.B, d.T, d.H, d.V}, v.options());
+    f.ht = alloc_output({d.B, d.H, d.K, d.V}, f32);
+    if (tc::prefer_fused(d)) {
+      tc::fused_fwd(dtype_of(q), q.data_ptr(), k.data_ptr(), v.data_ptr(), nullptr, f.b.data_ptr<float>(), fptr(h0),
+                    f.o.data_ptr(), f.ht.data_ptr<float>(), float(scale), d, stream());
+      return f;
+    }
+  } else {
+    f.ht = at::empty({d.B, d.H, d.K, d.V}, f32);
+  }
   f.hs = at::empty({d.B, d.H, NT, d.K, d.V}, q.options());
-  f.ht = poison_outputs ? alloc_output({d.B, d.H, d.K, d.V}, q.options().dtype(at::kFloat))
-                        : at::empty({d.B, d.H, d.K, d.V}, q.options().dtype(at::kFloat));
   tc::walk_fwd(dtype_of(q), k.data_ptr(), v.data_ptr(), nullptr, f.b.data_ptr<float>(), fptr(h0), f.hs.data_ptr(),
                nullptr, f.ht.data_ptr<float>(), d, stream());
-  if (poison_outputs) {
-    f.o = alloc_output({d.B, d.T, d.H, d.V}, v.options());
+  if (with_output)
     tc::chunk_output(dtype_of(q), q.data_ptr(), k.data_ptr(), v.data_ptr(), f.b.data_ptr<float>(), f.hs.data_ptr(),
                      f.o.data_ptr(), float(scale), d, stream());
-  }
   return f;
 }
 
@@ -69,7 +79,7 @@ struct SimpleGlaTcFn : public torch::autograd::Function<SimpleGlaTcFn> {
                                                 const at::Tensor& h0, double scale) {
     ctx->saved_data["scale"] = scale;
     ctx->save_for_backward({q, k, v, g, h0});
-    Fwd f = simple_gla_forward(q, k, v, g, scale, h0, /*poison_outputs=*/true);
+    Fwd f = simple_gla_forward(q, k, v, g, scale, h0, /*with_output=*/true);
     return {f.o, f.ht};
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -82,7 +92,7 @@ struct SimpleGlaTcFn : public torch::autograd::Function<SimpleGlaTcFn> {
     const int64_t NT = tc::num_chunks(d.T);
     at::Tensor d_o = grads[0].defined() ? prep(grads[0], q.scalar_type()) : at::zeros_like(v);
     at::Tensor dht = grads[1].defined() ? prep(grads[1], at::kFloat) : at::Tensor();
-    Fwd f = simple_gla_forward(q, k, v, g, scale, h0, /*poison_outputs=*/false);
+    Fwd f = simple_gla_forward(q, k, v, g, scale, h0, /*with_output=*/false);
     at::Tensor dhs = at::empty_like(f.hs);
     at::Tensor dh0 = at::empty({d.B, d.H, d.K, d.V}, q.options().dtype(at::kFloat));
     tc::walk_bwd(dtype_of(q), q.data_ptr(), d_o.data_ptr(), f.b.data_ptr<float>(), fptr(dht), dhs.data_ptr(),
@@ -119,13 +129,18 @@ struct GdnTcFn : public torch::autograd::Function<GdnTcFn> {
     at::Tensor w = at::empty_like(k), u = at::empty_like(v), vn = at::empty_like(v);
     tc::delta_prep(dtype_of(q), k.data_ptr(), v.data_ptr(), betaf.data_ptr<float>(), b.data_ptr<float>(),
                    w.data_ptr(), u.data_ptr(), d, stream());
-    at::Tensor hs = at::empty({d.B, d.H, NT, d.K, d.V}, q.options());
     at::Tensor ht = alloc_output({d.B, d.H, d.K, d.V}, q.options().dtype(at::kFloat));
-    tc::walk_fwd(dtype_of(q), k.data_ptr(), u.data_ptr(), w.data_ptr(), b.data_ptr<float>(), fptr(h0), hs.data_ptr(),
-                 vn.data_ptr(), ht.data_ptr<float>(), d, stream());
     at::Tensor o = alloc_output({d.B, d.T, d.H, d.V}, v.options());
-    tc::chunk_output(dtype_of(q), q.data_ptr(), k.data_ptr(), vn.data_ptr(), b.data_ptr<float>(), hs.data_ptr(),
-                     o.data_ptr(), float(scale), d, stream());
+    if (tc::prefer_fused(d)) {
+      tc::fused_fwd(dtype_of(q), q.data_ptr(), k.data_ptr(), u.data_ptr(), w.data_ptr(), b.data_ptr<float>(),
+                    fptr(h0), o.data_ptr(), ht.data_ptr<float>(), float(scale), d, stream());
+    } else {
+      at::Tensor hs = at::empty({d.B, d.H, NT, d.K, d.V}, q.options());
+      tc::walk_fwd(dtype_of(q), k.data_ptr(), u.data_ptr(), w.data_ptr(), b.data_ptr<float>(), fptr(h0),
+                   hs.data_ptr(), vn.data_ptr(), ht.data_ptr<float>(), d, stream());
+      tc::chunk_output(dtype_of(q), q.data_ptr(), k.data_ptr(), vn.data_ptr(), b.data_ptr<float>(), hs.data_ptr(),
+                       o.data_ptr(), float(scale), d, stream());
+    }
     return {o, ht};
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -174,7 +189,7 @@ bool chunk_tc_eligible(const at::Tensor& q, const at::Tensor& k, const at::Tenso
     return false;
   if (h0.defined() && h0.sizes() != at::IntArrayRef{B, H, K, V}) return false;
   if (B * H > 65535 || (T + 63) / 64 > 65535) return false;
-  return tc::supported(int(K), int(V));
+  return tc::supported(int(K), int(V)) && tc::layout_ok();
 }
 
 std::pair<at::Tensor, at::Tensor> simple_gla_tc(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

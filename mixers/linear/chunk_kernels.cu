@@ -96,6 +96,37 @@ __device__ __forceinline__ void load_mat(T* sm, const T* src, int ld) {
   }
 }
 
+// Element i (0…7) of a 16×16 fp32 accumulator fragment held by `lane` sits at (acc_row, acc_col):
+// the layout of mma.sync m16n8k16 (two n8 halves), which WMMA uses on sm_80 and later. The host side
+// verifies it once on the device (layout_ok) before any kernel that relies on it runs.
+__device__ __forceinline__ int acc_row(int i, int lane) { return (lane >> 2) + 8 * ((i >> 1) & 1); }
+__device__ __forceinline__ int acc_col(int i, int lane) { return ((lane & 3) << 1) + (i & 1) + 8 * (i >> 2); }
+
+__global__ void layout_probe(int* out) {
+  __shared__ float m[256];
+  Acc f;
+  for (int i = 0; i < f.num_elements; ++i) f.x[i] = float(threadIdx.x * 8 + i);
+  wmma::store_matrix_sync(m, f, 16, wmma::mem_row_major);
+  __syncwarp();
+  int bad = 0;
+  for (int i = 0; i < f.num_elements; ++i)
+    bad |= m[acc_row(i, threadIdx.x) * 16 + acc_col(i, threadIdx.x)] != float(threadIdx.x * 8 + i);
+  bad |= f.num_elements != 8;
+  if (bad) atomicOr(out, 1);
+}
+
+// Two adjacent values (columns col, col+1) in the input dtype.
+template <typename T>
+__device__ __forceinline__ void store2(T* p, float x, float y);
+template <>
+__device__ __forceinline__ void store2<__nv_bfloat16>(__nv_bfloat16* p, float x, float y) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
+}
+template <>
+__device__ __forceinline__ void store2<__half>(__half* p, float x, float y) {
+  *reinterpret_cast<__half2*>(p) = __floats2half2_rn(x, y);
+}
+
 struct WalkArgs {
   const void* key;  // k (forward) or q (backward)
   const void* val;  // v / u (forward) or do (backward)
@@ -112,21 +143,19 @@ struct WalkArgs {
 template <typename T, int K, int BV, bool DELTA>
 constexpr size_t walk_smem() {
   return sizeof(T) * (2 * kC * (K + 8) + 2 * kC * (BV + 8) + (DELTA ? 2 * kC * (K + 8) + K * (BV + 8) : 0)) +
-         sizeof(float) * (K * (BV + 4) + (DELTA ? kC * (BV + 4) : 0) + 3 * kC);
+         sizeof(float) * 3 * kC;
 }
 
+// K/16 warps; warp w owns rows w·16 … +15 of the state tile S [K × BV] (BV/16 fragments).
 template <typename T, int K, int BV, bool DELTA, bool REV>
-__global__ void __launch_bounds__(128) walk_kernel(WalkArgs a) {
+__global__ void __launch_bounds__(K * 2) walk_kernel(WalkArgs a) {
   extern __shared__ __align__(128) unsigned char smem[];
-  constexpr int LDK = K + 8, LDV = BV + 8, LDS = BV + 4;
-  constexpr int RT = K / 64, CT = BV / 16;
+  constexpr int LDK = K + 8, LDV = BV + 8, CT = BV / 16, NW = K / 16;
   T* kbuf = reinterpret_cast<T*>(smem);
   T* vbuf = kbuf + 2 * kC * LDK;
   T* wbuf = vbuf + 2 * kC * LDV;
   T* sb = wbuf + (DELTA ? 2 * kC * LDK : 0);
-  float* sst = reinterpret_cast<float*>(sb + (DELTA ? K * LDV : 0));
-  float* vst = sst + K * LDS;
-  float* rowf = vst + (DELTA ? kC * LDS : 0);
+  float* rowf = reinterpret_cast<float*>(sb + (DELTA ? K * LDV : 0));
   float* bbuf = rowf + kC;  // 2 × 64 cumulative gates
 
   const int H = a.H, T_ = a.T, V = a.V, NT = a.NT;
@@ -138,18 +167,15 @@ __global__ void __launch_bounds__(128) walk_kernel(WalkArgs a) {
   T* hs = static_cast<T*>(a.hs);
   T* vnew = static_cast<T*>(a.vnew);
 
-  Acc S[RT][CT];
+  Acc S[CT];
   const size_t sbase = size_t(bh) * K * V + v0;
 #pragma unroll
-  for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-    for (int ct = 0; ct < CT; ++ct) {
-      const int row = (warp * RT + rt) * 16;
-      if (a.s0)
-        wmma::load_matrix_sync(S[rt][ct], a.s0 + sbase + size_t(row) * V + ct * 16, V, wmma::mem_row_major);
-      else
-        wmma::fill_fragment(S[rt][ct], 0.f);
-    }
+  for (int ct = 0; ct < CT; ++ct) {
+    if (a.s0)
+      wmma::load_matrix_sync(S[ct], a.s0 + sbase + size_t(warp) * 16 * V + ct * 16, V, wmma::mem_row_major);
+    else
+      wmma::fill_fragment(S[ct], 0.f);
+  }
 
   auto issue = [&](int c, int buf) {
     load_rows<T, K>(kbuf + buf * kC * LDK, key, bi, h, c, T_, H, K, 0);
@@ -175,96 +201,83 @@ __global__ void __launch_bounds__(128) walk_kernel(WalkArgs a) {
       const float bj = bc[threadIdx.x];
       rowf[threadIdx.x] = REV ? a.scale * __expf(bj) : __expf(bL - bj);
     }
-    __syncthreads();
     T* ks = kbuf + buf * kC * LDK;
     T* vs = vbuf + buf * kC * LDV;
     T* ws = wbuf + buf * kC * LDK;
 
-    // 1. the state as it enters this step goes to hs[c] (and, rounded, to sb for the delta rule)
+    // 1. the state entering this step goes to hs[c] (and to sb for the delta rule), from registers
     T* hsc = hs + (size_t(bh) * NT + c) * K * V + v0;
 #pragma unroll
-    for (int rt = 0; rt < RT; ++rt)
+    for (int ct = 0; ct < CT; ++ct)
 #pragma unroll
-      for (int ct = 0; ct < CT; ++ct)
-        wmma::store_matrix_sync(sst + (warp * RT + rt) * 16 * LDS + ct * 16, S[rt][ct], LDS, wmma::mem_row_major);
-    __syncwarp();
-    for (int r = 0; r < RT * 16; ++r) {
-      const int row = warp * RT * 16 + r;
-      for (int col = lane; col < BV; col += 32) {
-        const T x = Ty<T>::from(sst[row * LDS + col]);
-        hsc[size_t(row) * V + col] = x;
-        if (DELTA) sb[row * LDV + col] = x;
+      for (int i = 0; i < 8; i += 2) {
+        const int row = warp * 16 + acc_row(i, lane), col = ct * 16 + acc_col(i, lane);
+        store2<T>(hsc + size_t(row) * V + col, S[ct].x[i], S[ct].x[i + 1]);
+        if (DELTA) store2<T>(sb + row * LDV + col, S[ct].x[i], S[ct].x[i + 1]);
       }
-    }
-    // 2. row factors on the values (the smaller tile): e^{b_L − b_j} (forward) or scale·e^{b_j}
-    // (backward); the delta rule applies them when it forms v_new below.
+    __syncthreads();
+    // 2. row factors on the values: e^{b_L − b_j} (forward) or scale·e^{b_j} (backward); the delta
+    //    rule applies them when it forms v_new (v_new itself is stored unscaled).
     if constexpr (!DELTA) {
       for (int idx = threadIdx.x; idx < kC * BV; idx += blockDim.x) {
         const int r = idx / BV, col = idx % BV;
         vs[r * LDV + col] = Ty<T>::from(Ty<T>::f(vs[r * LDV + col]) * rowf[r]);
       }
+    } else {
+      // 3. v_new = u − w·S for this V tile: warps 0–3 own 16 rows each
+      if (warp < 4) {
+        Acc P[CT];
+#pragma unroll
+        for (int ct = 0; ct < CT; ++ct) wmma::fill_fragment(P[ct], 0.f);
+#pragma unroll
+        for (int kk = 0; kk < K / 16; ++kk) {
+          ARow<T> fa;
+          wmma::load_matrix_sync(fa, ws + warp * 16 * LDK + kk * 16, LDK);
+#pragma unroll
+          for (int ct = 0; ct < CT; ++ct) {
+            BRow<T> fb;
+            wmma::load_matrix_sync(fb, sb + kk * 16 * LDV + ct * 16, LDV);
+            wmma::mma_sync(P[ct], fa, fb, P[ct]);
+          }
+        }
+#pragma unroll
+        for (int ct = 0; ct < CT; ++ct)
+#pragma unroll
+          for (int i = 0; i < 8; i += 2) {
+            const int row = warp * 16 + acc_row(i, lane), col = ct * 16 + acc_col(i, lane), t = c * kC + row;
+            const float f = rowf[row];
+            T* e = vs + row * LDV + col;
+            const float y0 = Ty<T>::f(Ty<T>::from(Ty<T>::f(e[0]) - P[ct].x[i]));
+            const float y1 = Ty<T>::f(Ty<T>::from(Ty<T>::f(e[1]) - P[ct].x[i + 1]));
+            if (t < T_) store2<T>(vnew + ((size_t(bi) * T_ + t) * H + h) * V + v0 + col, y0, y1);
+            store2<T>(e, y0 * f, y1 * f);
+          }
+      }
     }
     __syncthreads();
-    if constexpr (DELTA) {
-      // 3. v_new = u − w·S for this V tile; warp owns rows warp·16 … +15
-      Acc P[CT];
-#pragma unroll
-      for (int ct = 0; ct < CT; ++ct) wmma::fill_fragment(P[ct], 0.f);
-#pragma unroll
-      for (int kk = 0; kk < K / 16; ++kk) {
-        ARow<T> fa;
-        wmma::load_matrix_sync(fa, ws + warp * 16 * LDK + kk * 16, LDK);
-#pragma unroll
-        for (int ct = 0; ct < CT; ++ct) {
-          BRow<T> fb;
-          wmma::load_matrix_sync(fb, sb + kk * 16 * LDV + ct * 16, LDV);
-          wmma::mma_sync(P[ct], fa, fb, P[ct]);
-        }
-      }
-#pragma unroll
-      for (int ct = 0; ct < CT; ++ct)
-        wmma::store_matrix_sync(vst + warp * 16 * LDS + ct * 16, P[ct], LDS, wmma::mem_row_major);
-      __syncwarp();
-      for (int r = 0; r < 16; ++r) {
-        const int row = warp * 16 + r, t = c * kC + row;
-        for (int col = lane; col < BV; col += 32) {
-          const T y = Ty<T>::from(Ty<T>::f(vs[row * LDV + col]) - vst[row * LDS + col]);
-          vs[row * LDV + col] = Ty<T>::from(Ty<T>::f(y) * rowf[row]);
-          if (t < T_) vnew[((size_t(bi) * T_ + t) * H + h) * V + v0 + col] = y;
-        }
-      }
-      __syncthreads();
-    }
     // 4. S ← e^{b_L} S + keysᵀ · (scaled values)
     const float decay = __expf(bL);
 #pragma unroll
-    for (int rt = 0; rt < RT; ++rt)
+    for (int ct = 0; ct < CT; ++ct)
 #pragma unroll
-      for (int ct = 0; ct < CT; ++ct)
-#pragma unroll
-        for (int i = 0; i < S[rt][ct].num_elements; ++i) S[rt][ct].x[i] *= decay;
+      for (int i = 0; i < 8; ++i) S[ct].x[i] *= decay;
 #pragma unroll
     for (int kk = 0; kk < kC / 16; ++kk) {
-      BRow<T> fb[CT];
+      ACol<T> fa;
+      wmma::load_matrix_sync(fa, ks + kk * 16 * LDK + warp * 16, LDK);
 #pragma unroll
-      for (int ct = 0; ct < CT; ++ct) wmma::load_matrix_sync(fb[ct], vs + kk * 16 * LDV + ct * 16, LDV);
-#pragma unroll
-      for (int rt = 0; rt < RT; ++rt) {
-        ACol<T> fa;
-        wmma::load_matrix_sync(fa, ks + kk * 16 * LDK + (warp * RT + rt) * 16, LDK);
-#pragma unroll
-        for (int ct = 0; ct < CT; ++ct) wmma::mma_sync(S[rt][ct], fa, fb[ct], S[rt][ct]);
+      for (int ct = 0; ct < CT; ++ct) {
+        BRow<T> fb;
+        wmma::load_matrix_sync(fb, vs + kk * 16 * LDV + ct * 16, LDV);
+        wmma::mma_sync(S[ct], fa, fb, S[ct]);
       }
     }
     __syncthreads();
   }
 #pragma unroll
-  for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-    for (int ct = 0; ct < CT; ++ct) {
-      const int row = (warp * RT + rt) * 16;
-      wmma::store_matrix_sync(a.sT + sbase + size_t(row) * V + ct * 16, S[rt][ct], V, wmma::mem_row_major);
-    }
+  for (int ct = 0; ct < CT; ++ct)
+    wmma::store_matrix_sync(a.sT + sbase + size_t(warp) * 16 * V + ct * 16, S[ct], V, wmma::mem_row_major);
+  static_assert(NW * 32 == K * 2, "one warp per 16 state rows");
 }
 
 struct OutArgs {
@@ -276,39 +289,39 @@ struct OutArgs {
   int B, T, H, K, V, NT, Tp;
 };
 
-template <typename T, int K, int BV>
+template <typename T, int K, int V>
 constexpr size_t out_smem() {
-  return sizeof(T) * (2 * kC * (K + 8) + kC * (BV + 8) + K * (BV + 8) + kC * (kC + 8)) +
-         sizeof(float) * (kC * (kC + 4) + kC * (BV + 4) + kC);
+  return sizeof(T) * (2 * kC * (K + 8) + kC * (V + 8) + K * (V + 8) + kC * (kC + 8)) + sizeof(float) * kC;
 }
 
-template <typename T, int K, int BV>
-__global__ void __launch_bounds__(128) output_kernel(OutArgs a) {
+// One CTA per (chunk, b·h), 8 warps: warp (r = w mod 4, hf = w / 4) owns rows r·16 … +15 and
+// half of the columns of o; A's lower tiles of row r are split between the two warps of the row.
+// q and k arrive first (A is formed while v and h are still loading).
+template <typename T, int K, int V>
+__global__ void __launch_bounds__(256) output_kernel(OutArgs a) {
   extern __shared__ __align__(128) unsigned char smem[];
-  constexpr int LDK = K + 8, LDV = BV + 8, LDS = BV + 4, LDA = kC + 4, LDB = kC + 8, CT = BV / 16;
+  constexpr int LDK = K + 8, LDV = V + 8, LDB = kC + 8, NCT = V / 32;
   T* qs = reinterpret_cast<T*>(smem);
   T* ks = qs + kC * LDK;
   T* vs = ks + kC * LDK;
   T* hsm = vs + kC * LDV;
   T* ab = hsm + K * LDV;
-  float* af = reinterpret_cast<float*>(ab + kC * LDB);
-  float* of = af + kC * LDA;
-  float* rowb = of + kC * LDS;
+  float* rowb = reinterpret_cast<float*>(ab + kC * LDB);
 
-  const int H = a.H, T_ = a.T, V = a.V, NT = a.NT;
-  const int c = blockIdx.y, bh = blockIdx.z, bi = bh / H, h = bh % H, v0 = blockIdx.x * BV;
-  const int r = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int H = a.H, T_ = a.T, NT = a.NT;
+  const int c = blockIdx.x, bh = blockIdx.y, bi = bh / H, h = bh % H;
+  const int wi = threadIdx.x / 32, lane = threadIdx.x % 32, r = wi & 3, hf = wi >> 2;
   load_rows<T, K>(qs, static_cast<const T*>(a.q), bi, h, c, T_, H, K, 0);
   load_rows<T, K>(ks, static_cast<const T*>(a.k), bi, h, c, T_, H, K, 0);
-  load_rows<T, BV>(vs, static_cast<const T*>(a.v), bi, h, c, T_, H, V, v0);
-  load_mat<T, K, BV>(hsm, static_cast<const T*>(a.hs) + (size_t(bh) * NT + c) * K * V + v0, V);
+  cp_async_commit();
+  load_rows<T, V>(vs, static_cast<const T*>(a.v), bi, h, c, T_, H, V, 0);
+  load_mat<T, K, V>(hsm, static_cast<const T*>(a.hs) + (size_t(bh) * NT + c) * K * V, V);
   cp_async_commit();
   if (threadIdx.x < kC) rowb[threadIdx.x] = a.b[(size_t(bi) * a.Tp + size_t(c) * kC + threadIdx.x) * H + h];
-  cp_async_wait<0>();
+  cp_async_wait<1>();
   __syncthreads();
 
-  // A tiles (r, ct ≤ r) and P = q h for the warp's 16 rows
-  for (int ct = 0; ct <= r; ++ct) {
+  for (int ct = hf; ct <= r; ct += 2) {
     Acc acc;
     wmma::fill_fragment(acc, 0.f);
 #pragma unroll
@@ -319,56 +332,266 @@ __global__ void __launch_bounds__(128) output_kernel(OutArgs a) {
       wmma::load_matrix_sync(fb, ks + ct * 16 * LDK + kk * 16, LDK);
       wmma::mma_sync(acc, fa, fb, acc);
     }
-    wmma::store_matrix_sync(af + r * 16 * LDA + ct * 16, acc, LDA, wmma::mem_row_major);
-  }
-  Acc P[CT];
 #pragma unroll
-  for (int ct = 0; ct < CT; ++ct) wmma::fill_fragment(P[ct], 0.f);
+    for (int i = 0; i < 8; i += 2) {
+      const int row = r * 16 + acc_row(i, lane), col = ct * 16 + acc_col(i, lane);
+      const float bi_ = rowb[row];
+      const float x0 = col <= row ? acc.x[i] * __expf(bi_ - rowb[col]) * a.scale : 0.f;
+      const float x1 = col + 1 <= row ? acc.x[i + 1] * __expf(bi_ - rowb[col + 1]) * a.scale : 0.f;
+      store2<T>(ab + row * LDB + col, x0, x1);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  const int ct0 = hf * NCT;
+  Acc P[NCT];
+#pragma unroll
+  for (int n = 0; n < NCT; ++n) wmma::fill_fragment(P[n], 0.f);
 #pragma unroll
   for (int kk = 0; kk < K / 16; ++kk) {
     ARow<T> fa;
     wmma::load_matrix_sync(fa, qs + r * 16 * LDK + kk * 16, LDK);
 #pragma unroll
-    for (int ct = 0; ct < CT; ++ct) {
+    for (int n = 0; n < NCT; ++n) {
       BRow<T> fb;
-      wmma::load_matrix_sync(fb, hsm + kk * 16 * LDV + ct * 16, LDV);
-      wmma::mma_sync(P[ct], fa, fb, P[ct]);
+      wmma::load_matrix_sync(fb, hsm + kk * 16 * LDV + (ct0 + n) * 16, LDV);
+      wmma::mma_sync(P[n], fa, fb, P[n]);
     }
   }
+  const float f0 = __expf(rowb[r * 16 + (lane >> 2)]) * a.scale, f1 = __expf(rowb[r * 16 + (lane >> 2) + 8]) * a.scale;
 #pragma unroll
-  for (int ct = 0; ct < CT; ++ct) wmma::store_matrix_sync(of + r * 16 * LDS + ct * 16, P[ct], LDS, wmma::mem_row_major);
-  __syncwarp();
-  for (int i = 0; i < 16; ++i) {
-    const int row = r * 16 + i;
-    const float bi_ = rowb[row];
-    for (int j = lane; j < (r + 1) * 16; j += 32)
-      ab[row * LDB + j] = Ty<T>::from(j <= row ? af[row * LDA + j] * __expf(bi_ - rowb[j]) * a.scale : 0.f);
-    const float f = __expf(bi_) * a.scale;
-    for (int col = lane; col < BV; col += 32) of[row * LDS + col] *= f;
-  }
-  __syncwarp();
+  for (int n = 0; n < NCT; ++n)
 #pragma unroll
-  for (int ct = 0; ct < CT; ++ct) wmma::load_matrix_sync(P[ct], of + r * 16 * LDS + ct * 16, LDS, wmma::mem_row_major);
+    for (int i = 0; i < 8; ++i) P[n].x[i] *= ((i >> 1) & 1) ? f1 : f0;
   for (int kk = 0; kk <= r; ++kk) {
     ARow<T> fa;
     wmma::load_matrix_sync(fa, ab + r * 16 * LDB + kk * 16, LDB);
 #pragma unroll
-    for (int ct = 0; ct < CT; ++ct) {
+    for (int n = 0; n < NCT; ++n) {
       BRow<T> fb;
-      wmma::load_matrix_sync(fb, vs + kk * 16 * LDV + ct * 16, LDV);
-      wmma::mma_sync(P[ct], fa, fb, P[ct]);
+      wmma::load_matrix_sync(fb, vs + kk * 16 * LDV + (ct0 + n) * 16, LDV);
+      wmma::mma_sync(P[n], fa, fb, P[n]);
     }
   }
-#pragma unroll
-  for (int ct = 0; ct < CT; ++ct) wmma::store_matrix_sync(of + r * 16 * LDS + ct * 16, P[ct], LDS, wmma::mem_row_major);
-  __syncwarp();
   T* o = static_cast<T*>(a.o);
-  for (int i = 0; i < 16; ++i) {
-    const int row = r * 16 + i, t = c * kC + row;
-    if (t >= T_) break;
-    for (int col = lane; col < BV; col += 32)
-      o[((size_t(bi) * T_ + t) * H + h) * V + v0 + col] = Ty<T>::from(of[row * LDS + col]);
+#pragma unroll
+  for (int n = 0; n < NCT; ++n)
+#pragma unroll
+    for (int i = 0; i < 8; i += 2) {
+      const int row = r * 16 + acc_row(i, lane), col = (ct0 + n) * 16 + acc_col(i, lane), t = c * kC + row;
+      if (t < T_) store2<T>(o + ((size_t(bi) * T_ + t) * H + h) * V + col, P[n].x[i], P[n].x[i + 1]);
+    }
+}
+
+struct FusedArgs {
+  const void *q, *k, *v, *w;  // v: v (simple_gla) or u (delta rule, with w)
+  const float* b;
+  const float* h0;
+  void* o;
+  float* ht;
+  float scale;
+  int B, T, H, K, V, NT, Tp;
+};
+
+template <typename T, int K, int BV, bool DELTA>
+constexpr size_t fused_smem() {
+  return sizeof(T) * ((DELTA ? 6 : 4) * kC * (K + 8) + 3 * kC * (BV + 8) + K * (BV + 8) + kC * (kC + 8)) +
+         sizeof(float) * 4 * kC;
+}
+
+// Forward in one pass: one CTA per (b, h, V tile), 8 warps, walking the chunks in order with the
+// state tile S [K × BV] in accumulator fragments. Per chunk (the next chunk's q, k, v, w, b arriving
+// meanwhile): S is rounded into shared memory, A = q kᵀ (masked, decayed, scaled), [delta rule:
+// v ← u − w S], o = e^{b}·scale·(q S) + A v is stored, and S ← e^{b_L} S + kᵀ (e^{b_L − b} ⊙ v).
+// No per-chunk state goes to global memory.
+template <typename T, int K, int BV, bool DELTA>
+__global__ void __launch_bounds__(256) fused_fwd_kernel(FusedArgs a) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int LDK = K + 8, LDV = BV + 8, LDB = kC + 8;
+  constexpr int SR = K / 16, WPR = 8 / SR, SCT = (BV / 16) / WPR, NCT = BV / 32;
+  T* qbuf = reinterpret_cast<T*>(smem);
+  T* kbuf = qbuf + 2 * kC * LDK;
+  T* wbuf = kbuf + 2 * kC * LDK;
+  T* vbuf = wbuf + (DELTA ? 2 * kC * LDK : 0);
+  T* vsc = vbuf + 2 * kC * LDV;
+  T* sb = vsc + kC * LDV;
+  T* ab = sb + K * LDV;
+  float* rowf = reinterpret_cast<float*>(ab + kC * LDB);  // e^{b_L − b_j}
+  float* rowe = rowf + kC;                                // e^{b_j}·scale
+  float* bbuf = rowe + kC;                                // 2 × 64 cumulative gates
+
+  const int H = a.H, T_ = a.T, V = a.V, NT = a.NT;
+  const int bh = blockIdx.y, bi = bh / H, h = bh % H, v0 = blockIdx.x * BV;
+  const int wi = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int srow = wi % SR, scol0 = (wi / SR) * SCT;  // state fragments of this warp
+  const int r = wi & 3, hf = wi >> 2;                  // output rows / column half of this warp
+
+  Acc S[SCT];
+  const size_t sbase = size_t(bh) * K * V + v0;
+#pragma unroll
+  for (int n = 0; n < SCT; ++n) {
+    if (a.h0)
+      wmma::load_matrix_sync(S[n], a.h0 + sbase + size_t(srow) * 16 * V + (scol0 + n) * 16, V, wmma::mem_row_major);
+    else
+      wmma::fill_fragment(S[n], 0.f);
   }
+  auto issue = [&](int c, int buf) {
+    load_rows<T, K>(qbuf + buf * kC * LDK, static_cast<const T*>(a.q), bi, h, c, T_, H, K, 0);
+    load_rows<T, K>(kbuf + buf * kC * LDK, static_cast<const T*>(a.k), bi, h, c, T_, H, K, 0);
+    if (DELTA) load_rows<T, K>(wbuf + buf * kC * LDK, static_cast<const T*>(a.w), bi, h, c, T_, H, K, 0);
+    load_rows<T, BV>(vbuf + buf * kC * LDV, static_cast<const T*>(a.v), bi, h, c, T_, H, V, v0);
+    if (threadIdx.x < kC)
+      cp_async4(bbuf + buf * kC + threadIdx.x, a.b + (size_t(bi) * a.Tp + size_t(c) * kC + threadIdx.x) * H + h);
+    cp_async_commit();
+  };
+  T* o = static_cast<T*>(a.o);
+  issue(0, 0);
+  for (int c = 0; c < NT; ++c) {
+    const int buf = c & 1;
+    if (c + 1 < NT) {
+      issue(c + 1, buf ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const T* qs = qbuf + buf * kC * LDK;
+    const T* ks = kbuf + buf * kC * LDK;
+    const T* ws = wbuf + buf * kC * LDK;
+    T* vs = vbuf + buf * kC * LDV;
+    const float* bc = bbuf + buf * kC;
+    const float bL = bc[kC - 1];
+    if (threadIdx.x < kC) {
+      rowf[threadIdx.x] = __expf(bL - bc[threadIdx.x]);
+      rowe[threadIdx.x] = __expf(bc[threadIdx.x]) * a.scale;
+    }
+    // S → sb (input dtype), A → ab
+#pragma unroll
+    for (int n = 0; n < SCT; ++n)
+#pragma unroll
+      for (int i = 0; i < 8; i += 2) {
+        const int row = srow * 16 + acc_row(i, lane), col = (scol0 + n) * 16 + acc_col(i, lane);
+        store2<T>(sb + row * LDV + col, S[n].x[i], S[n].x[i + 1]);
+      }
+    for (int ct = hf; ct <= r; ct += 2) {
+      Acc acc;
+      wmma::fill_fragment(acc, 0.f);
+#pragma unroll
+      for (int kk = 0; kk < K / 16; ++kk) {
+        ARow<T> fa;
+        BCol<T> fb;
+        wmma::load_matrix_sync(fa, qs + r * 16 * LDK + kk * 16, LDK);
+        wmma::load_matrix_sync(fb, ks + ct * 16 * LDK + kk * 16, LDK);
+        wmma::mma_sync(acc, fa, fb, acc);
+      }
+#pragma unroll
+      for (int i = 0; i < 8; i += 2) {
+        const int row = r * 16 + acc_row(i, lane), col = ct * 16 + acc_col(i, lane);
+        const float bi_ = bc[row];
+        const float x0 = col <= row ? acc.x[i] * __expf(bi_ - bc[col]) * a.scale : 0.f;
+        const float x1 = col + 1 <= row ? acc.x[i + 1] * __expf(bi_ - bc[col + 1]) * a.scale : 0.f;
+        store2<T>(ab + row * LDB + col, x0, x1);
+      }
+    }
+    __syncthreads();
+    if constexpr (DELTA) {
+      // v ← u − w·S (rounded to the input dtype, as the unfused path stores it), vsc ← e^{b_L − b} ⊙ v
+      Acc P[NCT];
+#pragma unroll
+      for (int n = 0; n < NCT; ++n) wmma::fill_fragment(P[n], 0.f);
+#pragma unroll
+      for (int kk = 0; kk < K / 16; ++kk) {
+        ARow<T> fa;
+        wmma::load_matrix_sync(fa, ws + r * 16 * LDK + kk * 16, LDK);
+#pragma unroll
+        for (int n = 0; n < NCT; ++n) {
+          BRow<T> fb;
+          wmma::load_matrix_sync(fb, sb + kk * 16 * LDV + (hf * NCT + n) * 16, LDV);
+          wmma::mma_sync(P[n], fa, fb, P[n]);
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < NCT; ++n)
+#pragma unroll
+        for (int i = 0; i < 8; i += 2) {
+          const int row = r * 16 + acc_row(i, lane), col = (hf * NCT + n) * 16 + acc_col(i, lane);
+          T* e = vs + row * LDV + col;
+          const float y0 = Ty<T>::f(Ty<T>::from(Ty<T>::f(e[0]) - P[n].x[i]));
+          const float y1 = Ty<T>::f(Ty<T>::from(Ty<T>::f(e[1]) - P[n].x[i + 1]));
+          store2<T>(e, y0, y1);
+          store2<T>(vsc + row * LDV + col, y0 * rowf[row], y1 * rowf[row]);
+        }
+    } else {
+      for (int idx = threadIdx.x; idx < kC * BV / 2; idx += blockDim.x) {
+        const int row = idx / (BV / 2), col = (idx % (BV / 2)) * 2;
+        store2<T>(vsc + row * LDV + col, Ty<T>::f(vs[row * LDV + col]) * rowf[row],
+                  Ty<T>::f(vs[row * LDV + col + 1]) * rowf[row]);
+      }
+    }
+    __syncthreads();
+    // o = e^{b}·scale·(q S) + A v for rows r·16 … +15, columns of half hf
+    {
+      const int ct0 = hf * NCT;
+      Acc P[NCT];
+#pragma unroll
+      for (int n = 0; n < NCT; ++n) wmma::fill_fragment(P[n], 0.f);
+#pragma unroll
+      for (int kk = 0; kk < K / 16; ++kk) {
+        ARow<T> fa;
+        wmma::load_matrix_sync(fa, qs + r * 16 * LDK + kk * 16, LDK);
+#pragma unroll
+        for (int n = 0; n < NCT; ++n) {
+          BRow<T> fb;
+          wmma::load_matrix_sync(fb, sb + kk * 16 * LDV + (ct0 + n) * 16, LDV);
+          wmma::mma_sync(P[n], fa, fb, P[n]);
+        }
+      }
+      const float f0 = rowe[r * 16 + (lane >> 2)], f1 = rowe[r * 16 + (lane >> 2) + 8];
+#pragma unroll
+      for (int n = 0; n < NCT; ++n)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) P[n].x[i] *= ((i >> 1) & 1) ? f1 : f0;
+      for (int kk = 0; kk <= r; ++kk) {
+        ARow<T> fa;
+        wmma::load_matrix_sync(fa, ab + r * 16 * LDB + kk * 16, LDB);
+#pragma unroll
+        for (int n = 0; n < NCT; ++n) {
+          BRow<T> fb;
+          wmma::load_matrix_sync(fb, vs + kk * 16 * LDV + (ct0 + n) * 16, LDV);
+          wmma::mma_sync(P[n], fa, fb, P[n]);
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < NCT; ++n)
+#pragma unroll
+        for (int i = 0; i < 8; i += 2) {
+          const int row = r * 16 + acc_row(i, lane), col = (ct0 + n) * 16 + acc_col(i, lane), t = c * kC + row;
+          if (t < T_) store2<T>(o + ((size_t(bi) * T_ + t) * H + h) * V + v0 + col, P[n].x[i], P[n].x[i + 1]);
+        }
+    }
+    // S ← e^{b_L} S + kᵀ vsc
+    const float decay = __expf(bL);
+#pragma unroll
+    for (int n = 0; n < SCT; ++n)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) S[n].x[i] *= decay;
+#pragma unroll
+    for (int kk = 0; kk < kC / 16; ++kk) {
+      ACol<T> fa;
+      wmma::load_matrix_sync(fa, ks + kk * 16 * LDK + srow * 16, LDK);
+#pragma unroll
+      for (int n = 0; n < SCT; ++n) {
+        BRow<T> fb;
+        wmma::load_matrix_sync(fb, vsc + kk * 16 * LDV + (scol0 + n) * 16, LDV);
+        wmma::mma_sync(S[n], fa, fb, S[n]);
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int n = 0; n < SCT; ++n)
+    wmma::store_matrix_sync(a.ht + sbase + size_t(srow) * 16 * V + (scol0 + n) * 16, S[n], V, wmma::mem_row_major);
 }
 
 struct DqkvArgs {
@@ -625,40 +848,69 @@ struct PrepArgs {
 
 template <typename T, int K, int V>
 constexpr size_t prep_smem() {
-  constexpr int M = K > V ? K : V;
-  constexpr size_t fl = 2 * kC * (kC + 4) > kC * (M + 4) ? 2 * kC * (kC + 4) : kC * (M + 4);
-  return sizeof(T) * (kC * (K + 8) + kC * (V + 8) + kC * (kC + 8)) + sizeof(float) * (fl + 2 * kC);
+  return sizeof(T) * (kC * (K + 8) + kC * (V + 8) + kC * (kC + 8)) + sizeof(float) * (2 * kC * (kC + 4) + 3 * kC);
 }
 
+// rows r·16 … +15, columns of half hf, of X·src (X lower triangular: k-steps kk ≤ r), to dst [B,T,H,D].
+template <typename T, int D>
+__device__ __forceinline__ void lower_product(const T* xb, int ldx, const T* src, int ld, T* dst, int r, int hf,
+                                              int lane, int c, int bi, int h, int T_, int H) {
+  constexpr int N = D / 32;
+  const int ct0 = hf * N;
+  Acc P[N];
+#pragma unroll
+  for (int n = 0; n < N; ++n) wmma::fill_fragment(P[n], 0.f);
+  for (int kk = 0; kk <= r; ++kk) {
+    ARow<T> fa;
+    wmma::load_matrix_sync(fa, xb + r * 16 * ldx + kk * 16, ldx);
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      BRow<T> fb;
+      wmma::load_matrix_sync(fb, src + kk * 16 * ld + (ct0 + n) * 16, ld);
+      wmma::mma_sync(P[n], fa, fb, P[n]);
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+#pragma unroll
+    for (int i = 0; i < 8; i += 2) {
+      const int row = r * 16 + acc_row(i, lane), col = (ct0 + n) * 16 + acc_col(i, lane), t = c * kC + row;
+      if (t < T_) store2<T>(dst + ((size_t(bi) * T_ + t) * H + h) * D + col, P[n].x[i], P[n].x[i + 1]);
+    }
+}
+
+// One CTA per (chunk, b·h), 8 warps; warp (r = w mod 4, hf = w / 4).
 template <typename T, int K, int V>
-__global__ void __launch_bounds__(128) prep_kernel(PrepArgs a) {
+__global__ void __launch_bounds__(256) prep_kernel(PrepArgs a) {
   extern __shared__ __align__(128) unsigned char smem[];
-  constexpr int M = K > V ? K : V;
-  constexpr int LDK = K + 8, LDV = V + 8, LDA = kC + 4, LDB = kC + 8, LDG = M + 4;
-  constexpr size_t FL = 2 * kC * (kC + 4) > kC * (M + 4) ? 2 * kC * (kC + 4) : kC * (M + 4);
+  constexpr int LDK = K + 8, LDV = V + 8, LDA = kC + 4, LDB = kC + 8;
   T* ks = reinterpret_cast<T*>(smem);
   T* vs = ks + kC * LDK;
   T* xb = vs + kC * LDV;
   float* af = reinterpret_cast<float*>(xb + kC * LDB);
   float* xf = af + kC * LDA;
-  float* stg = af;  // reused once af and xf are dead
-  float* rowb = af + FL;
+  float* rowb = xf + kC * LDA;
   float* rowbeta = rowb + kC;
+  float* rowk = rowbeta + kC;
 
   const int H = a.H, T_ = a.T;
   const int c = blockIdx.x, bh = blockIdx.y, bi = bh / H, h = bh % H;
-  const int r = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wi = threadIdx.x / 32, lane = threadIdx.x % 32, r = wi & 3, hf = wi >> 2;
   load_rows<T, K>(ks, static_cast<const T*>(a.k), bi, h, c, T_, H, K, 0);
   load_rows<T, V>(vs, static_cast<const T*>(a.v), bi, h, c, T_, H, V, 0);
   cp_async_commit();
   if (threadIdx.x < kC) {
     const int t = c * kC + threadIdx.x;
-    rowb[threadIdx.x] = a.b[(size_t(bi) * a.Tp + t) * H + h];
-    rowbeta[threadIdx.x] = t < T_ ? a.beta[(size_t(bi) * T_ + t) * H + h] : 0.f;
+    const float bt = a.b[(size_t(bi) * a.Tp + t) * H + h];
+    const float be = t < T_ ? a.beta[(size_t(bi) * T_ + t) * H + h] : 0.f;
+    rowb[threadIdx.x] = bt;
+    rowbeta[threadIdx.x] = be;
+    rowk[threadIdx.x] = be * __expf(bt);
   }
   cp_async_wait<0>();
   __syncthreads();
-  for (int ct = 0; ct <= r; ++ct) {
+  // A = β k kᵀ ⊙ e^{b_i − b_j}, strictly lower, written from registers (upper tiles are never read)
+  for (int ct = hf; ct <= r; ct += 2) {
     Acc acc;
     wmma::fill_fragment(acc, 0.f);
 #pragma unroll
@@ -669,41 +921,47 @@ __global__ void __launch_bounds__(128) prep_kernel(PrepArgs a) {
       wmma::load_matrix_sync(fb, ks + ct * 16 * LDK + kk * 16, LDK);
       wmma::mma_sync(acc, fa, fb, acc);
     }
-    wmma::store_matrix_sync(af + r * 16 * LDA + ct * 16, acc, LDA, wmma::mem_row_major);
-  }
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < kC * kC; idx += blockDim.x) {
-    const int i = idx / kC, j = idx % kC;
-    af[i * LDA + j] = j < i ? af[i * LDA + j] * rowbeta[i] * __expf(rowb[i] - rowb[j]) : 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int row = r * 16 + acc_row(i, lane), col = ct * 16 + acc_col(i, lane);
+      af[row * LDA + col] = col < row ? acc.x[i] * rowbeta[row] * __expf(rowb[row] - rowb[col]) : 0.f;
+    }
   }
   __syncthreads();
   // X = (I + A)⁻¹, unit lower triangular, by blocks of 16.
   // 1. Diagonal blocks D_R = (I + A_RR)⁻¹ by forward substitution: X_ij = −A_ij − Σ_{j<m<i} A_im X_mj
-  //    inside the block. A column depends only on itself, so lanes 2j and 2j+1 own column j (even / odd
-  //    m) and combine with one shuffle per row; upper entries become 0, the diagonal 1.
+  //    inside the block, on X = I. A column depends only on itself: lanes 4j … 4j+3 own column j
+  //    (m mod 4) and combine with two shuffles per row.
+  for (int idx = threadIdx.x; idx < kC * kC; idx += blockDim.x) {
+    const int i = idx / kC, j = idx % kC;
+    xf[i * LDA + j] = i == j ? 1.f : 0.f;
+  }
+  __syncthreads();
   {
-    const int j = threadIdx.x >> 1, half = threadIdx.x & 1, R0 = (j / 16) * 16;
-    for (int i = 0; i < kC; ++i) {
-      const bool inblk = i >= R0 && i < R0 + 16 && j < i;
+    // a warp's 8 columns lie in one block, so the loop bounds are uniform across the warp
+    const int j = threadIdx.x >> 2, part = threadIdx.x & 3, R0 = (j / 16) * 16;
+    for (int i = R0 + 1; i < R0 + 16; ++i) {
+      const bool act = j < i;
       float s = 0.f;
-      if (inblk)
-        for (int m = j + 1 + half; m < i; m += 2) s += af[i * LDA + m] * xf[m * LDA + j];
+      if (act)
+        for (int m = j + 1 + part; m < i; m += 4) s += af[i * LDA + m] * xf[m * LDA + j];
       s += __shfl_xor_sync(0xffffffffu, s, 1);
-      if (half == 0) xf[i * LDA + j] = inblk ? -af[i * LDA + j] - s : (i == j ? 1.f : 0.f);
+      s += __shfl_xor_sync(0xffffffffu, s, 2);
+      if (part == 0 && act) xf[i * LDA + j] = -af[i * LDA + j] - s;
       __syncwarp();
     }
   }
   __syncthreads();
-  // 2. Block rows R = 1..3: X_RC = −D_R Σ_{C ≤ m < R} A_Rm X_mC for C < R (entries of block rows below
-  //    R are still zero from step 1 and are not read). Y is formed into registers, then written back
-  //    so that the second product can read it.
+  // 2. Block rows R = 1..3: X_RC = −D_R Σ_{C ≤ m < R} A_Rm X_mC for C < R (block rows below R are
+  //    still zero from step 1 and are not read). Y_RC is formed in registers and written over A_RC
+  //    (no longer needed), then X_RC = −D_R Y_RC.
   for (int R = 1; R < 4; ++R) {
-    constexpr int kMax = 3 * 256 / 128;
+    constexpr int kMax = 3;
     float y[kMax];
     const int n = R * 256;
 #pragma unroll
     for (int e = 0; e < kMax; ++e) {
-      const int idx = threadIdx.x + e * 128;
+      const int idx = threadIdx.x + e * 256;
       y[e] = 0.f;
       if (idx < n) {
         const int i = R * 16 + (idx % 256) / 16, j = (idx / 256) * 16 + idx % 16;
@@ -715,16 +973,16 @@ __global__ void __launch_bounds__(128) prep_kernel(PrepArgs a) {
     __syncthreads();
 #pragma unroll
     for (int e = 0; e < kMax; ++e) {
-      const int idx = threadIdx.x + e * 128;
+      const int idx = threadIdx.x + e * 256;
       if (idx < n) {
         const int i = R * 16 + (idx % 256) / 16, j = (idx / 256) * 16 + idx % 16;
-        af[i * LDA + j] = y[e];  // A_RC is no longer needed once Y_RC is formed
+        af[i * LDA + j] = y[e];
       }
     }
     __syncthreads();
 #pragma unroll
     for (int e = 0; e < kMax; ++e) {
-      const int idx = threadIdx.x + e * 128;
+      const int idx = threadIdx.x + e * 256;
       if (idx < n) {
         const int i = R * 16 + (idx % 256) / 16, j = (idx / 256) * 16 + idx % 16;
         float acc = 0.f;
@@ -735,7 +993,7 @@ __global__ void __launch_bounds__(128) prep_kernel(PrepArgs a) {
     __syncthreads();
 #pragma unroll
     for (int e = 0; e < kMax; ++e) {
-      const int idx = threadIdx.x + e * 128;
+      const int idx = threadIdx.x + e * 256;
       if (idx < n) {
         const int i = R * 16 + (idx % 256) / 16, j = (idx / 256) * 16 + idx % 16;
         xf[i * LDA + j] = y[e];
@@ -743,53 +1001,24 @@ __global__ void __launch_bounds__(128) prep_kernel(PrepArgs a) {
     }
     __syncthreads();
   }
-  for (int idx = threadIdx.x; idx < kC * kC; idx += blockDim.x) {
-    const int i = idx / kC, j = idx % kC;
-    xb[i * LDB + j] = Ty<T>::from(xf[i * LDA + j]);
+  for (int idx = threadIdx.x; idx < kC * kC / 2; idx += blockDim.x) {
+    const int i = idx / (kC / 2), j = (idx % (kC / 2)) * 2;
+    store2<T>(xb + i * LDB + j, xf[i * LDA + j], xf[i * LDA + j + 1]);
   }
-  if (threadIdx.x < kC) xf[threadIdx.x * LDA + kC] = rowbeta[threadIdx.x] * __expf(rowb[threadIdx.x]);  // padding column
+  for (int idx = threadIdx.x; idx < kC * K / 2; idx += blockDim.x) {
+    const int i = idx / (K / 2), col = (idx % (K / 2)) * 2;
+    T* e = ks + i * LDK + col;
+    store2<T>(e, Ty<T>::f(e[0]) * rowk[i], Ty<T>::f(e[1]) * rowk[i]);
+  }
+  for (int idx = threadIdx.x; idx < kC * V / 2; idx += blockDim.x) {
+    const int i = idx / (V / 2), col = (idx % (V / 2)) * 2;
+    T* e = vs + i * LDV + col;
+    store2<T>(e, Ty<T>::f(e[0]) * rowbeta[i], Ty<T>::f(e[1]) * rowbeta[i]);
+  }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < kC * K; idx += blockDim.x) {
-    const int i = idx / K, col = idx % K;
-    ks[i * LDK + col] = Ty<T>::from(Ty<T>::f(ks[i * LDK + col]) * xf[i * LDA + kC]);
-  }
-  for (int idx = threadIdx.x; idx < kC * V; idx += blockDim.x) {
-    const int i = idx / V, col = idx % V;
-    vs[i * LDV + col] = Ty<T>::from(Ty<T>::f(vs[i * LDV + col]) * rowbeta[i]);
-  }
-  __syncthreads();
-  // w = X (β e^{b} k), u = X (β v); warp r owns rows r·16 … +15 (X is lower triangular: kk ≤ r)
-  auto product = [&](const T* src, int ld, int D, T* dst) {
-    for (int ct0 = 0; ct0 < D / 16; ct0 += 4) {
-      Acc P[4];
-#pragma unroll
-      for (int n = 0; n < 4; ++n) wmma::fill_fragment(P[n], 0.f);
-      for (int kk = 0; kk <= r; ++kk) {
-        ARow<T> fa;
-        wmma::load_matrix_sync(fa, xb + r * 16 * LDB + kk * 16, LDB);
-#pragma unroll
-        for (int n = 0; n < 4; ++n) {
-          BRow<T> fb;
-          wmma::load_matrix_sync(fb, src + kk * 16 * ld + (ct0 + n) * 16, ld);
-          wmma::mma_sync(P[n], fa, fb, P[n]);
-        }
-      }
-#pragma unroll
-      for (int n = 0; n < 4; ++n)
-        wmma::store_matrix_sync(stg + r * 16 * LDG + (ct0 + n) * 16, P[n], LDG, wmma::mem_row_major);
-      __syncwarp();
-      for (int i = 0; i < 16; ++i) {
-        const int row = r * 16 + i, t = c * kC + row;
-        if (t >= T_) break;
-        for (int col = lane; col < 64; col += 32)
-          dst[((size_t(bi) * T_ + t) * H + h) * size_t(D) + ct0 * 16 + col] =
-              Ty<T>::from(stg[row * LDG + ct0 * 16 + col]);
-      }
-      __syncwarp();
-    }
-  };
-  product(ks, LDK, K, static_cast<T*>(a.w));
-  product(vs, LDV, V, static_cast<T*>(a.u));
+  // w = X (β e^{b} k), u = X (β v)
+  lower_product<T, K>(xb, LDB, ks, LDK, static_cast<T*>(a.w), r, hf, lane, c, bi, h, T_, H);
+  lower_product<T, V>(xb, LDB, vs, LDV, static_cast<T*>(a.u), r, hf, lane, c, bi, h, T_, H);
 }
 
 // ------------------------------------------------------------------ launch
@@ -816,12 +1045,12 @@ void launch_walk(const WalkArgs& a, cudaStream_t s) {
   constexpr size_t sm = walk_smem<T, K, BV, DELTA>();
   auto kern = walk_kernel<T, K, BV, DELTA, REV>;
   set_smem(kern, sm);
-  kern<<<dim3(a.V / BV, a.B * a.H), 128, sm, s>>>(a);
+  kern<<<dim3(a.V / BV, a.B * a.H), K * 2, sm, s>>>(a);
 }
 template <typename T, int K, bool DELTA, bool REV>
 void walk_bv(const WalkArgs& a, cudaStream_t s) {
   // Narrow V tiles when the heads alone do not fill the machine (long T, small batch).
-  if (a.B * a.H * (a.V / 64) < sm_count()) launch_walk<T, K, 32, DELTA, REV>(a, s);
+  if (a.B * a.H * (a.V / 64) < 2 * sm_count()) launch_walk<T, K, 32, DELTA, REV>(a, s);
   else launch_walk<T, K, 64, DELTA, REV>(a, s);
 }
 template <typename T, bool DELTA, bool REV>
@@ -847,6 +1076,22 @@ void by_kv(int K, int V, F&& f) {
 
 bool supported(int K, int V) { return (K == 64 || K == 128) && (V == 64 || V == 128); }
 
+bool prefer_fused(Dims d) { return d.B * d.H >= 3 * sm_count(); }
+
+bool layout_ok() {
+  static const bool ok = [] {
+    int* d = nullptr;
+    int hv = 1;
+    if (cudaMalloc(&d, sizeof(int)) != cudaSuccess) return false;
+    cudaMemset(d, 0, sizeof(int));
+    layout_probe<<<1, 32>>>(d);
+    const bool good = cudaMemcpy(&hv, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess && hv == 0;
+    cudaFree(d);
+    return good;
+  }();
+  return ok;
+}
+
 void check_launch(const char* what) { check(cudaGetLastError(), what); }
 
 static void check_grid(const Dims& d) {
@@ -868,6 +1113,36 @@ void walk_fwd(Dtype dt, const void* k, const void* v, const void* w, const float
   check_launch("walk_fwd");
 }
 
+void fused_fwd(Dtype dt, const void* q, const void* k, const void* v, const void* w, const float* b, const float* h0,
+               void* o, float* ht, float scale, Dims d, void* stream) {
+  check_grid(d);
+  const int NT = num_chunks(d.T);
+  FusedArgs a{q, k, v, w, b, h0, o, ht, scale, d.B, d.T, d.H, d.K, d.V, NT, NT * kC};
+  auto s = static_cast<cudaStream_t>(stream);
+  by_dtype(dt, [&](auto t) {
+    using T = decltype(t);
+    auto go = [&](auto kern, size_t sm, int bv) {
+      set_smem(kern, sm);
+      kern<<<dim3(d.V / bv, d.B * d.H), 256, sm, s>>>(a);
+    };
+    // Whole V per CTA when the heads fill the machine, else two V tiles (more CTAs, A formed twice).
+    const bool split = d.V == 128 && d.B * d.H < sm_count();
+    auto pick = [&](auto kc, auto delta) {
+      constexpr int K = decltype(kc)::value;
+      constexpr bool D = decltype(delta)::value;
+      if (d.V == 64 || split) go(fused_fwd_kernel<T, K, 64, D>, fused_smem<T, K, 64, D>(), 64);
+      else go(fused_fwd_kernel<T, K, 128, D>, fused_smem<T, K, 128, D>(), 128);
+    };
+    auto pk = [&](auto delta) {
+      if (d.K == 64) pick(std::integral_constant<int, 64>{}, delta);
+      else pick(std::integral_constant<int, 128>{}, delta);
+    };
+    if (w) pk(std::true_type{});
+    else pk(std::false_type{});
+  });
+  check_launch("fused_fwd");
+}
+
 void walk_bwd(Dtype dt, const void* q, const void* d_o, const float* b, const float* dht, void* dhs, float* dh0,
               float scale, Dims d, void* stream) {
   check_grid(d);
@@ -886,12 +1161,13 @@ void chunk_output(Dtype dt, const void* q, const void* k, const void* v, const f
   auto s = static_cast<cudaStream_t>(stream);
   by_dtype(dt, [&](auto t) {
     using T = decltype(t);
-    auto go = [&](auto kern, size_t sm) {
+    by_kv(d.K, d.V, [&](auto kc, auto vc) {
+      constexpr int K = decltype(kc)::value, V = decltype(vc)::value;
+      constexpr size_t sm = out_smem<T, K, V>();
+      auto kern = output_kernel<T, K, V>;
       set_smem(kern, sm);
-      kern<<<dim3(d.V / 64, NT, d.B * d.H), 128, sm, s>>>(a);
-    };
-    if (d.K == 64) go(output_kernel<T, 64, 64>, out_smem<T, 64, 64>());
-    else go(output_kernel<T, 128, 64>, out_smem<T, 128, 64>());
+      kern<<<dim3(NT, d.B * d.H), 256, sm, s>>>(a);
+    });
   });
   check_launch("chunk_output");
 }
@@ -929,7 +1205,7 @@ void delta_prep(Dtype dt, const void* k, const void* v, const float* beta, const
       constexpr size_t sm = prep_smem<T, K, V>();
       auto kern = prep_kernel<T, K, V>;
       set_smem(kern, sm);
-      kern<<<dim3(NT, d.B * d.H), 128, sm, s>>>(a);
+      kern<<<dim3(NT, d.B * d.H), 256, sm, s>>>(a);
     });
   });
   check_launch("delta_prep");

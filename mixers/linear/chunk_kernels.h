@@ -21,6 +21,9 @@ inline int num_chunks(int T) { return (T + 63) / 64; }
 
 // True when the kernels take these head dims.
 bool supported(int K, int V);
+// True when the accumulator-fragment layout the kernels' epilogues assume (that of mma.sync
+// m16n8k16) holds on the current device; checked once with a probe kernel.
+bool layout_ok();
 
 // Forward state walk over the chunks of every (b, h). For chunk c, stores the state at the chunk start
 // into hs[c], then (delta rule only, `w` non-null) computes v_new = u − w·S, rounds it to the input
@@ -28,6 +31,17 @@ bool supported(int K, int V);
 // simple_gla). h0 may be null (zero state); the final state goes to ht.
 void walk_fwd(Dtype dt, const void* k, const void* v, const void* w, const float* b, const float* h0, void* hs,
               void* vnew, float* ht, Dims d, void* stream);
+
+// Forward in one kernel (no per-chunk states in global memory): o and ht of simple_gla (w null, v)
+// or of the delta rule (w and u from delta_prep in place of v). h0 may be null.
+void fused_fwd(Dtype dt, const void* q, const void* k, const void* v, const void* w, const float* b, const float* h0,
+               void* o, float* ht, float scale, Dims d, void* stream);
+
+// Which forward is faster on this device for these shapes (measured on an H200): the fused kernel
+// keeps one CTA per SM busy for the whole walk, so it wins only when the heads alone fill the machine
+// several times over; otherwise walk_fwd + chunk_output (states through global memory, all chunks'
+// outputs in parallel).
+bool prefer_fused(Dims d);
 
 // Reverse walk of the state gradient for simple_gla: dS_NT = dht (null = 0); for c = NT−1 … 0 stores
 // dS_{c+1} (the gradient of the state at the end of chunk c) into dhs[c], then
