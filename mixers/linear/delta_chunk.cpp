@@ -176,7 +176,8 @@ DeltaResult delta_recurrent_steps(const at::Tensor& q, const at::Tensor& k, cons
 
 DeltaFlops delta_chunk_flops(int64_t T, int64_t H, int64_t K, int64_t V, int64_t chunk) {
   const double C = double(std::min(chunk, T)), N = double((T + int64_t(C) - 1) / int64_t(C));
-  const double per_chunk_mm = 4 * C * C * K + 2 * C * C * V + 6 * C * K * V;
+  const double Kd = double(K), Vd = double(V);
+  const double per_chunk_mm = 6 * C * C * Kd + 2 * C * C * Vd + 2 * C * Kd * Kd + 4 * C * Kd * Vd + 2 * Kd * Kd * Vd;
   const double per_chunk_solve = C * (C - 1) * double(K + V);
   DeltaFlops f;
   f.matmul = double(H) * N * per_chunk_mm / double(T);
