@@ -10,9 +10,9 @@
 //   W = T diag(β) K_g,  U = T diag(β) V,  u = U − W S0          (K_g = k ⊙ exp(G))
 //   o = Q_g S0 + P u,   P_tj = scale Σ_d q_t k_j Γ_tj (j≤t),     (Q_g = scale·q ⊙ exp(G))
 //   S_C = exp(G_C) S0 + K_rᵀ u,  K_r = k ⊙ exp(G_C − G).
-// W and U do not depend on S0, so they are computed for all chunks at once, and so are the chunk
-// transition S_C = M S0 + R and the readout o = Q_s S0 + P U (below); only S ← M S + R runs chunk
-// by chunk. Per-key-dim gates need Γ per pair and per key dim: it is
+// W and U do not depend on S0, so they are computed for all chunks at once; the chunk loop runs
+// only u = U − W S0 and the state update (three batched products per chunk), and the readout
+// o = Q_g S0 + P u runs once over all chunks after it. Per-key-dim gates need Γ per pair and per key dim: it is
 // formed as a [C,C,K] tensor of masked differences and reduced over K by batched dot products.
 #include "mixers/linear/delta_chunk.h"
 
@@ -58,7 +58,7 @@ DeltaResult delta_chunked_block(const at::Tensor& q, const at::Tensor& k, const 
     case DeltaGate::Head: {
       at::Tensor G = chunk3(g).cumsum(-1);                           // [B,H,N,C]
       at::Tensor D = G.unsqueeze(-1) - G.unsqueeze(-2);              // G_t − G_j
-      at::Tensor Gam = D.masked_fill(upper, 0).exp().masked_fill(upper, 0);
+      at::Tensor Gam = D.masked_fill(upper, -INFINITY).exp();        // exactly 0 above the diagonal
       A = at::matmul(kc, kT) * Gam;
       P = at::matmul(qc, kT) * Gam;
       at::Tensor eG = G.exp().unsqueeze(-1);
@@ -87,33 +87,32 @@ DeltaResult delta_chunked_block(const at::Tensor& q, const at::Tensor& k, const 
       break;
     }
   }
-  A = at::tril(A, -1) * bc;  // strictly lower, row t scaled by β_t
-  P = at::tril(P, 0);
-  // (I + A) [W U] = diag(β) [K_g V]: unit lower-triangular solve (the diagonal of A is never read).
+  // Row t of A scaled by β_t. Only its strictly lower triangle is read: the solve below reads the
+  // lower triangle without the (unit) diagonal, and its backward gives A a gradient only there.
+  A = A * bc;
+  if (gate == DeltaGate::None) P = at::tril(P, 0);  // gated: Γ is already 0 above the diagonal
+  // (I + A) [W U] = diag(β) [K_g V]: unit lower-triangular solve.
   at::Tensor WU = at::linalg_solve_triangular(A, at::cat({Kg * bc, vc * bc}, -1), /*upper=*/false,
                                               /*left=*/true, /*unitriangular=*/true);
   at::Tensor W = WU.narrow(-1, 0, K), U = WU.narrow(-1, K, V);
-  // Everything that does not depend on the entering state, for all chunks at once. With u = U − W S:
-  //   o = Q_g S + P u = (Q_g − P W) S + P U
-  //   S' = diag(d) S + K_rᵀ u = (diag(d) − K_rᵀ W) S + K_rᵀ U     (d = exp(G_C), 1 without a gate)
-  // so the chunk recursion is one batched matrix product per chunk, S' = M S + R, and the outputs
-  // are one batched product over all chunks once the entering states are known.
-  const at::Tensor KrT = Kr.transpose(-1, -2);
-  at::Tensor d = gate == DeltaGate::None ? at::ones({B, H, N, K}, v.options()) : last.squeeze(-1).expand({B, H, N, K});
-  at::Tensor M = at::diag_embed(d) - at::matmul(KrT, W);                      // [B,H,N,K,K]
-  at::Tensor R = at::matmul(KrT, U);                                          // [B,H,N,K,V]
-  at::Tensor Qs = Qg - at::matmul(P, W);                                      // [B,H,N,C,K]
+  // The chunk recursion, three batched products per chunk and nothing else:
+  //   u = U − W S,   S ← diag(d) S + K_rᵀ u      (d = exp(G_C); no decay without a gate)
+  // the readout o = Q_g S + P u is one batched product over all chunks after the loop.
   at::Tensor S = (h0.defined() ? h0 : at::zeros({B, H, K, V}, v.options())).reshape({B * H, K, V});
   // unbind (not select in the loop): its backward is one stack, so the loop stays O(N)
-  std::vector<at::Tensor> Ms = M.reshape({B * H, N, K, K}).unbind(1), Rs = R.reshape({B * H, N, K, V}).unbind(1);
-  std::vector<at::Tensor> starts;
+  std::vector<at::Tensor> Ws = W.reshape({B * H, N, C, K}).unbind(1), Us = U.reshape({B * H, N, C, V}).unbind(1),
+                          Krs = Kr.reshape({B * H, N, C, K}).unbind(1), ds;
+  if (gate != DeltaGate::None) ds = last.reshape({B * H, N, last.size(-2), 1}).unbind(1);
+  std::vector<at::Tensor> starts, us;
   starts.reserve(size_t(N));
-  for (int64_t n = 0; n < N; ++n) {
+  us.reserve(size_t(N));
+  for (size_t n = 0; n < size_t(N); ++n) {
     starts.push_back(S);
-    S = at::baddbmm(Rs[size_t(n)], Ms[size_t(n)], S);
+    us.push_back(at::baddbmm(Us[n], Ws[n], S, /*beta=*/1, /*alpha=*/-1));
+    S = at::baddbmm(gate == DeltaGate::None ? S : S * ds[n], Krs[n].transpose(-1, -2), us[n]);
   }
-  at::Tensor Sst = at::stack(starts, 1).view({B, H, N, K, V});
-  at::Tensor o = at::matmul(Qs, Sst) + at::matmul(P, U);                      // [B,H,N,C,V]
+  at::Tensor o = at::matmul(Qg, at::stack(starts, 1).view({B, H, N, K, V})) +
+                 at::matmul(P, at::stack(us, 1).view({B, H, N, C, V}));     // [B,H,N,C,V]
   o = o.reshape({B, H, Tp, V}).narrow(2, 0, T).transpose(1, 2).contiguous();
   return {o, S.reshape({B, H, K, V})};
 }
@@ -176,8 +175,7 @@ DeltaResult delta_recurrent_steps(const at::Tensor& q, const at::Tensor& k, cons
 
 DeltaFlops delta_chunk_flops(int64_t T, int64_t H, int64_t K, int64_t V, int64_t chunk) {
   const double C = double(std::min(chunk, T)), N = double((T + int64_t(C) - 1) / int64_t(C));
-  const double Kd = double(K), Vd = double(V);
-  const double per_chunk_mm = 6 * C * C * Kd + 2 * C * C * Vd + 2 * C * Kd * Kd + 4 * C * Kd * Vd + 2 * Kd * Kd * Vd;
+  const double per_chunk_mm = 4 * C * C * K + 2 * C * C * V + 6 * C * K * V;
   const double per_chunk_solve = C * (C - 1) * double(K + V);
   DeltaFlops f;
   f.matmul = double(H) * N * per_chunk_mm / double(T);

@@ -41,9 +41,8 @@ DeltaResult delta_recurrent_steps(const at::Tensor& q, const at::Tensor& k, cons
 
 // Per-token FLOPs of delta_chunked at length T with H heads, split into what FlopCounter sees
 // (matrix products) and what it does not (the unit-lower-triangular solve). Per chunk of C rows and
-// per head: k·kᵀ 2C²K, q·kᵀ 2C²K (for Key gates as C² batched K-dots: same count), P·W 2C²K,
-// P·U 2C²V, K_rᵀ·W 2CK², K_rᵀ·U 2CKV, the chunk transition M·S 2K²V, Q_s·S 2CKV;
-// solve C(C−1)(K+V). Times H·ceil(T/C)/T.
+// per head: k·kᵀ 2C²K, q·kᵀ 2C²K (for Key gates as C² batched K-dots: same count), W·S 2CKV,
+// Q·S 2CKV, P·u 2C²V, K_rᵀ·u 2CKV; solve C(C−1)(K+V). Times H·ceil(T/C)/T.
 struct DeltaFlops {
   double matmul = 0, solve = 0;
   double total() const { return matmul + solve; }

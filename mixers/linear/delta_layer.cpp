@@ -192,7 +192,7 @@ LayerCost delta_account(const DeltaDims& d, int64_t n_matmul, int64_t n_conv, in
   const int64_t qkv = 2 * d.H * d.K + d.H * d.V;
   lc.act_bytes = double(q.dtype_bytes) * double(d.d + 2 * qkv + 3 * d.H * d.V + d.H + gate_width);
   lc.formula = fmt::format(
-      "{}: fwd 2N + H·ceil(T/C)/T·(6C²K + 2C²V + 2CK² + 4CKV + 2K²V + C(C−1)(K+V)) + 2W(2HK+HV), C=min(64,T); "
+      "{}: fwd 2N + H·ceil(T/C)/T·(4C²K + 2C²V + 6CKV + C(C−1)(K+V)) + 2W(2HK+HV), C=min(64,T); "
       "nanochat 3·(core + conv); decode 2N + 2W(2HK+HV) + ~7·H·K·V",
       note);
   return lc;
