@@ -7,12 +7,15 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include "harness/backbone.h"
 #include "harness/errors.h"
 #include "harness/flop_counter.h"
+#include "harness/metrics.h"
 #include "harness/registry.h"
 #include "mixers/linear/delta_layer.h"
+#include "reference/delta.h"
 #include "suites/conformance.h"
 
 namespace {
@@ -191,6 +194,46 @@ TEST(LinearDeltaMethods, AccountantFlopsMatchCounter) {
                                                    << ": counted " << counted << " expected " << expected;
       }
     }
+  }
+}
+
+// Sequences of several blocks (kDeltaBlockChunks chunks each, the state carried between blocks, a
+// short last block): output, final state and all gradients match the FP64 recurrence, for every
+// gate kind; with a small chunk (many blocks) and with the default one.
+TEST(LinearDeltaChunked, SeveralBlocksMatchReference) {
+  const int64_t H = 2, K = 8, V = 6;
+  const auto o = at::TensorOptions().dtype(at::kDouble);
+  struct Run {
+    linear::DeltaGate gate;
+    int64_t chunk, T;
+  };
+  const int64_t small = 4, tail = 3;
+  for (const Run& r : {Run{linear::DeltaGate::None, small, 2 * small * linear::kDeltaBlockChunks + tail},
+                       Run{linear::DeltaGate::Head, small, 2 * small * linear::kDeltaBlockChunks + tail},
+                       Run{linear::DeltaGate::Key, small, 2 * small * linear::kDeltaBlockChunks + tail},
+                       Run{linear::DeltaGate::Head, linear::kDeltaChunk, linear::kDeltaChunk * linear::kDeltaBlockChunks + 37}}) {
+    const int64_t T = r.T;
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(uint64_t(17 + T));
+    at::Tensor k = at::randn({1, T, H, K}, gen, o);
+    std::vector<at::Tensor> x = {at::randn({1, T, H, K}, gen, o), k / k.norm(2, -1, true), at::randn({1, T, H, V}, gen, o),
+                                 at::sigmoid(at::randn({1, T, H}, gen, o)), at::randn({1, H, K, V}, gen, o)};
+    if (r.gate == linear::DeltaGate::Head) x.push_back(at::log_sigmoid(at::randn({1, T, H}, gen, o)) / 4);
+    if (r.gate == linear::DeltaGate::Key) x.push_back(at::log_sigmoid(at::randn({1, T, H, K}, gen, o)) / 4);
+    for (auto& t : x) t.requires_grad_(true);
+    const at::Tensor g = x.size() > 5 ? x[5] : at::Tensor();
+    linear::DeltaResult c = linear::delta_chunked(x[0], x[1], x[2], x[3], g, 0.4, x[4], r.chunk);
+    auto [orf, hr] = reference::delta_recurrent(x[0], x[1], x[2], x[3], g, 0.4, x[4]);
+    const std::string what = "gate " + std::to_string(int(r.gate)) + " chunk " + std::to_string(r.chunk);
+    EXPECT_LE(compare(orf, c.o).rel_rms, threshold("fp64", TensorKind::Output)) << what;
+    EXPECT_LE(compare(hr, c.ht).rel_rms, threshold("fp64", TensorKind::Output)) << what;
+    const int64_t last = T % (r.chunk * linear::kDeltaBlockChunks);
+    EXPECT_LE(compare(orf.narrow(1, T - last, last), c.o.narrow(1, T - last, last)).rel_rms,
+              threshold("fp64", TensorKind::Output)) << what;
+    const at::Tensor wo = at::randn(c.o.sizes(), gen, o), wh = at::randn(c.ht.sizes(), gen, o);
+    auto gc = torch::autograd::grad({(c.o * wo).sum() + (c.ht * wh).sum()}, x);
+    auto gr = torch::autograd::grad({(orf * wo).sum() + (hr * wh).sum()}, x);
+    for (size_t i = 0; i < x.size(); ++i)
+      EXPECT_LE(compare(gr[i], gc[i]).rel_rms, threshold("fp64", TensorKind::Gradient)) << what << " input " << i;
   }
 }
 

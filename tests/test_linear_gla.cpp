@@ -14,6 +14,7 @@
 #include "harness/metrics.h"
 #include "harness/registry.h"
 #include "mixers/linear/gla_ops.h"
+#include "reference/gla.h"
 #include "suites/conformance.h"
 
 namespace mixbench {
@@ -239,6 +240,29 @@ TEST(SimpleGlaCudaKernel, MatchesChunkedFp64) {
   op.cuda(big, op.params.defaults());
   EXPECT_EQ(take_kernel_notes(), "simple_gla_fwd_cuda");
 #endif
+}
+
+// A sequence of several blocks (kGlaBlockChunks chunks each, the state carried between blocks, a
+// partial last chunk): output, final state and all gradients match the FP64 recurrence.
+TEST(SimpleGlaChunked, SeveralBlocksMatchReference) {
+  const int64_t T = 2 * linear::kGlaChunk * linear::kGlaBlockChunks + 77, H = 2, K = 8, V = 6;
+  const auto o = at::TensorOptions().dtype(at::kDouble);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  std::vector<at::Tensor> x = {at::randn({1, T, H, K}, gen, o), at::randn({1, T, H, K}, gen, o),
+                               at::randn({1, T, H, V}, gen, o), at::log_sigmoid(at::randn({1, T, H}, gen, o)) / 8,
+                               at::randn({1, H, K, V}, gen, o)};
+  for (auto& t : x) t.requires_grad_(true);
+  auto [oc, hc] = linear::simple_gla_chunked(x[0], x[1], x[2], x[3], 0.3, x[4]);
+  auto [orf, hr] = reference::simple_gla(x[0], x[1], x[2], x[3], 0.3, x[4]);
+  EXPECT_LE(compare(orf, oc).rel_rms, threshold("fp64", TensorKind::Output));
+  EXPECT_LE(compare(hr, hc).rel_rms, threshold("fp64", TensorKind::Output));
+  // the last block alone must be right too (the early blocks would dominate a global RMS)
+  EXPECT_LE(compare(orf.narrow(1, T - 77, 77), oc.narrow(1, T - 77, 77)).rel_rms, threshold("fp64", TensorKind::Output));
+  const at::Tensor wo = at::randn(oc.sizes(), gen, o), wh = at::randn(hc.sizes(), gen, o);
+  auto gc = torch::autograd::grad({(oc * wo).sum() + (hc * wh).sum()}, x);
+  auto gr = torch::autograd::grad({(orf * wo).sum() + (hr * wh).sum()}, x);
+  for (size_t i = 0; i < x.size(); ++i)
+    EXPECT_LE(compare(gr[i], gc[i]).rel_rms, threshold("fp64", TensorKind::Gradient)) << "input " << i;
 }
 
 }  // namespace

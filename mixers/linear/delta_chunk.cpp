@@ -10,8 +10,9 @@
 //   W = T diag(β) K_g,  U = T diag(β) V,  u = U − W S0          (K_g = k ⊙ exp(G))
 //   o = Q_g S0 + P u,   P_tj = scale Σ_d q_t k_j Γ_tj (j≤t),     (Q_g = scale·q ⊙ exp(G))
 //   S_C = exp(G_C) S0 + K_rᵀ u,  K_r = k ⊙ exp(G_C − G).
-// W and U do not depend on S0, so they are computed for all chunks at once; only the cheap
-// u/o/S updates run chunk by chunk. Per-key-dim gates need Γ per pair and per key dim: it is
+// W and U do not depend on S0, so they are computed for all chunks at once; the chunk loop runs
+// only u = U − W S0 and the state update (three batched products per chunk), and the readout
+// o = Q_g S0 + P u runs once over all chunks after it. Per-key-dim gates need Γ per pair and per key dim: it is
 // formed as a [C,C,K] tensor of masked differences and reduced over K by batched dot products.
 #include "mixers/linear/delta_chunk.h"
 
@@ -26,13 +27,10 @@
 
 namespace mixbench::linear {
 
-DeltaResult delta_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& beta,
-                          const at::Tensor& g, double scale, const at::Tensor& h0, int64_t chunk) {
-  if (layers::is_half(q)) {
-    DeltaResult r = delta_chunked(layers::f32(q), layers::f32(k), layers::f32(v), layers::f32(beta), layers::f32(g),
-                                  scale, layers::f32(h0), chunk);
-    return {r.o.to(q.scalar_type()), r.ht};
-  }
+namespace {
+// One block (the whole algorithm above on tokens [B,L,...], fp32 or fp64), state h0 entering it.
+DeltaResult delta_chunked_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& beta,
+                                const at::Tensor& g, double scale, const at::Tensor& h0, int64_t chunk) {
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
   const DeltaGate gate = !g.defined() ? DeltaGate::None : (g.dim() == 3 ? DeltaGate::Head : DeltaGate::Key);
   const int64_t C = std::min(chunk, T), N = (T + C - 1) / C, Tp = N * C, pad = Tp - T;
@@ -61,7 +59,7 @@ DeltaResult delta_chunked(const at::Tensor& q, const at::Tensor& k, const at::Te
     case DeltaGate::Head: {
       at::Tensor G = chunk3(g).cumsum(-1);                           // [B,H,N,C]
       at::Tensor D = G.unsqueeze(-1) - G.unsqueeze(-2);              // G_t − G_j
-      at::Tensor Gam = D.masked_fill(upper, 0).exp().masked_fill(upper, 0);
+      at::Tensor Gam = D.masked_fill(upper, -INFINITY).exp();        // exactly 0 above the diagonal
       A = at::matmul(kc, kT) * Gam;
       P = at::matmul(qc, kT) * Gam;
       at::Tensor eG = G.exp().unsqueeze(-1);
@@ -90,23 +88,60 @@ DeltaResult delta_chunked(const at::Tensor& q, const at::Tensor& k, const at::Te
       break;
     }
   }
-  A = at::tril(A, -1) * bc;  // strictly lower, row t scaled by β_t
-  P = at::tril(P, 0);
-  // (I + A) [W U] = diag(β) [K_g V]: unit lower-triangular solve (the diagonal of A is never read).
+  // Row t of A scaled by β_t. Only its strictly lower triangle is read: the solve below reads the
+  // lower triangle without the (unit) diagonal, and its backward gives A a gradient only there.
+  A = A * bc;
+  if (gate == DeltaGate::None) P = at::tril(P, 0);  // gated: Γ is already 0 above the diagonal
+  // (I + A) [W U] = diag(β) [K_g V]: unit lower-triangular solve.
   at::Tensor WU = at::linalg_solve_triangular(A, at::cat({Kg * bc, vc * bc}, -1), /*upper=*/false,
                                               /*left=*/true, /*unitriangular=*/true);
   at::Tensor W = WU.narrow(-1, 0, K), U = WU.narrow(-1, K, V);
-  at::Tensor S = h0.defined() ? h0 : at::zeros({B, H, K, V}, v.options());
-  std::vector<at::Tensor> outs;
-  outs.reserve(size_t(N));
-  for (int64_t n = 0; n < N; ++n) {
-    at::Tensor u = U.select(2, n) - at::matmul(W.select(2, n), S);
-    outs.push_back(at::matmul(Qg.select(2, n), S) + at::matmul(P.select(2, n), u));
-    at::Tensor Sd = gate == DeltaGate::None ? S : S * last.select(2, n);
-    S = Sd + at::matmul(Kr.select(2, n).transpose(-1, -2), u);
+  // The chunk recursion, three batched products per chunk and nothing else:
+  //   u = U − W S,   S ← diag(d) S + K_rᵀ u      (d = exp(G_C); no decay without a gate)
+  // the readout o = Q_g S + P u is one batched product over all chunks after the loop.
+  at::Tensor S = (h0.defined() ? h0 : at::zeros({B, H, K, V}, v.options())).reshape({B * H, K, V});
+  // unbind (not select in the loop): its backward is one stack, so the loop stays O(N)
+  std::vector<at::Tensor> Ws = W.reshape({B * H, N, C, K}).unbind(1), Us = U.reshape({B * H, N, C, V}).unbind(1),
+                          Krs = Kr.reshape({B * H, N, C, K}).unbind(1), ds;
+  if (gate != DeltaGate::None) ds = last.reshape({B * H, N, last.size(-2), 1}).unbind(1);
+  std::vector<at::Tensor> starts, us;
+  starts.reserve(size_t(N));
+  us.reserve(size_t(N));
+  for (size_t n = 0; n < size_t(N); ++n) {
+    starts.push_back(S);
+    us.push_back(at::baddbmm(Us[n], Ws[n], S, /*beta=*/1, /*alpha=*/-1));
+    S = at::baddbmm(gate == DeltaGate::None ? S : S * ds[n], Krs[n].transpose(-1, -2), us[n]);
   }
-  at::Tensor o = at::stack(outs, 2).reshape({B, H, Tp, V}).narrow(2, 0, T).transpose(1, 2).contiguous();
-  return {o, S};
+  at::Tensor o = at::matmul(Qg, at::stack(starts, 1).view({B, H, N, K, V})) +
+                 at::matmul(P, at::stack(us, 1).view({B, H, N, C, V}));     // [B,H,N,C,V]
+  o = o.reshape({B, H, Tp, V}).narrow(2, 0, T).transpose(1, 2).contiguous();
+  return {o, S.reshape({B, H, K, V})};
+}
+}  // namespace
+
+// Long sequences are processed in blocks of kDeltaBlockChunks chunks with the state carried from
+// block to block, so the [B,H,n,C,C] and [B,H,n,K,K] intermediates are bounded by the block (cache
+// resident) and the cost per token does not grow with T.
+DeltaResult delta_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& beta,
+                          const at::Tensor& g, double scale, const at::Tensor& h0, int64_t chunk) {
+  if (layers::is_half(q)) {
+    DeltaResult r = delta_chunked(layers::f32(q), layers::f32(k), layers::f32(v), layers::f32(beta), layers::f32(g),
+                                  scale, layers::f32(h0), chunk);
+    return {r.o.to(q.scalar_type()), r.ht};
+  }
+  const int64_t T = q.size(1), blk = chunk * kDeltaBlockChunks;
+  if (T <= blk) return delta_chunked_block(q, k, v, beta, g, scale, h0, chunk);
+  std::vector<at::Tensor> outs;
+  outs.reserve(size_t((T + blk - 1) / blk));
+  at::Tensor S = h0;
+  for (int64_t t0 = 0; t0 < T; t0 += blk) {
+    const int64_t L = std::min(blk, T - t0);
+    auto sl = [&](const at::Tensor& x) { return x.defined() ? x.narrow(1, t0, L) : x; };
+    DeltaResult r = delta_chunked_block(sl(q), sl(k), sl(v), sl(beta), sl(g), scale, S, chunk);
+    outs.push_back(r.o);
+    S = r.ht;
+  }
+  return {at::cat(outs, 1), S};
 }
 
 DeltaResult delta_step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& beta,

@@ -17,6 +17,8 @@ namespace mixbench::linear {
 enum class DeltaGate { None, Head, Key };
 
 constexpr int64_t kDeltaChunk = 64;
+// Chunks per block of delta_chunked: longer sequences run block by block, the state carried.
+constexpr int64_t kDeltaBlockChunks = 16;
 
 struct DeltaResult {
   at::Tensor o;   // [B,T,H,V]

@@ -34,28 +34,25 @@ double simple_gla_chunk_flops(int64_t K, int64_t V) {
 }
 
 namespace {
-// [B,T,H,D] -> zero-padded [B,H,N,C,D]
+// [B,T,H,D] -> zero-padded, contiguous [B,H,N,C,D]
 at::Tensor to_chunks(const at::Tensor& x, int64_t N) {
   const int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3);
   at::Tensor p = N * kGlaChunk > T ? at::constant_pad_nd(x, {0, 0, 0, 0, 0, N * kGlaChunk - T}) : x;
-  return p.reshape({B, N, kGlaChunk, H, D}).permute({0, 3, 1, 2, 4});
+  return p.reshape({B, N, kGlaChunk, H, D}).permute({0, 3, 1, 2, 4}).contiguous();
 }
-}  // namespace
 
-std::pair<at::Tensor, at::Tensor> simple_gla_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                     const at::Tensor& g, double scale, const at::Tensor& h0) {
-  if (layers::is_half(q)) {
-    auto [o, ht] = simple_gla_chunked(layers::f32(q), layers::f32(k), layers::f32(v), layers::f32(g), scale, layers::f32(h0));
-    return {o.to(q.scalar_type()), ht};
-  }
-  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
-  const int64_t N = (T + kGlaChunk - 1) / kGlaChunk, C = kGlaChunk;
-  at::Tensor qc = to_chunks(q * scale, N), kc = to_chunks(k, N), vc = to_chunks(v, N);
-  at::Tensor gp = N * C > T ? at::constant_pad_nd(g, {0, 0, 0, N * C - T}) : g;
+// One block of at most kGlaBlockChunks chunks (tokens [B,L,H,·]) entering with state S:
+// returns (o [B,L,H,V], the state after the block).
+std::pair<at::Tensor, at::Tensor> simple_gla_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                   const at::Tensor& g, double scale, at::Tensor S,
+                                                   const at::Tensor& upper) {
+  const int64_t B = q.size(0), L = q.size(1), H = q.size(2), V = v.size(3);
+  const int64_t N = (L + kGlaChunk - 1) / kGlaChunk, C = kGlaChunk;
+  at::Tensor qc = to_chunks(q, N), kc = to_chunks(k, N), vc = to_chunks(v, N);
+  at::Tensor gp = N * C > L ? at::constant_pad_nd(g, {0, 0, 0, N * C - L}) : g;
   at::Tensor b = gp.reshape({B, N, C, H}).permute({0, 3, 1, 2}).cumsum(-1);  // [B,H,N,C]
 
   // intra-chunk: decay exp(b_i − b_j) for i ≥ j, masked to −inf above the diagonal before exp
-  at::Tensor upper = at::ones({C, C}, at::TensorOptions().dtype(at::kBool).device(q.device())).triu(1);
   at::Tensor decay = (b.unsqueeze(-1) - b.unsqueeze(-2)).masked_fill(upper, -INFINITY).exp();
   at::Tensor A = at::matmul(qc, kc.transpose(-1, -2)) * decay;  // [B,H,N,C,C]
   at::Tensor o = at::matmul(A, vc);                              // [B,H,N,C,V]
@@ -63,21 +60,51 @@ std::pair<at::Tensor, at::Tensor> simple_gla_chunked(const at::Tensor& q, const 
   // chunk-level state recursion
   at::Tensor bL = b.select(-1, C - 1);                                                      // [B,H,N]
   at::Tensor U = at::matmul((kc * (bL.unsqueeze(-1) - b).exp().unsqueeze(-1)).transpose(-1, -2), vc);  // [B,H,N,K,V]
-  at::Tensor dL = bL.exp();
-  at::Tensor S = h0.defined() ? h0 : at::zeros({B, H, K, V}, v.options());
+  at::Tensor dL = bL.exp().unsqueeze(-1).unsqueeze(-1);                                     // [B,H,N,1,1]
   std::vector<at::Tensor> starts;
   starts.reserve(size_t(N));
   // unbind (not select in the loop): its backward is one stack, so the loop stays O(N)
   std::vector<at::Tensor> Us = U.unbind(2), dLs = dL.unbind(2);
   for (int64_t n = 0; n < N; ++n) {
     starts.push_back(S);
-    S = S * dLs[size_t(n)].unsqueeze(-1).unsqueeze(-1) + Us[size_t(n)];
+    S = at::addcmul(Us[size_t(n)], S, dLs[size_t(n)]);
   }
-  at::Tensor Sst = at::stack(starts, 2);  // [B,H,N,K,V]
-  o = o + at::matmul(qc * b.exp().unsqueeze(-1), Sst);
-  o = o.permute({0, 2, 3, 1, 4}).reshape({B, N * C, H, V});
-  if (N * C > T) o = o.slice(1, 0, T);
-  return {o.contiguous(), S};
+  o = o + at::matmul(qc * b.exp().unsqueeze(-1), at::stack(starts, 2));
+  // the scale on q, applied once to the output (linear in q) while it is put in [B,T,H,V] order
+  o = (o.permute({0, 2, 3, 1, 4}) * scale).reshape({B, N * C, H, V});
+  if (N * C > L) o = o.slice(1, 0, L);
+  return {o, S};
+}
+}  // namespace
+
+// The sequence is processed in blocks of kGlaBlockChunks chunks with the state carried from block
+// to block: every intermediate ([B,H,n,C,C] decays and scores, [B,H,n,K,V] chunk states) is bounded
+// by the block, not by T, so it stays cache-resident and the cost per token does not grow with T.
+// Within a block everything but the chunk state recursion is batched over its chunks.
+std::pair<at::Tensor, at::Tensor> simple_gla_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                     const at::Tensor& g, double scale, const at::Tensor& h0) {
+  if (layers::is_half(q)) {
+    auto [o, ht] = simple_gla_chunked(layers::f32(q), layers::f32(k), layers::f32(v), layers::f32(g), scale, layers::f32(h0));
+    return {o.to(q.scalar_type()), ht};
+  }
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
+  const int64_t C = kGlaChunk, blk = C * kGlaBlockChunks;
+  at::Tensor upper = at::ones({C, C}, at::TensorOptions().dtype(at::kBool).device(q.device())).triu(1);
+  at::Tensor S = h0.defined() ? h0 : at::zeros({B, H, K, V}, v.options());
+  if (T <= blk) {
+    auto [o, St] = simple_gla_block(q, k, v, g, scale, S, upper);
+    return {o.contiguous(), St};
+  }
+  std::vector<at::Tensor> outs;
+  outs.reserve(size_t((T + blk - 1) / blk));
+  for (int64_t t0 = 0; t0 < T; t0 += blk) {
+    const int64_t L = std::min(blk, T - t0);
+    auto [o, St] = simple_gla_block(q.narrow(1, t0, L), k.narrow(1, t0, L), v.narrow(1, t0, L), g.narrow(1, t0, L),
+                                    scale, S, upper);
+    outs.push_back(o);
+    S = St;
+  }
+  return {at::cat(outs, 1), S};
 }
 
 std::pair<at::Tensor, at::Tensor> simple_gla_step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
