@@ -1,0 +1,577 @@
+// Methods `qsa`, `nsa` and `seer`: nanochat's attention layer (as dense_full: projections, VE gate,
+// RoPE, QK-norm, ×1.2, c_proj) whose attention reads whole key blocks chosen per query token.
+// All three share one selection rule shape (seed 001: "select complete blocks plus the unfinished
+// tail block"): the candidates of query t are the complete blocks i < t / block (every key of
+// such a block is ≤ t); the `*_topk` best candidates by the method's score are attended (ties go
+// to the lower block; fewer candidates than topk leave −1 slots), plus the query's own block,
+// token-causal (its unfinished tail). The defaults select 256 history tokens (seed 001). When
+// T ≤ (topk + 1)·block every causal key is attended and the selection equals dense attention.
+// The attention over the selected blocks is op block_sparse_attention (q_block 1: one selection
+// per query token). Selections carry no gradient.
+//
+// qsa (Qwen report §2.1.2, as seed 001 adapts it): an indexer on the detached layer input h,
+//   q^I_{t,j} = (W^I_q h_t)_j, H_I heads of d_I, partial NeoX RoPE at position t;
+//   k^I_{i,m}  = RoPE(RMSNorm(mean over the qsa_block keys of block i of (W^I_k h_s)_m)) at the
+//                block's first position, H_I / qsa_group key heads (qsa_group query heads share one);
+//   I_{t,i}   = Σ_j ReLU(q^I_{t,j}·k^I_{i,j/qsa_group} / √d_I)   (sum over all indexer heads).
+//   Teacher: the main attention probabilities over the attended keys (q, k detached), averaged over
+//   heads, max-pooled over each block; auxiliary loss KL(teacher ‖ softmax(I_t)) with both sides
+//   renormalised over the selected complete blocks, mean over the B·T tokens (a token without a
+//   selected complete block adds 0).
+// nsa (arXiv 2502.11089 §3.2–3.3, seed 001 sizes): three branches mixed by per-head sigmoid gates
+//   g = σ(W_g x) ∈ [0,1]^{3H} (W_g: d → 3·H, order [cmp, slc, win] × heads):
+//   compression: K̃_i = W_ck·vec(k_{block i}), Ṽ_i = W_cv·vec(v_{block i}) per KV head
+//     (non-overlapping blocks of nsa_block tokens; a linear map block·dh → dh stands for the
+//     paper's MLP φ, its position-specific weights acting as the intra-block position encoding —
+//     an added encoding would only shift every compressed key alike); query t attends (scale dh^-½) to
+//     the complete blocks (i+1)·block − 1 ≤ t; a query with none gets 0 from this branch;
+//   selection: block score = compressed-attention probability summed over the query heads of the
+//     KV group (selection blocks = compression blocks, so no overlap remapping); top nsa_topk
+//     history blocks plus the own block, per KV head;
+//   window: the last nsa_window keys (op attention with a window).
+//   NSA is trained end to end: no auxiliary loss.
+// seer (SeerAttention's AttnGate adapted by seed 001: token queries, trained from scratch):
+//   K̃_{i,h'} = W^G_k[h']·[max; min; mean over block i of k_{h'}] (per KV head, 3·dh → d_g),
+//   Q̃_{t,h}  = W^G_q[h]·q_{t,h} (per query head, dh → d_g), on the detached q and k of the layer
+//   (after its RoPE and QK-norm: position enters through them, the paper's extra RoPE on the
+//   pooled blocks is not applied); S_{t,h,i} = Q̃·K̃ / √d_g. Each query head selects its own blocks.
+//   Teacher: full causal attention A = softmax(q kᵀ/√dh) (detached), block-max of A over each
+//   history block, renormalised over the candidates; auxiliary loss KL(teacher ‖ softmax(S_{t,h})),
+//   mean over the B·T·H (token, head) rows (a row without candidates adds 0). The own block is
+//   always attended instead of gated: its pooled key would see tokens after t.
+// qsa and seer return `aux_loss`; teacher and gate inputs are detached, so it reaches only the
+// indexer / gate parameters (seed 001 weights it 1 per layer, summed over layers).
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <fmt/format.h>
+
+#include <limits>
+
+#include "harness/backbone.h"
+#include "harness/errors.h"
+#include "mixers/common/layers.h"
+#include "mixers/sparse/sparse.h"
+#include "reference/sparse_blocks.h"
+
+namespace mixbench {
+namespace {
+
+using namespace sparse_layer;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kMaskedLogit = -1e30;  // finite: rows without candidates stay NaN-free
+
+// NeoX rotation by +θ on the first R dims of x [B,N,…,D], position of row n = pos[n].
+at::Tensor rope_neox_at(const at::Tensor& x, const at::Tensor& pos, int64_t R, double base) {
+  if (R == 0) return x;
+  const int64_t N = x.size(1), half = R / 2;
+  auto o64 = at::TensorOptions().dtype(at::kDouble).device(x.device());
+  at::Tensor ang = pos.to(o64).view({N, 1}) * at::pow(base, -at::arange(half, o64) * (2.0 / double(R))).view({1, half});
+  std::vector<int64_t> shape(size_t(x.dim()), 1);
+  shape[1] = N;
+  shape.back() = half;
+  at::Tensor cs = ang.cos().to(x.scalar_type()).view(shape), sn = ang.sin().to(x.scalar_type()).view(shape);
+  at::Tensor x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half), rest = x.narrow(-1, R, x.size(-1) - R);
+  return at::cat({x1 * cs - x2 * sn, x2 * cs + x1 * sn, rest}, -1);
+}
+
+// scores [B,S,T,NC] over the complete blocks; query t's candidates are the blocks i < t / bs.
+// Returns block indices [B,S,T,n+1], n = min(topk, NC): the n best candidates (descending score,
+// ties to the lower block, −1 where there are fewer), then the query's own block.
+at::Tensor history_plus_own(const at::Tensor& scores, int64_t T, int64_t bs, int64_t topk) {
+  c10::NoGradGuard ng;
+  const int64_t B = scores.size(0), S = scores.size(1), NC = scores.size(3);
+  auto lo = at::TensorOptions().dtype(at::kLong).device(scores.device());
+  at::Tensor cur = at::div(at::arange(T, lo), bs, "floor").view({1, 1, T, 1});
+  at::Tensor own = cur.expand({B, S, T, 1});
+  const int64_t n = std::min(topk, NC);
+  if (n == 0) return own.contiguous();
+  at::Tensor blk = at::arange(NC, lo).view({1, 1, 1, NC});
+  at::Tensor s = scores.detach().masked_fill(blk >= cur, -kInf);
+  auto [vals, order] = at::sort(s, /*stable=*/true, /*dim=*/-1, /*descending=*/true);
+  at::Tensor sel = order.slice(3, 0, n).masked_fill(vals.slice(3, 0, n) == -kInf, -1);
+  return at::cat({sel, own}, 3).contiguous();
+}
+
+// Causal candidate mask [T,NC]: block i < t / bs.
+at::Tensor candidate_mask(int64_t T, int64_t NC, int64_t bs, const at::Device& dev) {
+  auto lo = at::TensorOptions().dtype(at::kLong).device(dev);
+  return at::arange(NC, lo).view({1, NC}) < at::div(at::arange(T, lo), bs, "floor").view({T, 1});
+}
+
+at::Tensor block_attend(const QKV& a, const at::Tensor& k, const at::Tensor& v, const at::Tensor& idx, int64_t bs,
+                        double scale, Backend backend) {
+  Config op = Registry::get().op("block_sparse_attention").params.defaults();
+  op = op.with("block_size", bs).with("q_block", int64_t(1)).with("topk", idx.size(3)).with("scale", scale);
+  return call_op("block_sparse_attention", backend, {{"q", a.q}, {"k", k}, {"v", v}, {"block_indices", idx}}, op).at("o");
+}
+
+// Σ p·(log p − logq) over the last dim where valid; logits of invalid slots are ignored.
+at::Tensor kl_rows(const at::Tensor& p, const at::Tensor& logits, const at::Tensor& valid) {
+  at::Tensor l = layers::is_half(logits) ? logits.to(at::kFloat) : logits;
+  at::Tensor logq = at::log_softmax(l.masked_fill(valid.logical_not(), kMaskedLogit), -1).masked_fill(valid.logical_not(), 0.0);
+  at::Tensor pl = p.to(logq.scalar_type());
+  return (at::xlogy(pl, pl) - pl * logq).sum(-1);
+}
+
+// Main attention logits of every (query, key) pair, detached: [B,H,T,T] (scale applied).
+at::Tensor dense_logits(const QKV& a, double scale) {
+  const int64_t B = a.q.size(0), T = a.q.size(1), H = a.q.size(2), Hkv = a.k.size(2), G = H / Hkv, dh = a.q.size(3);
+  at::Tensor qh = a.q.detach().reshape({B, T, Hkv, G, dh}).permute({0, 2, 3, 1, 4}).reshape({B, Hkv, G * T, dh});
+  at::Tensor lg = at::matmul(qh, a.k.detach().permute({0, 2, 3, 1})) * scale;  // [B,Hkv,G·T,T]
+  lg = lg.view({B, H, T, T});
+  return layers::is_half(lg) ? lg.to(at::kFloat) : lg;
+}
+
+at::Tensor pos_tensor(int64_t n, int64_t step, const at::Device& dev) {
+  return at::arange(n, at::TensorOptions().dtype(at::kDouble).device(dev)) * double(step);
+}
+
+int64_t ve_dim_of(const Config& c, const LayerCtx& ctx) {
+  Dims d = dims(c);
+  return has_ve(ctx) ? d.Hkv * d.dh : 0;
+}
+
+reference::BlockLayerWeights ref_weights(const TensorMap& in) {
+  reference::BlockLayerWeights w;
+  for (const char* n : {"c_q", "c_k", "c_v", "c_proj"}) w.t[n] = in.at(n);
+  if (in.has("ve_gate")) w.t["ve_gate"] = in.at("ve_gate");
+  for (const auto& [n, t] : in)
+    if (n.rfind("qsa_", 0) == 0 || n.rfind("nsa_", 0) == 0 || n.rfind("seer_", 0) == 0) w.t[n] = t;
+  return w;
+}
+
+reference::BlockLayerShape ref_shape(const Config& c) {
+  Dims d = dims(c);
+  return {d.H, d.Hkv, d.dh, c.f("rope_base")};
+}
+
+// Per-token average of (complete-block count)·bs / T: the fraction of tokens in complete blocks.
+double complete_frac(int64_t T, int64_t bs) { return double((T / bs) * bs) / double(T); }
+
+// ============================================================================================ QSA
+
+struct QsaDims {
+  int64_t HI, DI, g, HK, R, bs, topk;
+};
+QsaDims qsa_dims(const Config& c) {
+  const int64_t HI = c.i("qsa_heads"), g = c.i("qsa_group");
+  return {HI, c.i("qsa_dim"), g, HI / g, c.i("qsa_rope_dim"), c.i("qsa_block"), c.i("qsa_topk")};
+}
+
+std::vector<ParamDef> qsa_params(const Config& c, const LayerCtx& ctx) {
+  Dims d = dims(c);
+  QsaDims q = qsa_dims(c);
+  const double s = std::sqrt(3.0) / std::sqrt(double(d.D));
+  std::vector<ParamDef> p = attention_params(c, ctx);
+  p.push_back({"qsa_wq", {q.HI * q.DI, d.D}, ParamGroup::TransformerMatrix, true, "uniform", -s, s});
+  p.push_back({"qsa_wk", {q.HK * q.DI, d.D}, ParamGroup::TransformerMatrix, true, "uniform", -s, s});
+  return p;
+}
+
+TensorMap qsa_reference(const TensorMap& in, const Config& c, const LayerCtx&) {
+  QsaDims q = qsa_dims(c);
+  reference::BlockOut o = reference::qsa_layer(in.at("x"), in.get_or("ve", at::Tensor()), ref_weights(in), ref_shape(c),
+                                               q.HI, q.DI, q.g, q.R, q.bs, q.topk);
+  return {{"y", o.y}, {"aux_loss", o.aux_loss}};
+}
+
+TensorMap qsa_forward(const TensorMap& in, const Config& c, const LayerCtx&, Backend backend) {
+  Dims d = dims(c);
+  QsaDims Q = qsa_dims(c);
+  const at::Tensor& x = in.at("x");
+  const int64_t B = x.size(0), T = x.size(1), NC = T / Q.bs;
+  const double scale = 1.0 / std::sqrt(double(d.dh)), base = c.f("rope_base");
+  QKV a = qkv(in, c);
+  // Indexer on the detached input.
+  at::Tensor xd = x.detach();
+  at::Tensor qi = rope_neox_at(at::linear(xd, in.at("qsa_wq")).view({B, T, Q.HI, Q.DI}), pos_tensor(T, 1, x.device()), Q.R, base);
+  at::Tensor I = at::zeros({B, T, 0}, qi.options());
+  if (NC > 0) {
+    at::Tensor kt = at::linear(xd.narrow(1, 0, NC * Q.bs), in.at("qsa_wk"));              // [B,NC·bs,HK·DI]
+    at::Tensor kb = layers::rms_norm(kt.view({B, NC, Q.bs, Q.HK, Q.DI}).mean(2));          // [B,NC,HK,DI]
+    kb = rope_neox_at(kb, pos_tensor(NC, Q.bs, x.device()), Q.R, base);
+    at::Tensor qh = qi.view({B, T, Q.HK, Q.g, Q.DI}).permute({0, 2, 1, 3, 4}).reshape({B, Q.HK, T * Q.g, Q.DI});
+    at::Tensor lg = at::matmul(qh, kb.permute({0, 2, 3, 1})) * (1.0 / std::sqrt(double(Q.DI)));  // [B,HK,T·g,NC]
+    I = at::relu(lg).view({B, Q.HK, T, Q.g, NC}).sum({1, 3});                              // [B,T,NC]
+  }
+  at::Tensor idx = history_plus_own(I.unsqueeze(1), T, Q.bs, Q.topk);  // [B,1,T,n+1]
+  const int64_t n = idx.size(3) - 1;
+  at::Tensor o = block_attend(a, a.k, a.v, idx.expand({B, d.Hkv, T, n + 1}).contiguous(), Q.bs, scale, backend);
+  at::Tensor y = at::linear(o.reshape({B, T, d.H * d.dh}), in.at("c_proj"));
+  at::Tensor aux = at::zeros({}, y.options());
+  if (n > 0) {
+    at::Tensor sel = idx.squeeze(1);               // [B,T,n+1]
+    at::Tensor hist = sel.narrow(2, 0, n), valid = hist >= 0;
+    at::Tensor pt;
+    {
+      c10::NoGradGuard ng;
+      const int64_t NB = (T + Q.bs - 1) / Q.bs;
+      auto lo = at::TensorOptions().dtype(at::kLong).device(x.device());
+      // Attended keys [B,T,T]: key s in a selected block, s ≤ t.
+      at::Tensor chosen = at::zeros({B, T, NB + 1}, lo.dtype(at::kBool));
+      chosen.scatter_(2, sel.masked_fill(sel < 0, NB), true);
+      at::Tensor key_blk = at::div(at::arange(T, lo), Q.bs, "floor");
+      at::Tensor att = chosen.index_select(2, key_blk).logical_and(at::ones({T, T}, lo.dtype(at::kBool)).tril());
+      at::Tensor lg = dense_logits(a, scale).masked_fill(att.unsqueeze(1).logical_not(), -kInf);
+      at::Tensor P = at::softmax(lg, -1).mean(1);                                  // [B,T,T]
+      at::Tensor Pb = std::get<0>(P.narrow(2, 0, NC * Q.bs).view({B, T, NC, Q.bs}).max(-1));  // [B,T,NC]
+      pt = at::gather(Pb, 2, hist.clamp_min(0)).masked_fill(valid.logical_not(), 0.0);
+      pt = pt / pt.sum(-1, true).clamp_min(1e-30);
+    }
+    at::Tensor student = at::gather(I, 2, hist.clamp_min(0));
+    aux = kl_rows(pt, student, valid).mean().to(y.scalar_type());
+  }
+  return {{"y", y}, {"aux_loss", aux}};
+}
+
+// Per token at length T, NC = ⌊T/bs⌋ complete blocks, n = min(topk, NC), HK = H_I/group:
+//   matmul params N = attention's N_l + H_I·d_I·d + HK·d_I·d (the key projection runs on the
+//       tokens of complete blocks only: −2·HK·d_I·d·(1 − NC·bs/T))
+//   fwd = 2N + 2·H_I·d_I·NC          (indexer scores of every query against every complete block)
+//       + 4·H·dh·(n+1)·bs            (block-sparse attention, every slot computed)
+//       + 2·H·dh·T  [if n > 0]       (teacher: main logits against every key, recomputed)
+//   uncounted (element-wise, invisible to FlopCounter): HK·d_I·NC·bs/T (block means)
+//       + H_I·NC (sum of the ReLU scores over heads)
+//   nanochat training core = 12·H·dh·min((n+1)·bs, T) + 2·H_I·d_I·NC·3 (indexer fwd + bwd)
+//       + 2·H·dh·T (teacher, forward only)
+//   decode at context c = 2N + 2·H_I·d_I·⌊c/bs⌋ + 4·H·dh·min((topk+1)·bs, c)
+//   cache per token = main KV (2·Hkv·dh) + pooled indexer keys (HK·d_I/bs) elements
+LayerCost qsa_account(const Config& c, const LayerCtx& ctx, const CostQuery& q) {
+  Dims d = dims(c);
+  QsaDims Q = qsa_dims(c);
+  const int64_t NC = q.T / Q.bs, n = std::min(Q.topk, NC);
+  LayerCost lc;
+  const int64_t N = attention_matmul_params(c, ctx) + Q.HI * Q.DI * d.D + Q.HK * Q.DI * d.D;
+  lc.params.transformer_matrices = N;
+  lc.params.matmul = N;
+  const double hd = double(d.H * d.dh), frac = complete_frac(q.T, Q.bs);
+  lc.uncounted_flops = double(Q.HK * Q.DI) * frac + double(Q.HI * NC);
+  lc.fwd_flops = 2.0 * double(N) - 2.0 * double(Q.HK * Q.DI * d.D) * (1.0 - frac) + 2.0 * double(Q.HI * Q.DI * NC) +
+                 4.0 * hd * double((n + 1) * Q.bs) + (n > 0 ? 2.0 * hd * double(q.T) : 0.0) + lc.uncounted_flops;
+  lc.nanochat_core_flops = 12.0 * hd * double(std::min((n + 1) * Q.bs, q.T)) + 6.0 * double(Q.HI * Q.DI * NC) +
+                           (n > 0 ? 2.0 * hd * double(q.T) : 0.0);
+  lc.decode_flops = 2.0 * double(N) + 2.0 * double(Q.HI * Q.DI) * double(q.context / Q.bs) +
+                    4.0 * hd * double(std::min((Q.topk + 1) * Q.bs, q.context));
+  lc.cache_bytes_per_token = (2.0 * double(d.Hkv * d.dh) + double(Q.HK * Q.DI) / double(Q.bs)) * double(q.dtype_bytes);
+  lc.act_bytes = double(q.dtype_bytes) * double(d.D + 2 * d.H * d.dh + 4 * d.Hkv * d.dh + d.H * d.dh + Q.HI * Q.DI) +
+                 4.0 * double(d.H);
+  lc.formula = fmt::format("QSA block {} top-{} (+own): fwd 2N + 2·H_I·d_I·⌊T/{}⌋ + 4·H·dh·{}·{} + 2·H·dh·T (teacher)", Q.bs,
+                           Q.topk, Q.bs, n + 1, Q.bs);
+  return lc;
+}
+
+std::vector<CaseDef> qsa_cases(const ConfigSpec& spec) {
+  // 4 layers, d=64, 4 heads of 16; blocks of 4, 3 history blocks (12 tokens) plus the own block;
+  // indexer 4 heads of 8 (4 rotary dims), 2 query heads per key head.
+  Config base = spec.parse(
+      "n_layer=4,d_model=64,head_dim=16,seq_len=64,vocab=64,qsa_block=4,qsa_topk=3,qsa_heads=4,qsa_dim=8,qsa_group=2,"
+      "qsa_rope_dim=4");
+  return {
+      {"layer0_T1", base, 1, 1, 0},
+      {"layer0_T15_all_selected", base, 2, 15, 0},
+      {"layer0_B2_T37", base, 2, 37, 0},
+      {"layer1_ve_B2_T45", base, 2, 45, 1},
+      {"layer3_last_ve_gqa_T29", base.with("kv_ratio", int64_t(2)), 1, 29, 3},
+      {"layer2_mqa_T33", base.with("kv_ratio", int64_t(0)), 1, 33, 2},
+      {"layer2_block5_top4_group4_T70",
+       base.with("qsa_block", int64_t(5)).with("qsa_topk", int64_t(4)).with("qsa_group", int64_t(4)).with("qsa_rope_dim", int64_t(8)),
+       1, 70, 2},
+  };
+}
+
+MethodSpec qsa_spec() {
+  MethodSpec m;
+  m.name = "qsa";
+  m.family = "sparse";
+  m.summary = "QSA: ReLU indexer on mean-pooled 4-key blocks (RMSNorm, partial RoPE, shared keys) picks 64 blocks + tail; KL aux loss";
+  m.citation = "Qwen report §2.1.2 as adapted by seed 001; nanochat attention layer";
+  m.config = layer_config();
+  m.config.i("qsa_block", 4, "keys mean-pooled per indexer block (= selection block)", 1)
+      .i("qsa_topk", 64, "complete history blocks selected per query (256 tokens), the own tail block added", 1)
+      .i("qsa_heads", 16, "indexer query heads H_I", 1)
+      .i("qsa_dim", 64, "indexer head dim d_I", 2)
+      .i("qsa_group", 4, "indexer query heads sharing one pooled key head", 1)
+      .i("qsa_rope_dim", 32, "rotary dims of the indexer heads (first ones, NeoX style)", 0)
+      .rule([](const Config& c) {
+        const int64_t R = c.i("qsa_rope_dim");
+        if (R % 2 != 0 || R > c.i("qsa_dim"))
+          throw InputError(fmt::format("qsa_rope_dim {} must be even and at most qsa_dim {}", R, c.i("qsa_dim")));
+        if (c.i("qsa_heads") % c.i("qsa_group") != 0)
+          throw InputError(fmt::format("qsa_heads {} is not divisible by qsa_group {}", c.i("qsa_heads"), c.i("qsa_group")));
+      });
+  m.ops = {"block_sparse_attention"};
+  m.params = qsa_params;
+  m.make_inputs = make_layer_inputs;
+  m.reference = qsa_reference;
+  m.forward = qsa_forward;
+  ConfigSpec spec = m.config;
+  m.cases = [spec]() { return qsa_cases(spec); };
+  m.account = qsa_account;
+  m.ve_dim = ve_dim_of;
+  return m;
+}
+
+// ============================================================================================ NSA
+
+std::vector<ParamDef> nsa_params(const Config& c, const LayerCtx& ctx) {
+  Dims d = dims(c);
+  const int64_t bs = c.i("nsa_block");
+  const double s = std::sqrt(3.0) / std::sqrt(double(bs * d.dh));
+  std::vector<ParamDef> p = attention_params(c, ctx);
+  p.push_back({"nsa_gate", {3 * d.H, d.D}, ParamGroup::TransformerMatrix, true, "const", 0.0, 0});
+  p.push_back({"nsa_cmp_k", {d.dh, bs * d.dh}, ParamGroup::TransformerMatrix, false, "uniform", -s, s});
+  p.push_back({"nsa_cmp_v", {d.dh, bs * d.dh}, ParamGroup::TransformerMatrix, false, "uniform", -s, s});
+  return p;
+}
+
+TensorMap nsa_reference(const TensorMap& in, const Config& c, const LayerCtx&) {
+  return {{"y", reference::nsa_layer(in.at("x"), in.get_or("ve", at::Tensor()), ref_weights(in), ref_shape(c),
+                                     c.i("nsa_block"), c.i("nsa_topk"), c.i("nsa_window"))}};
+}
+
+TensorMap nsa_forward(const TensorMap& in, const Config& c, const LayerCtx&, Backend backend) {
+  Dims d = dims(c);
+  const at::Tensor& x = in.at("x");
+  const int64_t B = x.size(0), T = x.size(1), G = d.H / d.Hkv, bs = c.i("nsa_block"), NC = T / bs;
+  const double scale = 1.0 / std::sqrt(double(d.dh));
+  QKV a = qkv(in, c);
+  // Compression branch.
+  at::Tensor o_cmp = at::zeros({B, T, d.H, d.dh}, a.v.options());
+  at::Tensor scores = at::zeros({B, d.Hkv, T, 0}, a.q.options());
+  if (NC > 0) {
+    auto compress = [&](const at::Tensor& t, const char* w) {  // [B,T,Hkv,dh] -> [B,Hkv,NC,dh]
+      at::Tensor blk = t.narrow(1, 0, NC * bs).reshape({B, NC, bs, d.Hkv, d.dh});
+      return at::linear(blk.permute({0, 3, 1, 2, 4}).reshape({B, d.Hkv, NC, bs * d.dh}), in.at(w));
+    };
+    at::Tensor kc = compress(a.k, "nsa_cmp_k"), vc = compress(a.v, "nsa_cmp_v");
+    at::Tensor qh = a.q.reshape({B, T, d.Hkv, G, d.dh}).permute({0, 2, 3, 1, 4}).reshape({B, d.Hkv, G * T, d.dh});
+    at::Tensor lg = (at::matmul(qh, kc.transpose(-1, -2)) * scale).view({B, d.Hkv, G, T, NC});
+    auto lo = at::TensorOptions().dtype(at::kLong).device(x.device());
+    at::Tensor vis = ((at::arange(NC, lo) + 1) * bs - 1).view({1, NC}) <= at::arange(T, lo).view({T, 1});  // [T,NC]
+    at::Tensor lf = layers::is_half(lg) ? lg.to(at::kFloat) : lg;
+    at::Tensor p = at::softmax(lf.masked_fill(vis.logical_not(), kMaskedLogit), -1).masked_fill(vis.logical_not(), 0.0);
+    scores = p.detach().sum(2);  // [B,Hkv,T,NC]: summed over the group's query heads
+    p = p.to(vc.scalar_type()).view({B, d.Hkv, G * T, NC});
+    o_cmp = at::matmul(p, vc).view({B, d.Hkv, G, T, d.dh}).permute({0, 3, 1, 2, 4}).reshape({B, T, d.H, d.dh});
+  }
+  // Selection branch.
+  at::Tensor idx = history_plus_own(scores, T, bs, c.i("nsa_topk"));  // [B,Hkv,T,n+1]
+  at::Tensor o_slc = block_attend(a, a.k, a.v, idx, bs, scale, backend);
+  // Window branch.
+  Config ap = Registry::get().op("attention").params.defaults();
+  ap = ap.with("scale", scale).with("window", c.i("nsa_window"));
+  at::Tensor o_win = call_op("attention", backend, {{"q", a.q}, {"k", a.k}, {"v", a.v}}, ap).at("o");
+  at::Tensor g = at::sigmoid(at::linear(x, in.at("nsa_gate"))).view({B, T, 3, d.H, 1});
+  at::Tensor o = g.select(2, 0) * o_cmp + g.select(2, 1) * o_slc + g.select(2, 2) * o_win;
+  return {{"y", at::linear(o.reshape({B, T, d.H * d.dh}), in.at("c_proj"))}};
+}
+
+// Per token at length T, NC = ⌊T/bs⌋ complete blocks, n = min(topk, NC), f = NC·bs/T:
+//   matmul params N = attention's N_l + 3·H·d (gates); the compression maps (2·dh·bs·dh) run once
+//       per block: 2·2·Hkv·dh·dh·f
+//   fwd = 2N + 4·Hkv·dh²·f + 4·H·dh·NC       (compressed attention: every query × every block)
+//       + 4·H·dh·(n+1)·bs                    (selection, block-sparse op, every slot computed)
+//       + 4·H·dh·V(T, w)                     (window; V = mean visible keys, layers::mean_visible)
+//   uncounted: H·NC (group sums of the block scores)
+//   nanochat training core = 3·(4·Hkv·dh²·f + 4·H·dh·NC + 4·H·dh·min((n+1)·bs, T) + 4·H·dh·V(T,w))
+//   decode at context c = 2N + 4·Hkv·dh² + 4·H·dh·(⌊c/bs⌋ + min((topk+1)·bs, c) + min(w, c))
+//   cache per token = raw KV (2·Hkv·dh) + compressed KV (2·Hkv·dh/bs) elements
+LayerCost nsa_account(const Config& c, const LayerCtx& ctx, const CostQuery& q) {
+  Dims d = dims(c);
+  const int64_t bs = c.i("nsa_block"), topk = c.i("nsa_topk"), w = c.i("nsa_window");
+  const int64_t NC = q.T / bs, n = std::min(topk, NC);
+  LayerCost lc;
+  const int64_t N = attention_matmul_params(c, ctx) + 3 * d.H * d.D;
+  lc.params.transformer_matrices = N + 2 * d.dh * bs * d.dh;
+  lc.params.matmul = N;
+  const double hd = double(d.H * d.dh), f = complete_frac(q.T, bs), dh = double(d.dh);
+  const double cmp = 4.0 * double(d.Hkv) * dh * dh * f, win = 4.0 * hd * layers::mean_visible(q.T, w);
+  lc.uncounted_flops = double(d.H * NC);
+  const double core = cmp + 4.0 * hd * double(NC) + 4.0 * hd * double((n + 1) * bs) + win;
+  lc.fwd_flops = 2.0 * double(N) + core + lc.uncounted_flops;
+  lc.nanochat_core_flops =
+      3.0 * (cmp + 4.0 * hd * double(NC) + 4.0 * hd * double(std::min((n + 1) * bs, q.T)) + win);
+  lc.decode_flops = 2.0 * double(N) + 4.0 * double(d.Hkv) * dh * dh +
+                    4.0 * hd * double(q.context / bs + std::min((topk + 1) * bs, q.context) + std::min(w, q.context));
+  lc.cache_bytes_per_token = (2.0 * double(d.Hkv * d.dh) * (1.0 + 1.0 / double(bs))) * double(q.dtype_bytes);
+  lc.act_bytes = double(q.dtype_bytes) * double(d.D + 2 * d.H * d.dh + 4 * d.Hkv * d.dh + 4 * d.H * d.dh + 3 * d.H) +
+                 12.0 * double(d.H);
+  lc.formula = fmt::format("NSA block {} top-{} (+own), window {}: fwd 2N + 4·Hkv·dh²·f + 4·H·dh·(⌊T/{}⌋ + {}·{} + V(T,{}))",
+                           bs, topk, w, bs, n + 1, bs, w);
+  return lc;
+}
+
+std::vector<CaseDef> nsa_cases(const ConfigSpec& spec) {
+  // 4 layers, d=64, 4 heads of 16; blocks of 4, 2 history blocks plus the own block, window 6.
+  Config base = spec.parse("n_layer=4,d_model=64,head_dim=16,seq_len=64,vocab=64,nsa_block=4,nsa_topk=2,nsa_window=6");
+  return {
+      {"layer0_T1", base, 1, 1, 0},
+      {"layer0_T11_all_selected_window16", base.with("nsa_window", int64_t(16)), 2, 11, 0},
+      {"layer0_B2_T37", base, 2, 37, 0},
+      {"layer1_ve_B2_T45", base, 2, 45, 1},
+      {"layer3_last_ve_gqa_T29", base.with("kv_ratio", int64_t(2)), 1, 29, 3},
+      {"layer2_mqa_T33", base.with("kv_ratio", int64_t(0)), 1, 33, 2},
+      {"layer2_block5_top3_window9_T70",
+       base.with("nsa_block", int64_t(5)).with("nsa_topk", int64_t(3)).with("nsa_window", int64_t(9)), 1, 70, 2},
+  };
+}
+
+MethodSpec nsa_spec() {
+  MethodSpec m;
+  m.name = "nsa";
+  m.family = "sparse";
+  m.summary = "NSA: compressed (32-token blocks), selected (top-8 blocks + own) and 512-key window branches, per-head sigmoid gates";
+  m.citation = "Native Sparse Attention, arXiv 2502.11089 §3.2–3.3; nanochat attention layer";
+  m.config = layer_config();
+  m.config.i("nsa_block", 32, "tokens per compression block (= selection block, non-overlapping)", 1)
+      .i("nsa_topk", 8, "complete history blocks selected per query and KV head (256 tokens), the own block added", 1)
+      .i("nsa_window", 512, "sliding-window branch: visible keys including self", 1);
+  m.ops = {"block_sparse_attention", "attention"};
+  m.params = nsa_params;
+  m.make_inputs = make_layer_inputs;
+  m.reference = nsa_reference;
+  m.forward = nsa_forward;
+  ConfigSpec spec = m.config;
+  m.cases = [spec]() { return nsa_cases(spec); };
+  m.account = nsa_account;
+  m.ve_dim = ve_dim_of;
+  return m;
+}
+
+// =========================================================================================== Seer
+
+std::vector<ParamDef> seer_params(const Config& c, const LayerCtx& ctx) {
+  Dims d = dims(c);
+  const int64_t dg = c.i("seer_gate_dim");
+  const double sq = std::sqrt(3.0) / std::sqrt(double(d.dh)), sk = std::sqrt(3.0) / std::sqrt(double(3 * d.dh));
+  std::vector<ParamDef> p = attention_params(c, ctx);
+  p.push_back({"seer_wq", {d.H, dg, d.dh}, ParamGroup::TransformerMatrix, true, "uniform", -sq, sq});
+  p.push_back({"seer_wk", {d.Hkv, dg, 3 * d.dh}, ParamGroup::TransformerMatrix, false, "uniform", -sk, sk});
+  return p;
+}
+
+TensorMap seer_reference(const TensorMap& in, const Config& c, const LayerCtx&) {
+  reference::BlockOut o = reference::seer_layer(in.at("x"), in.get_or("ve", at::Tensor()), ref_weights(in), ref_shape(c),
+                                                c.i("seer_block"), c.i("seer_topk"));
+  return {{"y", o.y}, {"aux_loss", o.aux_loss}};
+}
+
+TensorMap seer_forward(const TensorMap& in, const Config& c, const LayerCtx&, Backend backend) {
+  Dims d = dims(c);
+  const at::Tensor& x = in.at("x");
+  const int64_t B = x.size(0), T = x.size(1), G = d.H / d.Hkv, bs = c.i("seer_block"), NC = T / bs;
+  const int64_t dg = c.i("seer_gate_dim");
+  const double scale = 1.0 / std::sqrt(double(d.dh));
+  QKV a = qkv(in, c);
+  at::Tensor S = at::zeros({B, d.H, T, 0}, a.q.options());  // gate logits [B,H,T,NC]
+  if (NC > 0) {
+    at::Tensor qd = a.q.detach(), kd = a.k.detach();
+    at::Tensor kb = kd.narrow(1, 0, NC * bs).view({B, NC, bs, d.Hkv, d.dh});
+    at::Tensor pooled = at::cat({std::get<0>(kb.max(2)), std::get<0>(kb.min(2)), kb.mean(2)}, -1);  // [B,NC,Hkv,3dh]
+    at::Tensor kg = at::bmm(pooled.permute({2, 0, 1, 3}).reshape({d.Hkv, B * NC, 3 * d.dh}),
+                            in.at("seer_wk").transpose(1, 2));                                  // [Hkv,B·NC,dg]
+    at::Tensor qg = at::bmm(qd.permute({2, 0, 1, 3}).reshape({d.H, B * T, d.dh}), in.at("seer_wq").transpose(1, 2));
+    qg = qg.view({d.Hkv, G, B, T, dg}).permute({2, 0, 1, 3, 4}).reshape({B, d.Hkv, G * T, dg});
+    kg = kg.view({d.Hkv, B, NC, dg}).permute({1, 0, 3, 2});                                      // [B,Hkv,dg,NC]
+    S = (at::matmul(qg, kg) * (1.0 / std::sqrt(double(dg)))).view({B, d.H, T, NC});
+  }
+  at::Tensor idx = history_plus_own(S, T, bs, c.i("seer_topk"));  // [B,H,T,n+1]
+  const int64_t n = idx.size(3) - 1;
+  at::Tensor k = G > 1 ? a.k.repeat_interleave(G, 2) : a.k;  // per-query-head selections
+  at::Tensor v = G > 1 ? a.v.repeat_interleave(G, 2) : a.v;
+  at::Tensor o = block_attend(a, k, v, idx, bs, scale, backend);
+  at::Tensor y = at::linear(o.reshape({B, T, d.H * d.dh}), in.at("c_proj"));
+  at::Tensor aux = at::zeros({}, y.options());
+  if (n > 0) {
+    at::Tensor valid = candidate_mask(T, NC, bs, x.device()).view({1, 1, T, NC});
+    at::Tensor gt;
+    {
+      c10::NoGradGuard ng;
+      auto lo = at::TensorOptions().dtype(at::kBool).device(x.device());
+      at::Tensor causal = at::ones({T, T}, lo).tril();
+      at::Tensor A = at::softmax(dense_logits(a, scale).masked_fill(causal.logical_not(), -kInf), -1);  // [B,H,T,T]
+      gt = std::get<0>(A.narrow(3, 0, NC * bs).view({B, d.H, T, NC, bs}).max(-1)).masked_fill(valid.logical_not(), 0.0);
+      gt = gt / gt.sum(-1, true).clamp_min(1e-30);
+    }
+    aux = kl_rows(gt, S, valid.expand({B, d.H, T, NC})).mean().to(y.scalar_type());
+  }
+  return {{"y", y}, {"aux_loss", aux}};
+}
+
+// Per token at length T, NC = ⌊T/bs⌋ complete blocks, n = min(topk, NC), f = NC·bs/T:
+//   matmul params N = attention's N_l + H·d_g·dh (query gate); the key gate (Hkv·d_g·3dh) runs
+//       once per pooled block: 2·Hkv·d_g·3dh·f/bs
+//   fwd = 2N + 6·Hkv·d_g·dh·f/bs + 2·H·d_g·NC   (gate logits of every query against every block)
+//       + 4·H·dh·(n+1)·bs                      (block-sparse op, every slot computed)
+//       + 2·H·dh·T  [if n > 0]                 (teacher: full causal attention logits)
+//   uncounted: 3·Hkv·dh·f (max, min and sum pooling, element-wise)
+//   nanochat training core = 12·H·dh·min((n+1)·bs, T) + 3·(6·Hkv·d_g·dh·f/bs + 2·H·d_g·NC) + 2·H·dh·T
+//   decode at context c = 2N + 2·H·d_g·⌊c/bs⌋ + 4·H·dh·min((topk+1)·bs, c)
+//   cache per token = main KV (2·Hkv·dh) + gate keys (Hkv·d_g/bs) elements
+LayerCost seer_account(const Config& c, const LayerCtx& ctx, const CostQuery& q) {
+  Dims d = dims(c);
+  const int64_t bs = c.i("seer_block"), topk = c.i("seer_topk"), dg = c.i("seer_gate_dim");
+  const int64_t NC = q.T / bs, n = std::min(topk, NC);
+  LayerCost lc;
+  const int64_t N = attention_matmul_params(c, ctx) + d.H * dg * d.dh;
+  lc.params.transformer_matrices = N + d.Hkv * dg * 3 * d.dh;
+  lc.params.matmul = N;
+  const double hd = double(d.H * d.dh), f = complete_frac(q.T, bs);
+  const double gate = 6.0 * double(d.Hkv * dg * d.dh) * f / double(bs) + 2.0 * double(d.H * dg * NC);
+  const double teacher = n > 0 ? 2.0 * hd * double(q.T) : 0.0;
+  lc.uncounted_flops = 3.0 * double(d.Hkv * d.dh) * f;
+  lc.fwd_flops = 2.0 * double(N) + gate + 4.0 * hd * double((n + 1) * bs) + teacher + lc.uncounted_flops;
+  lc.nanochat_core_flops = 12.0 * hd * double(std::min((n + 1) * bs, q.T)) + 3.0 * gate + teacher;
+  lc.decode_flops = 2.0 * double(N) + 2.0 * double(d.H * dg) * double(q.context / bs) +
+                    4.0 * hd * double(std::min((topk + 1) * bs, q.context));
+  lc.cache_bytes_per_token = (2.0 * double(d.Hkv * d.dh) + double(d.Hkv * dg) / double(bs)) * double(q.dtype_bytes);
+  lc.act_bytes = double(q.dtype_bytes) * double(d.D + 2 * d.H * d.dh + 4 * d.Hkv * d.dh + d.H * d.dh + d.H * dg) +
+                 4.0 * double(d.H);
+  lc.formula = fmt::format("Seer block {} top-{} (+own), d_g {}: fwd 2N + gate + 4·H·dh·{}·{} + 2·H·dh·T (teacher)", bs, topk,
+                           dg, n + 1, bs);
+  return lc;
+}
+
+std::vector<CaseDef> seer_cases(const ConfigSpec& spec) {
+  // 4 layers, d=64, 4 heads of 16; blocks of 4, 2 history blocks plus the own block, gate dim 8.
+  Config base = spec.parse("n_layer=4,d_model=64,head_dim=16,seq_len=64,vocab=64,seer_block=4,seer_topk=2,seer_gate_dim=8");
+  return {
+      {"layer0_T1", base, 1, 1, 0},
+      {"layer0_T11_all_selected", base, 2, 11, 0},
+      {"layer0_B2_T37", base, 2, 37, 0},
+      {"layer1_ve_B2_T45", base, 2, 45, 1},
+      {"layer3_last_ve_gqa_T29", base.with("kv_ratio", int64_t(2)), 1, 29, 3},
+      {"layer2_mqa_T33", base.with("kv_ratio", int64_t(0)), 1, 33, 2},
+      {"layer2_block5_top3_T70", base.with("seer_block", int64_t(5)).with("seer_topk", int64_t(3)), 1, 70, 2},
+  };
+}
+
+MethodSpec seer_spec() {
+  MethodSpec m;
+  m.name = "seer";
+  m.family = "sparse";
+  m.summary = "SeerAttention-style: token-query gate on max/min/avg-pooled 64-key blocks picks 4 blocks + own; KL to block-max teacher";
+  m.citation = "microsoft/SeerAttention seer_attn/attn_gate.py (arXiv 2410.13276), adapted by seed 001; nanochat attention layer";
+  m.config = layer_config();
+  m.config.i("seer_block", 64, "keys pooled per gate block (= selection block)", 1)
+      .i("seer_topk", 4, "complete history blocks selected per query and head (256 tokens), the own block added", 1)
+      .i("seer_gate_dim", 128, "gate projection dim d_g", 1);
+  m.ops = {"block_sparse_attention"};
+  m.params = seer_params;
+  m.make_inputs = make_layer_inputs;
+  m.reference = seer_reference;
+  m.forward = seer_forward;
+  ConfigSpec spec = m.config;
+  m.cases = [spec]() { return seer_cases(spec); };
+  m.account = seer_account;
+  m.ve_dim = ve_dim_of;
+  return m;
+}
+
+MIXBENCH_REGISTER(qsa_spec());
+MIXBENCH_REGISTER(nsa_spec());
+MIXBENCH_REGISTER(seer_spec());
+
+}  // namespace
+}  // namespace mixbench
