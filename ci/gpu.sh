@@ -28,9 +28,14 @@ for dtype in fp32 bf16; do
       --golden tests/goldens/*.safetensors --out "$OUT/conformance_cuda_$dtype.json" || rc=1
 done
 log benchmarks
-build-gpu/mixbench_bench --benchmark_filter="${MIXBENCH_BENCH_FILTER:-cuda}" --benchmark_format=json \
-    --benchmark_out="$OUT/bench_cuda.json" --benchmark_out_format=json > "$LOGS/bench_cuda.txt" 2>&1 || rc=1
+build-gpu/mixbench_bench --benchmark_filter="${MIXBENCH_BENCH_FILTER:-^(attention_cuda|linear_cuda|ceiling_cuda)/}" \
+    --benchmark_format=json --benchmark_out="$OUT/bench_cuda.json" --benchmark_out_format=json \
+    > "$LOGS/bench_cuda.txt" 2>&1 || rc=1
 tail -40 "$LOGS/bench_cuda.txt"
+# every op's CUDA path (auto-registered, case-sized shapes, fp32), two lengths
+build-gpu/mixbench_bench --benchmark_filter='/cuda_fwd(_bwd)?/(1024|8192)$' --benchmark_min_time=0.05 \
+    --benchmark_format=json --benchmark_out="$OUT/bench_ops_cuda.json" --benchmark_out_format=json \
+    > "$LOGS/bench_ops_cuda.txt" 2>&1 || rc=1
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/mixbench_site .whl/*.whl \
     && export PYTHONPATH=/tmp/mixbench_site${PYTHONPATH:+:$PYTHONPATH}
