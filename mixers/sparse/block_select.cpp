@@ -305,6 +305,7 @@ MethodSpec qsa_spec() {
   m.make_inputs = make_layer_inputs;
   m.reference = qsa_reference;
   m.forward = qsa_forward;
+  m.has_cuda = true;  // device-agnostic LibTorch over ops that run on CUDA
   ConfigSpec spec = m.config;
   m.cases = [spec]() { return qsa_cases(spec); };
   m.account = qsa_account;
@@ -432,6 +433,7 @@ MethodSpec nsa_spec() {
   m.make_inputs = make_layer_inputs;
   m.reference = nsa_reference;
   m.forward = nsa_forward;
+  m.has_cuda = true;  // device-agnostic LibTorch over ops that run on CUDA
   ConfigSpec spec = m.config;
   m.cases = [spec]() { return nsa_cases(spec); };
   m.account = nsa_account;
@@ -562,6 +564,7 @@ MethodSpec seer_spec() {
   m.make_inputs = make_layer_inputs;
   m.reference = seer_reference;
   m.forward = seer_forward;
+  m.has_cuda = true;  // device-agnostic LibTorch over ops that run on CUDA
   ConfigSpec spec = m.config;
   m.cases = [spec]() { return seer_cases(spec); };
   m.account = seer_account;

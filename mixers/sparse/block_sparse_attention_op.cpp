@@ -205,6 +205,7 @@ OpSpec make_spec() {
   s.make_inputs = make_inputs;
   s.reference = reference_fn;
   s.cpu = cpu_fn;
+  s.cuda = cpu_fn;  // device-agnostic LibTorch (gathers and batched products); no dedicated kernel
   s.cases = cases;
   s.check_inputs = check_block_inputs;
   s.invariants = dense_equivalence;

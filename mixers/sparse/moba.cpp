@@ -212,6 +212,7 @@ MethodSpec make_spec() {
   m.make_inputs = make_layer_inputs;
   m.reference = reference_fn;
   m.forward = forward;
+  m.has_cuda = true;  // device-agnostic LibTorch over ops that run on CUDA
   ConfigSpec spec = m.config;
   m.cases = [spec]() { return cases(spec); };
   m.account = account;
