@@ -39,7 +39,13 @@ at::Tensor chunk_cumsum(const at::Tensor& g) {
   b.narrow(1, 0, T).copy_(g);
   return b.view({B, NT, 64, H}).cumsum(2).view({B, NT * 64, H}).contiguous();
 }
-const float* fptr(const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
+const float* fptr(const at::Tensor& t) { return t.defined() && t.numel() > 0 ? t.data_ptr<float>() : nullptr; }
+// Function::apply needs every tensor argument defined (it records each input's device): an absent
+// h0 travels as an empty tensor and is undefined again inside.
+at::Tensor h0_arg(const at::Tensor& h0, const at::Tensor& like) {
+  return h0.defined() ? prep(h0, at::kFloat) : at::empty({0}, like.options().dtype(at::kFloat));
+}
+at::Tensor h0_in(const at::Tensor& h0) { return h0.defined() && h0.numel() > 0 ? h0 : at::Tensor(); }
 
 struct Fwd {
   at::Tensor o, ht, hs, b;
@@ -79,13 +85,14 @@ struct SimpleGlaTcFn : public torch::autograd::Function<SimpleGlaTcFn> {
                                                 const at::Tensor& h0, double scale) {
     ctx->saved_data["scale"] = scale;
     ctx->save_for_backward({q, k, v, g, h0});
-    Fwd f = simple_gla_forward(q, k, v, g, scale, h0, /*with_output=*/true);
+    Fwd f = simple_gla_forward(q, k, v, g, scale, h0_in(h0), /*with_output=*/true);
     return {f.o, f.ht};
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto s = ctx->get_saved_variables();
-    const at::Tensor &q = s[0], &k = s[1], &v = s[2], &g = s[3], &h0 = s[4];
+    const at::Tensor &q = s[0], &k = s[1], &v = s[2], &g = s[3];
+    const at::Tensor h0 = h0_in(s[4]);
     const double scale = ctx->saved_data["scale"].toDouble();
     c10::cuda::CUDAGuard guard(q.device());
     const tc::Dims d = dims(q, v);
@@ -151,7 +158,7 @@ struct GdnTcFn : public torch::autograd::Function<GdnTcFn> {
     std::vector<at::Tensor> in(6), xs;
     std::vector<size_t> which;
     for (size_t i = 0; i < 6; ++i) {
-      if (!s[i].defined()) continue;
+      if (!s[i].defined() || (i == 5 && s[i].numel() == 0)) continue;
       in[i] = s[i].detach();
       if (ctx->needs_input_grad(i)) {
         in[i].requires_grad_(true);
@@ -197,8 +204,7 @@ std::pair<at::Tensor, at::Tensor> simple_gla_tc(const at::Tensor& q, const at::T
   if (!chunk_tc_eligible(q, k, v, g, at::Tensor(), h0)) throw std::invalid_argument("simple_gla_tc: inputs not eligible");
   c10::cuda::CUDAGuard guard(q.device());
   const auto dt = q.scalar_type();
-  auto r = SimpleGlaTcFn::apply(prep(q, dt), prep(k, dt), prep(v, dt), g, h0.defined() ? prep(h0, at::kFloat) : h0,
-                                scale);
+  auto r = SimpleGlaTcFn::apply(prep(q, dt), prep(k, dt), prep(v, dt), g, h0_arg(h0, q), scale);
   return {r[0], r[1]};
 }
 
@@ -209,8 +215,7 @@ std::pair<at::Tensor, at::Tensor> gated_delta_rule_tc(const at::Tensor& q, const
     throw std::invalid_argument("gated_delta_rule_tc: inputs not eligible");
   c10::cuda::CUDAGuard guard(q.device());
   const auto dt = q.scalar_type();
-  auto r = GdnTcFn::apply(prep(q, dt), prep(k, dt), prep(v, dt), g, beta, h0.defined() ? prep(h0, at::kFloat) : h0,
-                          scale);
+  auto r = GdnTcFn::apply(prep(q, dt), prep(k, dt), prep(v, dt), g, beta, h0_arg(h0, q), scale);
   return {r[0], r[1]};
 }
 

@@ -801,7 +801,7 @@ __global__ void __launch_bounds__(256) dqkv_kernel(DqkvArgs a) {
     __syncwarp();
     store_rows(a.dkf, nullptr, K, ct0, NK * 16);
   }
-  __syncwarp();
+  __syncthreads();  // with K ≠ V the two warps of a row split the staging columns differently below
   // dv = e^{b_L − b} ⊙ (k dh) + Aᵀ do
   {
     const int ct0 = hf * NV;

@@ -146,7 +146,9 @@ namespace {
 struct SimpleGlaCudaFn : public torch::autograd::Function<SimpleGlaCudaFn> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
                                                 const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
-                                                const at::Tensor& h0, double scale) {
+                                                const at::Tensor& h0_arg, double scale) {
+    // An absent h0 arrives as an empty tensor (Function::apply needs defined tensor arguments).
+    const at::Tensor h0 = h0_arg.numel() > 0 ? h0_arg : at::Tensor();
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["has_h0"] = h0.defined();
     ctx->save_for_backward({q, k, v, g, h0.defined() ? h0 : at::Tensor()});
@@ -184,7 +186,7 @@ struct SimpleGlaCudaFn : public torch::autograd::Function<SimpleGlaCudaFn> {
 
 std::pair<at::Tensor, at::Tensor> simple_gla_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                   const at::Tensor& g, double scale, const at::Tensor& h0) {
-  auto r = SimpleGlaCudaFn::apply(q, k, v, g, h0, scale);
+  auto r = SimpleGlaCudaFn::apply(q, k, v, g, h0.defined() ? h0 : at::empty({0}, q.options().dtype(at::kFloat)), scale);
   return {r[0], r[1]};
 }
 #endif

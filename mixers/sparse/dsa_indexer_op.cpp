@@ -123,7 +123,8 @@ OpSpec make_spec() {
   s.make_inputs = make_inputs;
   s.reference = reference_fn;
   s.cpu = cpu_fn;
-  s.cuda = cpu_fn;  // device-agnostic LibTorch (gathers and batched products); no dedicated kernel
+  // device-agnostic LibTorch (gathers and batched products) in fp32; no dedicated kernel
+  s.cuda = [](const TensorMap& in, const Config& p) { return run_in_fp32(cpu_fn, in, p); };
   s.cases = cases;
   s.check_inputs = check_indexer_inputs;
   return s;

@@ -49,6 +49,12 @@ QKV qkv(const TensorMap& in, const Config& c);
 ConfigSpec layer_config();
 }  // namespace sparse_layer
 
+// CUDA path of the sparse ops: the same device-agnostic LibTorch code, with bf16 / fp16 inputs
+// computed in fp32 (cast back on the way out). Top-k selections and gathered sums in half precision
+// would flip near-tied keys and round the index_add accumulations.
+using OpFn = TensorMap (*)(const TensorMap&, const Config&);
+TensorMap run_in_fp32(OpFn fn, const TensorMap& in, const Config& p);
+
 // Every key s ≤ t selected, −1 elsewhere: [B,T,T] int64 on `like`'s device.
 at::Tensor causal_full_indices(int64_t B, int64_t T, const at::Tensor& like);
 

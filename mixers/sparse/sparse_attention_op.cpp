@@ -184,7 +184,8 @@ OpSpec make_spec() {
   s.make_inputs = make_inputs;
   s.reference = reference_fn;
   s.cpu = cpu_fn;
-  s.cuda = cpu_fn;  // device-agnostic LibTorch (gathers and batched products); no dedicated kernel
+  // device-agnostic LibTorch (gathers and batched products) in fp32; no dedicated kernel
+  s.cuda = [](const TensorMap& in, const Config& p) { return run_in_fp32(cpu_fn, in, p); };
   s.cases = cases;
   s.check_inputs = check_sparse_inputs;
   s.invariants = dense_equivalence;
@@ -224,5 +225,23 @@ at::Tensor sparse_attention_cpu(const at::Tensor& q, const at::Tensor& k, const 
 }
 
 MIXBENCH_REGISTER(make_spec());
+
+TensorMap run_in_fp32(OpFn fn, const TensorMap& in, const Config& p) {
+  at::ScalarType half = at::kFloat;
+  TensorMap up;
+  for (const auto& [name, t] : in) {
+    if (t.defined() && (t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf)) {
+      half = t.scalar_type();
+      up.set(name, t.to(at::kFloat));
+    } else {
+      up.set(name, t);
+    }
+  }
+  TensorMap out = fn(up, p);
+  if (half == at::kFloat) return out;
+  TensorMap down;
+  for (const auto& [name, t] : out) down.set(name, t.defined() && t.scalar_type() == at::kFloat ? t.to(half) : t);
+  return down;
+}
 
 }  // namespace mixbench
