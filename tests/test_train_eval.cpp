@@ -419,3 +419,18 @@ TEST(LeaderboardTiny, SameSeedSameResultsOnThePresetPath) {
   Json c = run_leaderboard(o, md3);
   EXPECT_NE(a[0]["val_bpb"].get<double>(), c[0]["val_bpb"].get<double>());
 }
+
+TEST(TrainDevice, BadDevicesAndPresetsAreUsageErrors) {
+  EXPECT_EQ(run_cli({"train", "--method", "dense", "--device", "tpu", "--steps", "1", "--quiet"}), 2);
+  if (!at::hasCUDA()) EXPECT_EQ(run_cli({"train", "--method", "dense", "--device", "cuda", "--steps", "1", "--quiet"}), 2);
+  EXPECT_EQ(run_cli({"leaderboard", "--preset", "huge", "--quiet"}), 2);
+  EXPECT_EQ(run_cli({"leaderboard", "--probes", "-2", "--quiet"}), 2);
+  // the small preset's budget: one GPU, a batch of 16K tokens, a few million tokens per method
+  const TrainPreset s = train_preset("small");
+  const Config c = Registry::get().method("dense").config.parse(s.config);
+  const ModelDims d = model_dims(c);
+  EXPECT_EQ(s.batch * d.seq_len, 16384);
+  EXPECT_EQ(s.steps * s.batch * d.seq_len, 200 * 16384);
+  EXPECT_TRUE(s.hyper.muon_bf16);
+  EXPECT_EQ(probe_suite(d.seq_len).size(), 6u);
+}
