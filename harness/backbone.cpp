@@ -193,7 +193,9 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
   if (x_backout.defined()) x = x - P.at("backout_lambda") * x_backout;
   if (last_only && x.size(1) > 1) x = x.slice(1, x.size(1) - 1);
   x = rms_norm(x);
-  at::Tensor logits = at::linear(x, P.at("lm_head")).to(at::kFloat);
+  // nanochat upcasts the logits to fp32 (from its bf16 compute dtype); an fp64 model stays fp64
+  at::Tensor logits = at::linear(x, P.at("lm_head"));
+  logits = logits.to(at::promote_types(logits.scalar_type(), at::kFloat));
   if (cache) {
     cache->prev_embed = embed.slice(1, embed.size(1) - 1);
     cache->pos = pass == Pass::Decode ? cache->pos + 1 : T;

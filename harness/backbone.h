@@ -42,7 +42,7 @@ Model build_model(const MethodSpec& method, const Config& cfg, at::Generator& ge
 // Parameter counts of the built tensors, split by group (the audit compares these to the accountant).
 ParamCount count_params(const Model& m);
 
-// logits [B,T,vocab] (fp32, softcapped) for idx [B,T] int64.
+// logits [B,T,vocab] (fp32, or fp64 for an fp64 model; softcapped) for idx [B,T] int64.
 at::Tensor model_forward(const Model& m, const at::Tensor& idx, Backend backend);
 // Incremental decoding state of a model: one cache per layer (MethodSpec::prefill/decode), the
 // previous token's normalized embedding (the smear reads it) and the tokens consumed.

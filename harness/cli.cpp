@@ -22,6 +22,7 @@
 #include "suites/conformance.h"
 #include "suites/sweep.h"
 #include "suites/train.h"
+#include "suites/train_eval.h"
 
 namespace mixbench {
 
@@ -46,13 +47,16 @@ commands:
                 [--lengths 1k:1m | 256,512,...] [--device cpu|cuda] [--dtype bf16|fp32|fp64] [--preset NAME]
                 [--config k=v,...] [--reps N] [--warmup N] [--memory-limit BYTES|2G] [--out FILE]
                 throughput and OOM grid (presets cpu-tiny, the default, and gpu-d12); oom points are results
-  train         --method NAME [--preset tiny] [--steps N] [--batch B] [--seed S] [--data synthetic|PATH]
+  train         --method NAME [--preset tiny|small] [--steps N] [--batch B] [--seed S] [--data synthetic|PATH]
                 [--config k=v,...] [--out DIR] [--resume] [--eval-every N] [--stop-after N]
+                [--device cpu|cuda] [--probes N]
                 Muon/AdamW training; progress as JSON lines when stdout is not a terminal;
-                DIR/checkpoint.safetensors (atomic) and DIR/train.json
-  leaderboard   [--preset tiny] [--methods a,b] [--steps N] [--batch B] [--seed S] [--data synthetic|PATH]
-                [--config k=v,...] [--out report.json]
-                equal-FLOP ranking: each method's shape calibrated to dense's FLOPs/token (±2%)
+                DIR/checkpoint.safetensors (atomic) and DIR/train.json; capability probes
+                (MQAR, NIAH single-1/2/3, S3/S5 state tracking) on N held-out sequences each
+  leaderboard   [--preset tiny|small] [--methods a,b|all] [--steps N] [--batch B] [--seed S]
+                [--data synthetic|PATH] [--config k=v,...] [--device cpu|cuda] [--probes N] [--out report.json]
+                equal-FLOP ranking: each method's shape calibrated to dense's FLOPs/token (±2%);
+                the Markdown table (.md) and an HTML page (.html, inline SVG) beside the report
   plot          FILE --out page.html              offline HTML page (inline SVG) of a sweep report
   report        FILE                              Markdown summary of a report
   validate      FILE                              check a report against reports/report.schema.json
@@ -362,7 +366,7 @@ int progress_mode(bool quiet) { return quiet ? 0 : (::isatty(STDOUT_FILENO) ? 2 
 
 int cmd_train(const std::vector<std::string>& args) {
   Args a(args, {"method", "preset", "steps", "batch", "seed", "data", "out", "config", "eval-every", "eval-batches",
-                "checkpoint-every", "stop-after"},
+                "checkpoint-every", "stop-after", "device", "probes"},
          {"resume", "quiet"});
   TrainOptions o;
   auto m = a.get("method");
@@ -380,6 +384,9 @@ int cmd_train(const std::vector<std::string>& args) {
   o.eval_batches = a.get_int("eval-batches", 0);
   o.checkpoint_every = a.get_int("checkpoint-every", 0);
   o.stop_after = a.get_int("stop-after", 0);
+  o.device = a.get_or("device", "cpu");
+  o.probe_sequences = a.get_int("probes", -1);
+  if (o.probe_sequences < -1) throw UsageError("--probes must be >= 0");
   if (o.steps < 0 || o.batch < 0 || o.eval_every < 0 || o.eval_batches < 0 || o.checkpoint_every < 0 || o.stop_after < 0)
     throw UsageError("--steps, --batch, --eval-every, --eval-batches, --checkpoint-every and --stop-after must be >= 0");
   o.progress = progress_mode(a.flag("quiet"));
@@ -397,7 +404,7 @@ int cmd_train(const std::vector<std::string>& args) {
 }
 
 int cmd_leaderboard(const std::vector<std::string>& args) {
-  Args a(args, {"preset", "steps", "batch", "seed", "data", "out", "config"}, {"quiet"}, {"methods"});
+  Args a(args, {"preset", "steps", "batch", "seed", "data", "out", "config", "device", "probes"}, {"quiet"}, {"methods"});
   LeaderboardOptions o;
   o.preset = a.get_or("preset", "tiny");
   o.methods = a.list("methods");
@@ -407,14 +414,16 @@ int cmd_leaderboard(const std::vector<std::string>& args) {
   o.data = a.get_or("data", "synthetic");
   o.config = a.get_or("config", "");
   o.out = a.get_or("out", "");
-  if (o.steps < 0 || o.batch < 0) throw UsageError("--steps and --batch must be >= 0");
+  o.device = a.get_or("device", "cpu");
+  o.probe_sequences = a.get_int("probes", -1);
+  if (o.steps < 0 || o.batch < 0 || o.probe_sequences < -1) throw UsageError("--steps, --batch and --probes must be >= 0");
   o.progress = progress_mode(a.flag("quiet"));
   std::string md;
   Json results = run_leaderboard(o, md);
   RunInfo info = run_info("leaderboard", args);
   info.argv.insert(info.argv.begin() + 1, "leaderboard");
   info.config = {{"preset", o.preset}, {"methods", results.size()}, {"steps", o.steps}, {"batch", o.batch},
-                 {"data", o.data}, {"config", o.config}, {"anchor", "dense"}};
+                 {"data", o.data}, {"config", o.config}, {"anchor", "dense"}, {"device", o.device}};
   info.seeds = {{"base", o.seed}};
   Json report = make_report(info, results);
   report["markdown"] = md;
@@ -423,6 +432,9 @@ int cmd_leaderboard(const std::vector<std::string>& args) {
     std::filesystem::path mdp(o.out);
     mdp.replace_extension(".md");
     write_file_atomic(mdp.string(), md);
+    std::filesystem::path html(o.out);
+    html.replace_extension(".html");
+    write_file_atomic(html.string(), leaderboard_html(results, fmt::format("mixbench leaderboard, preset {}", o.preset), md));
   }
   std::cerr << md;
   int rc = 0;

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
 
@@ -19,6 +20,7 @@
 #include "harness/registry.h"
 #include "harness/report.h"
 #include "harness/safetensors.h"
+#include "suites/train_eval.h"
 
 namespace mixbench {
 
@@ -276,13 +278,20 @@ std::string synthetic_document(uint64_t seed, int64_t index) {
   return doc;
 }
 
-Corpus synthetic_corpus(uint64_t seed, int64_t train_bytes, int64_t val_bytes) {
+Corpus synthetic_corpus(uint64_t seed, int64_t train_bytes, int64_t val_bytes, int64_t probe_T) {
   Corpus c;
+  const std::vector<ProbeSpec> probes = probe_T > 0 ? probe_suite(probe_T) : std::vector<ProbeSpec>{};
   auto build = [&](uint64_t s, int64_t n) {
     std::vector<int64_t> v;
     v.reserve(size_t(n + 1024));
     for (int64_t i = 0; int64_t(v.size()) < n; ++i) {
       v.push_back(kByteBos);
+      if (!probes.empty() && i % 2 == 1) {
+        const int64_t k = i / 2;
+        const ProbeSeq p = probes[size_t(k % int64_t(probes.size()))].make(s, k / int64_t(probes.size()));
+        v.insert(v.end(), p.tokens.begin(), p.tokens.end());
+        continue;
+      }
       for (unsigned char ch : synthetic_document(s, i)) v.push_back(ch);
     }
     v.resize(size_t(n));
@@ -293,6 +302,7 @@ Corpus synthetic_corpus(uint64_t seed, int64_t train_bytes, int64_t val_bytes) {
   c.byte_level = true;
   c.max_token = kByteBos;
   c.source = fmt::format("synthetic(seed={},train_bytes={},val_bytes={})", seed, train_bytes, val_bytes);
+  if (probe_T > 0) c.source += fmt::format("+probes(T={})", probe_T);
   c.hash = fnv1a_hex("synthetic-v1:" + c.source);
   return c;
 }
@@ -388,8 +398,9 @@ Corpus bin_corpus(const std::string& path) {
   return c;
 }
 
-Corpus load_corpus(const std::string& data, uint64_t seed) {
-  if (data == "synthetic") return synthetic_corpus(seed, int64_t(1) << 21, int64_t(1) << 16);
+Corpus load_corpus(const std::string& data, uint64_t seed, int64_t probe_T, int64_t train_tokens) {
+  if (data == "synthetic")
+    return synthetic_corpus(seed, std::max(int64_t(1) << 21, train_tokens), int64_t(1) << 16, probe_T);
   std::error_code ec;
   if (fs::is_directory(data, ec)) {
     for (const auto& e : fs::recursive_directory_iterator(data))
@@ -410,15 +421,26 @@ void get_batch(const at::Tensor& stream, int64_t pos, int64_t B, int64_t T, at::
 }
 
 // ------------------------------------------------------------------ training
+std::string TrainPreset::config_for(const std::string& method) const {
+  auto it = method_config.find(method);
+  return it == method_config.end() ? config : config + "," + it->second;
+}
+
 TrainPreset train_preset(const std::string& name) {
   if (name == "tiny") {
     TrainPreset p;
     p.config = "n_layer=4,d_model=128,head_dim=32,seq_len=128,vocab=257";
-    p.steps = 80;
-    p.batch = 2;
-    p.eval_every = 20;
-    p.eval_batches = 2;
+    p.steps = 160;
+    p.batch = 4;
+    p.eval_every = 40;
+    p.eval_batches = 4;
     p.checkpoint_every = 50;
+    p.probe_sequences = 32;
+    p.cpu_threads = 1;
+    // MoBA's default block (128) would be the whole sequence: 4 blocks of 32, 2 per query.
+    // (dense keeps nanochat's short window ceil(T/4/128)·128, which is all of T = 128: at this
+    // preset dense and dense_full are the same model.)
+    p.method_config = {{"moba", "moba_block=32,moba_topk=2"}};
     // A CPU batch is far below nanochat's 2^19 tokens; √(B/B_ref) would shrink every lr ~30×, so
     // the tiny preset takes its own batch as the reference (lr scale 1) and the unscaled decay.
     p.hyper.batch_tokens_ref = double(p.batch * 128);
@@ -427,17 +449,35 @@ TrainPreset train_preset(const std::string& name) {
     p.hyper.muon_bf16 = false;
     return p;
   }
-  throw UsageError(fmt::format("unknown preset '{}' (known: tiny)", name));
+  if (name == "small") {
+    // One GPU: every registered method in about 5 minutes (tens of seconds each).
+    TrainPreset p;
+    p.config = "n_layer=6,d_model=384,head_dim=64,seq_len=512,vocab=257";
+    p.steps = 200;
+    p.batch = 32;
+    p.eval_every = 50;
+    p.eval_batches = 4;
+    p.checkpoint_every = 200;
+    p.probe_sequences = 128;
+    p.hyper.batch_tokens_ref = double(p.batch * 512);  // lr scale 1 at the preset's batch, as tiny
+    p.hyper.muon_wd = 0.28;
+    p.hyper.muon_bf16 = true;  // nanochat orthogonalises in bf16 on bf16 hardware
+    return p;
+  }
+  throw UsageError(fmt::format("unknown preset '{}' (known: tiny, small)", name));
 }
 
 namespace {
-double evaluate(const Model& m, const Corpus& c, int64_t B, int64_t T, int64_t n_batches) {
+double evaluate(const Model& m, const Corpus& c, int64_t B, int64_t T, int64_t n_batches, Backend backend) {
   c10::NoGradGuard ng;
   double nats = 0, count = 0;
+  const at::Device dev = m.params.at("wte").device();
   for (int64_t k = 0; k < n_batches; ++k) {
     at::Tensor x, y;
     get_batch(c.val, k * B * (T + 1), B, T, x, y);
-    at::Tensor logits = model_forward(m, x, Backend::CPU);
+    x = x.to(dev);
+    y = y.to(dev);
+    at::Tensor logits = model_forward(m, x, backend);
     at::Tensor ce = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}), {},
                                            at::Reduction::None, -1).to(at::kDouble);
     at::Tensor w = c.byte_level ? (y.reshape({-1}) != c.bos).to(at::kDouble) : at::ones_like(ce);
@@ -463,10 +503,10 @@ TrainResult run_train(const TrainOptions& opt) {
   if (opt.resume && opt.out.empty()) throw UsageError("--resume needs --out DIR (where the checkpoint is)");
   TrainResult r;
   r.method = ms.name;
-  r.cfg = ms.config.parse(P.config + (opt.config.empty() ? "" : "," + opt.config));
+  r.cfg = ms.config.parse(P.config_for(ms.name) + (opt.config.empty() ? "" : "," + opt.config));
   const ModelDims d = model_dims(r.cfg);
   const int64_t T = d.seq_len;
-  Corpus corpus = load_corpus(opt.data, opt.seed);
+  Corpus corpus = load_corpus(opt.data, opt.seed, T, steps * B * (T + 1));
   r.byte_level = corpus.byte_level;
   if (corpus.max_token >= d.vocab)
     throw InputError(fmt::format("data holds token {} but the vocabulary has {} entries (set vocab=)", corpus.max_token,
@@ -475,8 +515,37 @@ TrainResult run_train(const TrainOptions& opt) {
   q.T = T;
   r.cost = account_model(ms, r.cfg, q);
 
+  if (opt.device != "cpu" && opt.device != "cuda")
+    throw UsageError(fmt::format("unknown device '{}' (cpu or cuda)", opt.device));
+  if (opt.device == "cuda" && !at::hasCUDA()) throw UsageError("--device cuda: no CUDA device is available");
+  const at::Device dev = opt.device == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  const Backend backend = opt.device == "cuda" ? Backend::CUDA : Backend::CPU;
+  r.device = opt.device;
+  if (opt.device == "cuda") at::globalContext().setAllowTF32CuBLAS(true);  // fp32 weights, TF32 matmuls
+  // Small CPU models: the per-op work is too small for intra-op threads to pay off, and on a loaded
+  // machine their synchronisation costs more than the work (measured 13× slower with 2 threads).
+  struct ThreadsGuard {
+    int saved = 0;
+    explicit ThreadsGuard(int n) {
+      if (n > 0) {
+        saved = at::get_num_threads();
+        at::set_num_threads(n);
+      }
+    }
+    ~ThreadsGuard() {
+      if (saved > 0) at::set_num_threads(saved);
+    }
+  } threads_guard(opt.device == "cpu" ? P.cpu_threads : 0);
+  r.threads = opt.device == "cpu" ? at::get_num_threads() : 0;
+
+  // Parameters are drawn on the CPU (the same values on every device), then moved.
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(opt.seed);
   Model model = build_model(ms, r.cfg, gen, at::TensorOptions().dtype(at::kFloat));
+  if (dev.is_cuda()) {
+    std::vector<std::string> names;
+    for (const auto& [n, t] : model.params) names.push_back(n);
+    for (const auto& n : names) model.params.set(n, model.params.at(n).to(dev));
+  }
   for (const auto& [n, t] : model.params) t.requires_grad_(true);
   TrainHyper h = P.hyper;
   h.schedule.steps = steps;
@@ -522,8 +591,8 @@ TrainResult run_train(const TrainOptions& opt) {
     if (ckpt.empty()) return;
     fs::create_directories(opt.out);
     TensorMap t;
-    for (const auto& [n, p] : model.params) t.set("param." + n, p.detach());
-    for (const auto& [n, s] : optim.state()) t.set("opt." + n, s);
+    for (const auto& [n, p] : model.params) t.set("param." + n, p.detach().cpu());
+    for (const auto& [n, s] : optim.state()) t.set("opt." + n, s.cpu());
     t.set("rng_state", gen.get_state());
     Json vc = Json::array();
     for (const auto& [s, v] : r.val_curve) vc.push_back({s, v});
@@ -542,7 +611,11 @@ TrainResult run_train(const TrainOptions& opt) {
     at::Tensor x, y;
     get_batch(corpus.train, pos, B, T, x, y);
     pos = (pos + B * (T + 1)) % N;
-    at::Tensor loss = model_loss(model, x, y, Backend::CPU);
+    if (dev.is_cuda()) {
+      x = x.to(dev);
+      y = y.to(dev);
+    }
+    at::Tensor loss = model_loss(model, x, y, backend);
     loss.backward();
     r.losses.push_back(loss.item<double>());
     optim.step(model, it);
@@ -551,7 +624,7 @@ TrainResult run_train(const TrainOptions& opt) {
     tokens_now += B * T;
     done = it + 1;
     const bool do_eval = done % eval_every == 0 || done == steps;
-    if (do_eval) r.val_curve.emplace_back(done, evaluate(model, corpus, B, T, eval_batches));
+    if (do_eval) r.val_curve.emplace_back(done, evaluate(model, corpus, B, T, eval_batches, backend));
     if (opt.progress) {
       const double tps = double(tokens_now) / std::max(seconds, 1e-9);
       const double eta = double(steps - done) * double(B * T) / std::max(tps, 1e-9);
@@ -576,6 +649,11 @@ TrainResult run_train(const TrainOptions& opt) {
   r.seconds = prior_seconds + seconds;
   r.tokens_per_s = tokens_now > 0 ? double(tokens_now) / std::max(seconds, 1e-9) : 0.0;
   if (!r.val_curve.empty()) r.val_bpb = r.val_curve.back().second;
+  const int64_t n_probe = opt.probe_sequences >= 0 ? opt.probe_sequences : P.probe_sequences;
+  if (corpus.byte_level && n_probe > 0) {
+    r.probes = evaluate_probes([&](const at::Tensor& idx) { return model_forward(model, idx.to(dev), backend); }, T,
+                               opt.seed, n_probe, corpus.bos);
+  }
   return r;
 }
 
@@ -586,7 +664,8 @@ Json train_result_json(const TrainResult& r) {
   return {{"status", "ok"},
           {"method", r.method},
           {"level", "model"},
-          {"device", "cpu"},
+          {"device", r.device},
+          {"threads", r.threads},
           {"dtype", "fp32"},
           {"config", r.cfg.to_json()},
           {"shape", {{"n_layer", d.n_layer}, {"d_model", d.d_model}, {"n_head", d.n_head}, {"head_dim", d.head_dim},
@@ -599,25 +678,26 @@ Json train_result_json(const TrainResult& r) {
           {"train_flops_per_token_nanochat", r.cost.train_flops_nanochat},
           {"params", {{"total", r.cost.params.total()}, {"matmul", r.cost.params.matmul}}},
           {"loss_curve", r.losses},
-          {"val_curve", vc}};
+          {"val_curve", vc},
+          {"probes", r.probes.is_null() ? Json::object() : r.probes}};
 }
 
 // ------------------------------------------------------------------ leaderboard
 Calibration calibrate(const std::string& method, const std::string& preset, const std::string& extra) {
   const TrainPreset P = train_preset(preset);
-  auto cfg_text = [&](const std::string& shape) {
-    std::string s = P.config + "," + shape;
+  auto cfg_text = [&](const std::string& shape, const std::string& m) {
+    std::string s = P.config_for(m) + "," + shape;
     if (!extra.empty()) s += "," + extra;
     return s;
   };
   const MethodSpec& anchor = Registry::get().method("dense");
-  Config acfg = anchor.config.parse(cfg_text(""));
+  Config acfg = anchor.config.parse(cfg_text("", "dense"));
   const ModelDims ad = model_dims(acfg);
   CostQuery q;
   q.T = ad.seq_len;
   const double F = account_model(anchor, acfg, q).train_flops_nanochat;
   const MethodSpec& ms = Registry::get().method(method);
-  ms.config.parse(cfg_text(""));  // a bad extra override is reported as itself, not as "no shape fits"
+  ms.config.parse(cfg_text("", method));  // a bad extra override is reported as itself, not as "no shape fits"
   Calibration best;
   best.method = method;
   best.anchor_flops = F;
@@ -630,7 +710,7 @@ Calibration calibrate(const std::string& method, const std::string& preset, cons
       const std::string shape = fmt::format("n_layer={},d_model={}", L, D);
       Config c;
       try {
-        c = ms.config.parse(cfg_text(shape));
+        c = ms.config.parse(cfg_text(shape, method));
       } catch (const InputError&) {
         continue;  // a shape this method cannot take
       }
@@ -660,7 +740,15 @@ Calibration calibrate(const std::string& method, const std::string& preset, cons
 
 Json run_leaderboard(const LeaderboardOptions& opt, std::string& md) {
   std::vector<std::string> methods = opt.methods;
-  if (methods.empty()) methods = {"dense_full", "dense", "mqa", "gqa", "gla", "gdn"};
+  const bool all = (methods.size() == 1 && methods[0] == "all") || (methods.empty() && opt.preset != "tiny");
+  if (all) {
+    // dense_full and dense first, then every other registered method in registry order
+    methods = {"dense_full", "dense"};
+    for (const auto* m : Registry::get().methods())
+      if (m->name != "dense_full" && m->name != "dense") methods.push_back(m->name);
+  } else if (methods.empty()) {
+    methods = {"dense_full", "dense", "gdn", "gla", "retnet", "moba"};
+  }
   for (const auto& m : methods) Registry::get().method(m);  // unknown names fail first
   Json results = Json::array();
   for (const auto& m : methods) {
@@ -674,6 +762,8 @@ Json run_leaderboard(const LeaderboardOptions& opt, std::string& md) {
     to.seed = opt.seed;
     to.data = opt.data;
     to.progress = opt.progress;
+    to.probe_sequences = opt.probe_sequences;
+    to.device = opt.device;
     Json row;
     try {
       TrainResult tr = run_train(to);
@@ -717,6 +807,31 @@ Json run_leaderboard(const LeaderboardOptions& opt, std::string& md) {
                       c["within_2pct"].get<bool>() ? "" : ", outside ±2%", r["params"]["total"].get<int64_t>(),
                       r["tokens"].get<int64_t>(), r["tokens_per_s"].get<double>(),
                       r["delta_vs_dense_full"].is_null() ? "-" : fmt::format("{:+.4f}", r["delta_vs_dense_full"].get<double>()));
+  }
+  // Capability probes: held-out accuracy on the answer tokens (greedy argmax), chance in the header.
+  std::vector<std::pair<std::string, double>> probe_cols;
+  for (size_t i : order) {
+    const Json probes = results[i].value("probes", Json::object());
+    for (const auto& [name, v] : probes.items())
+      if (std::none_of(probe_cols.begin(), probe_cols.end(), [&](const auto& c) { return c.first == name; }))
+        probe_cols.emplace_back(name, v.value("chance", 0.0));
+  }
+  if (!probe_cols.empty()) {
+    md += "\n| method |";
+    std::string rule = "|---|";
+    for (const auto& [name, chance] : probe_cols) {
+      md += fmt::format(" {} (chance {:.3f}) |", name, chance);
+      rule += "---:|";
+    }
+    md += "\n" + rule + "\n";
+    for (size_t i : order) {
+      const Json& r = results[i];
+      md += "| " + r["method"].get<std::string>() + " |";
+      const Json pr = r.value("probes", Json::object());
+      for (const auto& c : probe_cols)
+        md += pr.contains(c.first) ? fmt::format(" {:.3f} |", pr[c.first]["accuracy"].get<double>()) : " - |";
+      md += "\n";
+    }
   }
   for (const auto& r : results)
     if (r["status"] != "ok") md += fmt::format("\n{}: error: {}\n", r["method"].get<std::string>(), r["message"].get<std::string>());

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -82,8 +83,11 @@ struct Corpus {
   std::string source, hash;   // description, FNV hash of the source description/content
 };
 // Seeded synthetic byte stream: BOS-prefixed documents of key=value facts, filler words, queries
-// that recall earlier facts and verbatim copies of earlier spans (long-range structure).
-Corpus synthetic_corpus(uint64_t seed, int64_t train_bytes, int64_t val_bytes);
+// that recall earlier facts and verbatim copies of earlier spans (long-range structure). With
+// probe_T > 0 every second document is instead a capability probe (suites/train_eval.h) of the
+// suite for length probe_T, kinds in turn, drawn from the run seed's stream (the held-out probes
+// use another).
+Corpus synthetic_corpus(uint64_t seed, int64_t train_bytes, int64_t val_bytes, int64_t probe_T = 0);
 std::string synthetic_document(uint64_t seed, int64_t index);  // one document (bytes, no BOS)
 // UTF-8 text file or folder (files in sorted path order), each document BOS-prefixed; the last
 // tenth of the stream is held out for validation.
@@ -91,7 +95,9 @@ Corpus text_corpus(const std::string& path);
 // modded-nanogpt .bin shard(s); InputError on a bad magic/version or a truncated file.
 at::Tensor read_bin_shard(const std::string& path);
 Corpus bin_corpus(const std::string& path);
-Corpus load_corpus(const std::string& data, uint64_t seed);  // "synthetic" or a path
+// "synthetic" (with probes for length probe_T, 0 = none; at least train_tokens long so that a
+// run reads no byte twice) or a path
+Corpus load_corpus(const std::string& data, uint64_t seed, int64_t probe_T = 0, int64_t train_tokens = 0);
 
 // Rows of T+1 tokens starting at stream offset `pos` (wrapping): inputs [B,T], targets [B,T].
 void get_batch(const at::Tensor& stream, int64_t pos, int64_t B, int64_t T, at::Tensor& x, at::Tensor& y);
@@ -112,6 +118,8 @@ struct TrainOptions {
   int64_t checkpoint_every = 0;  // 0 = the preset's
   int64_t stop_after = 0;      // stop (as if interrupted) after this many steps; 0 = never
   int progress = 0;            // 0 = none, 1 = JSON lines, 2 = human lines
+  int64_t probe_sequences = -1;  // held-out sequences per probe after training; -1 = the preset's, 0 = none
+  std::string device = "cpu";  // "cpu" or "cuda" (parameters initialised on the CPU, then moved)
 };
 
 struct TrainResult {
@@ -124,13 +132,21 @@ struct TrainResult {
   int64_t steps_done = 0, tokens = 0;
   double seconds = 0, tokens_per_s = 0;
   ModelCost cost;
+  nlohmann::json probes;       // {probe: {accuracy, exact, chance, sequences, answers}} (byte-level data)
+  std::string device = "cpu";
+  int threads = 0;             // intra-op threads the run used on the CPU (0 on a GPU)
 };
 
-// Preset configuration: "tiny" (CPU). UsageError for unknown names.
+// Preset configuration: "tiny" (the CPU: 6 methods in about 10 minutes on 2 cores) and "small"
+// (one GPU: every registered method in about 5 minutes). UsageError for unknown names.
 struct TrainPreset {
   std::string config;  // backbone overrides
   int64_t steps, batch, eval_every, eval_batches, checkpoint_every;
+  int64_t probe_sequences = 64;  // held-out sequences per probe kind after training
+  int cpu_threads = 0;            // intra-op threads on the CPU during the run (0 = LibTorch's default)
+  std::map<std::string, std::string> method_config;  // per-method overrides after `config`
   TrainHyper hyper;
+  std::string config_for(const std::string& method) const;
 };
 TrainPreset train_preset(const std::string& name);
 
@@ -156,8 +172,10 @@ struct LeaderboardOptions {
   int64_t steps = 0, batch = 0;
   uint64_t seed = 0;
   std::string data = "synthetic";
-  std::string out;     // report path (JSON); the Markdown table goes beside it (.md)
+  std::string out;     // report path (JSON); the Markdown table (.md) and the HTML page (.html) go beside it
   int progress = 0;
+  int64_t probe_sequences = -1;  // -1 = the preset's
+  std::string device = "cpu";
 };
 nlohmann::json run_leaderboard(const LeaderboardOptions& opt, std::string& markdown);
 
