@@ -127,6 +127,47 @@ __device__ __forceinline__ void store2<__half>(__half* p, float x, float y) {
   *reinterpret_cast<__half2*>(p) = __floats2half2_rn(x, y);
 }
 
+// P[n] += Σ_{kk0 ≤ kk < kk1} A_kk · B_{kk,n}: fragment kk of A at a + kk·a_step (ld lda), fragment
+// (kk, n) of B at b + kk·b_kk + n·b_n (ld ldb); FA / FB say how each operand is laid out.
+template <typename FA, typename FB, typename T, int N>
+__device__ __forceinline__ void mma_span(Acc (&P)[N], const T* a, int a_step, int lda, const T* b, int b_kk, int b_n,
+                                         int ldb, int kk0, int kk1) {
+  for (int kk = kk0; kk < kk1; ++kk) {
+    FA fa;
+    wmma::load_matrix_sync(fa, a + kk * a_step, lda);
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      FB fb;
+      wmma::load_matrix_sync(fb, b + kk * b_kk + n * b_n, ldb);
+      wmma::mma_sync(P[n], fa, fb, P[n]);
+    }
+  }
+}
+
+// acc = x_r · y_ctᵀ: row tile r of x [64][ld] against row tile ct of y, over D/16 k-steps.
+template <typename T>
+__device__ __forceinline__ void tile_xyT(Acc& acc, const T* x, const T* y, int ld, int D, int r, int ct) {
+  wmma::fill_fragment(acc, 0.f);
+  for (int kk = 0; kk < D / 16; ++kk) {
+    ARow<T> fa;
+    BCol<T> fb;
+    wmma::load_matrix_sync(fa, x + r * 16 * ld + kk * 16, ld);
+    wmma::load_matrix_sync(fb, y + ct * 16 * ld + kk * 16, ld);
+    wmma::mma_sync(acc, fa, fb, acc);
+  }
+}
+
+// S ← decay·S + kᵀ·v for the warp's state fragments: rows of the 16-row key tile at `keys`
+// (ld ldk, one chunk of 64 rows), columns of N 16-column tiles of v at `vals` (ld ldv).
+template <typename T, int N>
+__device__ __forceinline__ void state_update(Acc (&S)[N], float decay, const T* keys, int ldk, const T* vals, int ldv) {
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) S[n].x[i] *= decay;
+  mma_span<ACol<T>, BRow<T>>(S, keys, 16 * ldk, ldk, vals, 16 * ldv, 16, ldv, 0, kC / 16);
+}
+
 struct WalkArgs {
   const void* key;  // k (forward) or q (backward)
   const void* val;  // v / u (forward) or do (backward)
@@ -256,28 +297,82 @@ __global__ void __launch_bounds__(K * 2) walk_kernel(WalkArgs a) {
     }
     __syncthreads();
     // 4. S ← e^{b_L} S + keysᵀ · (scaled values)
-    const float decay = __expf(bL);
-#pragma unroll
-    for (int ct = 0; ct < CT; ++ct)
-#pragma unroll
-      for (int i = 0; i < 8; ++i) S[ct].x[i] *= decay;
-#pragma unroll
-    for (int kk = 0; kk < kC / 16; ++kk) {
-      ACol<T> fa;
-      wmma::load_matrix_sync(fa, ks + kk * 16 * LDK + warp * 16, LDK);
-#pragma unroll
-      for (int ct = 0; ct < CT; ++ct) {
-        BRow<T> fb;
-        wmma::load_matrix_sync(fb, vs + kk * 16 * LDV + ct * 16, LDV);
-        wmma::mma_sync(S[ct], fa, fb, S[ct]);
-      }
-    }
+    state_update<T, CT>(S, __expf(bL), ks + warp * 16, LDK, vs, LDV);
     __syncthreads();
   }
 #pragma unroll
   for (int ct = 0; ct < CT; ++ct)
     wmma::store_matrix_sync(a.sT + sbase + size_t(warp) * 16 * V + ct * 16, S[ct], V, wmma::mem_row_major);
   static_assert(NW * 32 == K * 2, "one warp per 16 state rows");
+}
+
+// Shared pieces of the two forward kernels (output_kernel and fused_fwd_kernel): 8 warps, warp
+// (r, hf) owns output rows r·16 … +15 and column half hf.
+//
+// A's lower tiles of row r (the two warps of the row take alternate tiles): q kᵀ, masked (j ≤ i),
+// decayed by e^{b_i − b_j} and scaled, rounded into ab [64][ldb]. b: the chunk's 64 cumulative gates.
+template <typename T, int K>
+__device__ __forceinline__ void decayed_scores(const T* qs, const T* ks, int ld, const float* b, float scale, T* ab,
+                                               int ldb, int r, int hf, int lane) {
+  for (int ct = hf; ct <= r; ct += 2) {
+    Acc acc;
+    tile_xyT(acc, qs, ks, ld, K, r, ct);
+#pragma unroll
+    for (int i = 0; i < 8; i += 2) {
+      const int row = r * 16 + acc_row(i, lane), col = ct * 16 + acc_col(i, lane);
+      const float bi = b[row];
+      const float x0 = col <= row ? acc.x[i] * __expf(bi - b[col]) * scale : 0.f;
+      const float x1 = col + 1 <= row ? acc.x[i + 1] * __expf(bi - b[col + 1]) * scale : 0.f;
+      store2<T>(ab + row * ldb + col, x0, x1);
+    }
+  }
+}
+
+// P (N column tiles from ct0) = f_row ⊙ (q S) + A v for the warp's rows; f0 / f1 are the row factors
+// e^{b}·scale of the lane's two rows (r·16 + lane/4 and + 8). S [K][lds], v [64][ldv], A in ab.
+template <typename T, int K, int N>
+__device__ __forceinline__ void chunk_rows(Acc (&P)[N], const T* qs, int ldq, const T* S, int lds, const T* ab,
+                                           int ldb, const T* vs, int ldv, float f0, float f1, int r, int ct0) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) wmma::fill_fragment(P[n], 0.f);
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+    ARow<T> fa;
+    wmma::load_matrix_sync(fa, qs + r * 16 * ldq + kk * 16, ldq);
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      BRow<T> fb;
+      wmma::load_matrix_sync(fb, S + kk * 16 * lds + (ct0 + n) * 16, lds);
+      wmma::mma_sync(P[n], fa, fb, P[n]);
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) P[n].x[i] *= ((i >> 1) & 1) ? f1 : f0;
+  for (int kk = 0; kk <= r; ++kk) {
+    ARow<T> fa;
+    wmma::load_matrix_sync(fa, ab + r * 16 * ldb + kk * 16, ldb);
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      BRow<T> fb;
+      wmma::load_matrix_sync(fb, vs + kk * 16 * ldv + (ct0 + n) * 16, ldv);
+      wmma::mma_sync(P[n], fa, fb, P[n]);
+    }
+  }
+}
+
+// The warp's rows of P into o [B,T,H,V] at column col0 + tile columns, rows past T skipped.
+template <typename T, int N>
+__device__ __forceinline__ void store_chunk_rows(const Acc (&P)[N], T* o, int bi, int h, int c, int T_, int H, int V,
+                                                 int col0, int r, int ct0, int lane) {
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+#pragma unroll
+    for (int i = 0; i < 8; i += 2) {
+      const int row = r * 16 + acc_row(i, lane), col = col0 + (ct0 + n) * 16 + acc_col(i, lane), t = c * kC + row;
+      if (t < T_) store2<T>(o + ((size_t(bi) * T_ + t) * H + h) * V + col, P[n].x[i], P[n].x[i + 1]);
+    }
 }
 
 struct OutArgs {
@@ -321,67 +416,15 @@ __global__ void __launch_bounds__(256) output_kernel(OutArgs a) {
   cp_async_wait<1>();
   __syncthreads();
 
-  for (int ct = hf; ct <= r; ct += 2) {
-    Acc acc;
-    wmma::fill_fragment(acc, 0.f);
-#pragma unroll
-    for (int kk = 0; kk < K / 16; ++kk) {
-      ARow<T> fa;
-      BCol<T> fb;
-      wmma::load_matrix_sync(fa, qs + r * 16 * LDK + kk * 16, LDK);
-      wmma::load_matrix_sync(fb, ks + ct * 16 * LDK + kk * 16, LDK);
-      wmma::mma_sync(acc, fa, fb, acc);
-    }
-#pragma unroll
-    for (int i = 0; i < 8; i += 2) {
-      const int row = r * 16 + acc_row(i, lane), col = ct * 16 + acc_col(i, lane);
-      const float bi_ = rowb[row];
-      const float x0 = col <= row ? acc.x[i] * __expf(bi_ - rowb[col]) * a.scale : 0.f;
-      const float x1 = col + 1 <= row ? acc.x[i + 1] * __expf(bi_ - rowb[col + 1]) * a.scale : 0.f;
-      store2<T>(ab + row * LDB + col, x0, x1);
-    }
-  }
+  decayed_scores<T, K>(qs, ks, LDK, rowb, a.scale, ab, LDB, r, hf, lane);
   cp_async_wait<0>();
   __syncthreads();
 
   const int ct0 = hf * NCT;
   Acc P[NCT];
-#pragma unroll
-  for (int n = 0; n < NCT; ++n) wmma::fill_fragment(P[n], 0.f);
-#pragma unroll
-  for (int kk = 0; kk < K / 16; ++kk) {
-    ARow<T> fa;
-    wmma::load_matrix_sync(fa, qs + r * 16 * LDK + kk * 16, LDK);
-#pragma unroll
-    for (int n = 0; n < NCT; ++n) {
-      BRow<T> fb;
-      wmma::load_matrix_sync(fb, hsm + kk * 16 * LDV + (ct0 + n) * 16, LDV);
-      wmma::mma_sync(P[n], fa, fb, P[n]);
-    }
-  }
   const float f0 = __expf(rowb[r * 16 + (lane >> 2)]) * a.scale, f1 = __expf(rowb[r * 16 + (lane >> 2) + 8]) * a.scale;
-#pragma unroll
-  for (int n = 0; n < NCT; ++n)
-#pragma unroll
-    for (int i = 0; i < 8; ++i) P[n].x[i] *= ((i >> 1) & 1) ? f1 : f0;
-  for (int kk = 0; kk <= r; ++kk) {
-    ARow<T> fa;
-    wmma::load_matrix_sync(fa, ab + r * 16 * LDB + kk * 16, LDB);
-#pragma unroll
-    for (int n = 0; n < NCT; ++n) {
-      BRow<T> fb;
-      wmma::load_matrix_sync(fb, vs + kk * 16 * LDV + (ct0 + n) * 16, LDV);
-      wmma::mma_sync(P[n], fa, fb, P[n]);
-    }
-  }
-  T* o = static_cast<T*>(a.o);
-#pragma unroll
-  for (int n = 0; n < NCT; ++n)
-#pragma unroll
-    for (int i = 0; i < 8; i += 2) {
-      const int row = r * 16 + acc_row(i, lane), col = (ct0 + n) * 16 + acc_col(i, lane), t = c * kC + row;
-      if (t < T_) store2<T>(o + ((size_t(bi) * T_ + t) * H + h) * V + col, P[n].x[i], P[n].x[i + 1]);
-    }
+  chunk_rows<T, K, NCT>(P, qs, LDK, hsm, LDV, ab, LDB, vs, LDV, f0, f1, r, ct0);
+  store_chunk_rows<T, NCT>(P, static_cast<T*>(a.o), bi, h, c, T_, H, V, 0, r, ct0, lane);
 }
 
 struct FusedArgs {
@@ -474,26 +517,7 @@ __global__ void __launch_bounds__(256) fused_fwd_kernel(FusedArgs a) {
         const int row = srow * 16 + acc_row(i, lane), col = (scol0 + n) * 16 + acc_col(i, lane);
         store2<T>(sb + row * LDV + col, S[n].x[i], S[n].x[i + 1]);
       }
-    for (int ct = hf; ct <= r; ct += 2) {
-      Acc acc;
-      wmma::fill_fragment(acc, 0.f);
-#pragma unroll
-      for (int kk = 0; kk < K / 16; ++kk) {
-        ARow<T> fa;
-        BCol<T> fb;
-        wmma::load_matrix_sync(fa, qs + r * 16 * LDK + kk * 16, LDK);
-        wmma::load_matrix_sync(fb, ks + ct * 16 * LDK + kk * 16, LDK);
-        wmma::mma_sync(acc, fa, fb, acc);
-      }
-#pragma unroll
-      for (int i = 0; i < 8; i += 2) {
-        const int row = r * 16 + acc_row(i, lane), col = ct * 16 + acc_col(i, lane);
-        const float bi_ = bc[row];
-        const float x0 = col <= row ? acc.x[i] * __expf(bi_ - bc[col]) * a.scale : 0.f;
-        const float x1 = col + 1 <= row ? acc.x[i + 1] * __expf(bi_ - bc[col + 1]) * a.scale : 0.f;
-        store2<T>(ab + row * LDB + col, x0, x1);
-      }
-    }
+    decayed_scores<T, K>(qs, ks, LDK, bc, a.scale, ab, LDB, r, hf, lane);
     __syncthreads();
     if constexpr (DELTA) {
       // v ← u − w·S (rounded to the input dtype, as the unfused path stores it), vsc ← e^{b_L − b} ⊙ v
@@ -532,61 +556,13 @@ __global__ void __launch_bounds__(256) fused_fwd_kernel(FusedArgs a) {
     __syncthreads();
     // o = e^{b}·scale·(q S) + A v for rows r·16 … +15, columns of half hf
     {
-      const int ct0 = hf * NCT;
       Acc P[NCT];
-#pragma unroll
-      for (int n = 0; n < NCT; ++n) wmma::fill_fragment(P[n], 0.f);
-#pragma unroll
-      for (int kk = 0; kk < K / 16; ++kk) {
-        ARow<T> fa;
-        wmma::load_matrix_sync(fa, qs + r * 16 * LDK + kk * 16, LDK);
-#pragma unroll
-        for (int n = 0; n < NCT; ++n) {
-          BRow<T> fb;
-          wmma::load_matrix_sync(fb, sb + kk * 16 * LDV + (ct0 + n) * 16, LDV);
-          wmma::mma_sync(P[n], fa, fb, P[n]);
-        }
-      }
       const float f0 = rowe[r * 16 + (lane >> 2)], f1 = rowe[r * 16 + (lane >> 2) + 8];
-#pragma unroll
-      for (int n = 0; n < NCT; ++n)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) P[n].x[i] *= ((i >> 1) & 1) ? f1 : f0;
-      for (int kk = 0; kk <= r; ++kk) {
-        ARow<T> fa;
-        wmma::load_matrix_sync(fa, ab + r * 16 * LDB + kk * 16, LDB);
-#pragma unroll
-        for (int n = 0; n < NCT; ++n) {
-          BRow<T> fb;
-          wmma::load_matrix_sync(fb, vs + kk * 16 * LDV + (ct0 + n) * 16, LDV);
-          wmma::mma_sync(P[n], fa, fb, P[n]);
-        }
-      }
-#pragma unroll
-      for (int n = 0; n < NCT; ++n)
-#pragma unroll
-        for (int i = 0; i < 8; i += 2) {
-          const int row = r * 16 + acc_row(i, lane), col = (ct0 + n) * 16 + acc_col(i, lane), t = c * kC + row;
-          if (t < T_) store2<T>(o + ((size_t(bi) * T_ + t) * H + h) * V + v0 + col, P[n].x[i], P[n].x[i + 1]);
-        }
+      chunk_rows<T, K, NCT>(P, qs, LDK, sb, LDV, ab, LDB, vs, LDV, f0, f1, r, hf * NCT);
+      store_chunk_rows<T, NCT>(P, o, bi, h, c, T_, H, V, v0, r, hf * NCT, lane);
     }
     // S ← e^{b_L} S + kᵀ vsc
-    const float decay = __expf(bL);
-#pragma unroll
-    for (int n = 0; n < SCT; ++n)
-#pragma unroll
-      for (int i = 0; i < 8; ++i) S[n].x[i] *= decay;
-#pragma unroll
-    for (int kk = 0; kk < kC / 16; ++kk) {
-      ACol<T> fa;
-      wmma::load_matrix_sync(fa, ks + kk * 16 * LDK + srow * 16, LDK);
-#pragma unroll
-      for (int n = 0; n < SCT; ++n) {
-        BRow<T> fb;
-        wmma::load_matrix_sync(fb, vsc + kk * 16 * LDV + (scol0 + n) * 16, LDV);
-        wmma::mma_sync(S[n], fa, fb, S[n]);
-      }
-    }
+    state_update<T, SCT>(S, __expf(bL), ks + srow * 16, LDK, vsc + scol0 * 16, LDV);
     __syncthreads();
   }
 #pragma unroll
@@ -676,14 +652,7 @@ __global__ void __launch_bounds__(256) dqkv_kernel(DqkvArgs a) {
     float* dst = hf ? stg : af;
     for (int ct = 0; ct <= r; ++ct) {
       Acc acc;
-      wmma::fill_fragment(acc, 0.f);
-      for (int kk = 0; kk < nk; ++kk) {
-        ARow<T> fa;
-        BCol<T> fb;
-        wmma::load_matrix_sync(fa, x + r * 16 * ld + kk * 16, ld);
-        wmma::load_matrix_sync(fb, y + ct * 16 * ld + kk * 16, ld);
-        wmma::mma_sync(acc, fa, fb, acc);
-      }
+      tile_xyT(acc, x, y, ld, nk * 16, r, ct);
       wmma::store_matrix_sync(dst + r * 16 * LDA + ct * 16, acc, LDA, wmma::mem_row_major);
     }
   }
@@ -710,37 +679,24 @@ __global__ void __launch_bounds__(256) dqkv_kernel(DqkvArgs a) {
       }
     }
   };
+  // The warp's rows of P (N column tiles from ct0) → staging → dst (fp32 or the input dtype).
+  auto finish = [&](auto& P, float* dstf, T* dstt, int D, int ct0) {
+    constexpr int N = std::extent_v<std::remove_reference_t<decltype(P)>>;
+#pragma unroll
+    for (int n = 0; n < N; ++n) wmma::store_matrix_sync(stg + r * 16 * LDG + (ct0 + n) * 16, P[n], LDG, wmma::mem_row_major);
+    __syncwarp();
+    store_rows(dstf, dstt, D, ct0, N * 16);
+  };
   // dq = scale·e^{b} ⊙ (do hᵀ) + dA k
   {
     const int ct0 = hf * NK;
     Acc P[NK];
 #pragma unroll
     for (int n = 0; n < NK; ++n) wmma::fill_fragment(P[n], 0.f);
-    for (int kk = 0; kk < V / 16; ++kk) {
-      ARow<T> fa;
-      wmma::load_matrix_sync(fa, dos + r * 16 * LDV + kk * 16, LDV);
-#pragma unroll
-      for (int n = 0; n < NK; ++n) {
-        BCol<T> fb;
-        wmma::load_matrix_sync(fb, hsm + (ct0 + n) * 16 * LDV + kk * 16, LDV);
-        wmma::mma_sync(P[n], fa, fb, P[n]);
-      }
-    }
+    mma_span<ARow<T>, BCol<T>>(P, dos + r * 16 * LDV, 16, LDV, hsm + ct0 * 16 * LDV, 16, 16 * LDV, LDV, 0, V / 16);
     scale_rows<NK>(P, stg, LDG, r, ct0, f_in, lane);
-    for (int kk = 0; kk <= r; ++kk) {
-      ARow<T> fa;
-      wmma::load_matrix_sync(fa, dab + r * 16 * LDB + kk * 16, LDB);
-#pragma unroll
-      for (int n = 0; n < NK; ++n) {
-        BRow<T> fb;
-        wmma::load_matrix_sync(fb, ks + kk * 16 * LDK + (ct0 + n) * 16, LDK);
-        wmma::mma_sync(P[n], fa, fb, P[n]);
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < NK; ++n) wmma::store_matrix_sync(stg + r * 16 * LDG + (ct0 + n) * 16, P[n], LDG, wmma::mem_row_major);
-    __syncwarp();
-    store_rows(a.dqf, nullptr, K, ct0, NK * 16);
+    mma_span<ARow<T>, BRow<T>>(P, dab + r * 16 * LDB, 16, LDB, ks + ct0 * 16, 16 * LDK, 16, LDK, 0, r + 1);
+    finish(P, a.dqf, nullptr, K, ct0);
   }
   cp_async_wait<0>();
   __syncthreads();  // dh has arrived
@@ -766,16 +722,7 @@ __global__ void __launch_bounds__(256) dqkv_kernel(DqkvArgs a) {
     Acc P[NK];
 #pragma unroll
     for (int n = 0; n < NK; ++n) wmma::fill_fragment(P[n], 0.f);
-    for (int kk = 0; kk < V / 16; ++kk) {
-      ARow<T> fa;
-      wmma::load_matrix_sync(fa, vs + r * 16 * LDV + kk * 16, LDV);
-#pragma unroll
-      for (int n = 0; n < NK; ++n) {
-        BCol<T> fb;
-        wmma::load_matrix_sync(fb, dhsm + (ct0 + n) * 16 * LDV + kk * 16, LDV);
-        wmma::mma_sync(P[n], fa, fb, P[n]);
-      }
-    }
+    mma_span<ARow<T>, BCol<T>>(P, vs + r * 16 * LDV, 16, LDV, dhsm + ct0 * 16 * LDV, 16, 16 * LDV, LDV, 0, V / 16);
     scale_rows<NK>(P, stg, LDG, r, ct0, f_out, lane);
     // y_j = k_j · (inter-chunk part of dk_j), summed over this warp's columns
     for (int i = 0; i < 16; ++i) {
@@ -786,20 +733,8 @@ __global__ void __launch_bounds__(256) dqkv_kernel(DqkvArgs a) {
       for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
       if (lane == 0) atomicAdd(&ysm[row], acc);
     }
-    for (int kk = r; kk < kC / 16; ++kk) {
-      ACol<T> fa;
-      wmma::load_matrix_sync(fa, dab + kk * 16 * LDB + r * 16, LDB);
-#pragma unroll
-      for (int n = 0; n < NK; ++n) {
-        BRow<T> fb;
-        wmma::load_matrix_sync(fb, qs + kk * 16 * LDK + (ct0 + n) * 16, LDK);
-        wmma::mma_sync(P[n], fa, fb, P[n]);
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < NK; ++n) wmma::store_matrix_sync(stg + r * 16 * LDG + (ct0 + n) * 16, P[n], LDG, wmma::mem_row_major);
-    __syncwarp();
-    store_rows(a.dkf, nullptr, K, ct0, NK * 16);
+    mma_span<ACol<T>, BRow<T>>(P, dab + r * 16, 16 * LDB, LDB, qs + ct0 * 16, 16 * LDK, 16, LDK, r, kC / 16);
+    finish(P, a.dkf, nullptr, K, ct0);
   }
   __syncthreads();  // with K ≠ V the two warps of a row split the staging columns differently below
   // dv = e^{b_L − b} ⊙ (k dh) + Aᵀ do
@@ -808,31 +743,10 @@ __global__ void __launch_bounds__(256) dqkv_kernel(DqkvArgs a) {
     Acc P[NV];
 #pragma unroll
     for (int n = 0; n < NV; ++n) wmma::fill_fragment(P[n], 0.f);
-    for (int kk = 0; kk < K / 16; ++kk) {
-      ARow<T> fa;
-      wmma::load_matrix_sync(fa, ks + r * 16 * LDK + kk * 16, LDK);
-#pragma unroll
-      for (int n = 0; n < NV; ++n) {
-        BRow<T> fb;
-        wmma::load_matrix_sync(fb, dhsm + kk * 16 * LDV + (ct0 + n) * 16, LDV);
-        wmma::mma_sync(P[n], fa, fb, P[n]);
-      }
-    }
+    mma_span<ARow<T>, BRow<T>>(P, ks + r * 16 * LDK, 16, LDK, dhsm + ct0 * 16, 16 * LDV, 16, LDV, 0, K / 16);
     scale_rows<NV>(P, stg, LDG, r, ct0, f_out, lane);
-    for (int kk = r; kk < kC / 16; ++kk) {
-      ACol<T> fa;
-      wmma::load_matrix_sync(fa, ab + kk * 16 * LDB + r * 16, LDB);
-#pragma unroll
-      for (int n = 0; n < NV; ++n) {
-        BRow<T> fb;
-        wmma::load_matrix_sync(fb, dos + kk * 16 * LDV + (ct0 + n) * 16, LDV);
-        wmma::mma_sync(P[n], fa, fb, P[n]);
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < NV; ++n) wmma::store_matrix_sync(stg + r * 16 * LDG + (ct0 + n) * 16, P[n], LDG, wmma::mem_row_major);
-    __syncwarp();
-    store_rows(nullptr, static_cast<T*>(a.dv), V, ct0, NV * 16);
+    mma_span<ACol<T>, BRow<T>>(P, ab + r * 16, 16 * LDB, LDB, dos + ct0 * 16, 16 * LDV, 16, LDV, r, kC / 16);
+    finish(P, nullptr, static_cast<T*>(a.dv), V, ct0);
   }
   __syncthreads();
   if (threadIdx.x < kC && T0 + int(threadIdx.x) < T_)
@@ -912,15 +826,7 @@ __global__ void __launch_bounds__(256) prep_kernel(PrepArgs a) {
   // A = β k kᵀ ⊙ e^{b_i − b_j}, strictly lower, written from registers (upper tiles are never read)
   for (int ct = hf; ct <= r; ct += 2) {
     Acc acc;
-    wmma::fill_fragment(acc, 0.f);
-#pragma unroll
-    for (int kk = 0; kk < K / 16; ++kk) {
-      ARow<T> fa;
-      BCol<T> fb;
-      wmma::load_matrix_sync(fa, ks + r * 16 * LDK + kk * 16, LDK);
-      wmma::load_matrix_sync(fb, ks + ct * 16 * LDK + kk * 16, LDK);
-      wmma::mma_sync(acc, fa, fb, acc);
-    }
+    tile_xyT(acc, ks, ks, LDK, K, r, ct);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const int row = r * 16 + acc_row(i, lane), col = ct * 16 + acc_col(i, lane);

@@ -52,8 +52,7 @@ ConfigSpec layer_config();
 // CUDA path of the sparse ops: the same device-agnostic LibTorch code, with bf16 / fp16 inputs
 // computed in fp32 (cast back on the way out). Top-k selections and gathered sums in half precision
 // would flip near-tied keys and round the index_add accumulations.
-using OpFn = TensorMap (*)(const TensorMap&, const Config&);
-TensorMap run_in_fp32(OpFn fn, const TensorMap& in, const Config& p);
+TensorMap run_in_fp32(const OpFn& fn, const TensorMap& in, const Config& p);
 
 // Every key s ≤ t selected, −1 elsewhere: [B,T,T] int64 on `like`'s device.
 at::Tensor causal_full_indices(int64_t B, int64_t T, const at::Tensor& like);

@@ -226,7 +226,7 @@ at::Tensor sparse_attention_cpu(const at::Tensor& q, const at::Tensor& k, const 
 
 MIXBENCH_REGISTER(make_spec());
 
-TensorMap run_in_fp32(OpFn fn, const TensorMap& in, const Config& p) {
+TensorMap run_in_fp32(const OpFn& fn, const TensorMap& in, const Config& p) {
   at::ScalarType half = at::kFloat;
   TensorMap up;
   for (const auto& [name, t] : in) {
