@@ -37,6 +37,12 @@ namespace mixbench::linear {
 
 namespace {
 
+// dst[d] = a · src[d] (non-overlapping rows: vectorizable)
+template <typename scalar_t>
+inline void scale_row(scalar_t* __restrict__ dst, const scalar_t* __restrict__ src, scalar_t a, int64_t n) {
+  for (int64_t d = 0; d < n; ++d) dst[d] = a * src[d];
+}
+
 template <typename scalar_t>
 void delta_fwd_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& beta,
                       const at::Tensor& g, double scale_d, const at::Tensor& h0, int64_t C, at::Tensor& o,
@@ -53,6 +59,7 @@ void delta_fwd_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   const scalar_t scale = scalar_t(scale_d);
   const auto opts = q.options();
   const int64_t KV = K + V, KC = K + C;
+  constexpr int64_t kLine = 64 / sizeof(scalar_t);  // elements per cache line
   // Largest |cumulative gate| within a chunk for the product form of the decays.
   const scalar_t kMaxG = std::is_same<scalar_t, float>::value ? scalar_t(60) : scalar_t(600);
 
@@ -108,23 +115,25 @@ void delta_fwd_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor
           const scalar_t be = bi * e, se = scale * e;
           if (direct) {
             const scalar_t ec = gp ? std::exp(G[i] - c) : scalar_t(1), en = gp ? std::exp(c - G[i]) : scalar_t(1);
-            const scalar_t sec = scale * ec;
-            for (int64_t d = 0; d < K; ++d) {
-              qd[d] = sec * qi[d];
-              kd[d] = ec * ki[d];
-              kn[d] = en * ki[d];
-              xi[d] = se * qi[d];
-              ri[d] = be * ki[d];
-            }
+            scale_row(qd, qi, scale * ec, K);
+            scale_row(kd, ki, ec, K);
+            scale_row(kn, ki, en, K);
           } else {
-            for (int64_t d = 0; d < K; ++d) {
-              qd[d] = scale * qi[d];
-              kd[d] = ki[d];
-              xi[d] = se * qi[d];
-              ri[d] = be * ki[d];
-            }
+            scale_row(qd, qi, scale, K);
+            std::copy(ki, ki + K, kd);
           }
-          for (int64_t d = 0; d < V; ++d) ri[K + d] = bi * vi[d];
+          scale_row(xi, qi, se, K);
+          scale_row(ri, ki, be, K);
+          scale_row(ri + K, vi, bi, V);
+        }
+        // The next chunk's rows (strided by H·D: the hardware prefetcher does not cross pages).
+        for (int64_t i = 0, n = std::min(C, T - t0 - L); i < n; ++i) {
+          const int64_t row = row0 + (L + i) * H;
+          for (int64_t d = 0; d < K; d += kLine) {
+            __builtin_prefetch(qp + row * K + d);
+            __builtin_prefetch(kp + row * K + d);
+          }
+          for (int64_t d = 0; d < V; d += kLine) __builtin_prefetch(vp + row * V + d);
         }
         // M = [Q'; K'] K''ᵀ: direct [s e^{G−c} Q; e^{G−c} K](e^{c−G} K)ᵀ, else [s Q; K] Kᵀ (Γ below)
         at::Tensor QKv = view(QK.data(), {2 * L, K}, {K, 1});
