@@ -1,8 +1,10 @@
 // CPU forward of the chunked delta rule for the None and Head gates (delta_rule, gated_delta_rule)
 // on raw contiguous buffers, in the input dtype (fp32 or fp64), one task per (batch, head).
 //
-// Per chunk of L ≤ C tokens (G the inclusive cumulative log gate within the chunk, 0 without a gate,
-// S the state entering the chunk):
+// Per chunk of C = min(64, T) tokens (the last one zero-padded, as in delta_chunked, so that the
+// work and the matrix-product shapes are those of delta_chunked and of its FLOP accounting; G the
+// inclusive cumulative log gate within the chunk, 0 without a gate; S the state entering the chunk;
+// L = C below):
 //   M = [s·Q; K] Kᵀ                                   one product [2L,K]×[K,L]
 //   Γ_ij = exp(G_i − G_j) (j ≤ i, else 0)              one vectorized exp over [L,L]
 //   A_ij = β_i (k_i·k_j) Γ_ij (j < i),  P_ij = s (q_i·k_j) Γ_ij (j ≤ i)
@@ -22,6 +24,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -63,7 +66,7 @@ void delta_fwd_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   // Largest |cumulative gate| within a chunk for the product form of the decays.
   const scalar_t kMaxG = std::is_same<scalar_t, float>::value ? scalar_t(60) : scalar_t(600);
 
-  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+  auto body = [&](int64_t begin, int64_t end) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     // Per-task buffers.
     std::vector<scalar_t> QK(static_cast<size_t>(2 * C * K)),  // rows 0..L-1: s·q, rows L..2L-1: k (then K_r)
@@ -74,7 +77,8 @@ void delta_fwd_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor
         X(static_cast<size_t>(C * KC)),                        // [s e^G Q | P], row stride K + C
         Y(static_cast<size_t>((K + C) * V)),                   // [S; v_new]
         KI(static_cast<size_t>(C * K)),                        // e^{c−G} k (direct form)
-        G(static_cast<size_t>(C));
+        O(static_cast<size_t>(C * V)),                         // output rows of a tail chunk
+        G(static_cast<size_t>(C)), Bt(static_cast<size_t>(C));
     auto view = [&](scalar_t* p, at::IntArrayRef sizes, at::IntArrayRef strides) {
       return at::from_blob(p, sizes, strides, opts);
     };
@@ -87,13 +91,15 @@ void delta_fwd_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor
         std::fill(S, S + K * V, scalar_t(0));
       at::Tensor Sv = view(S, {K, V}, {V, 1});
       for (int64_t t0 = 0; t0 < T; t0 += C) {
-        const int64_t L = std::min(C, T - t0);
+        // Lr real rows; a tail chunk is zero-padded to C rows (k = 0, β = 0, g = 0: they write
+        // nothing and decay nothing), so every chunk does the same work as in delta_chunked.
+        const int64_t Lr = std::min(C, T - t0), L = C;
         // cumulative gates; the product form e^{G_i}·e^{−G_j} replaces Γ_ij = e^{G_i − G_j} when
         // max |G| ≤ kMaxG (no overflow, no denormals; the scaling does not change relative errors)
         const int64_t row0 = (b * T + t0) * H + h;
         scalar_t acc = 0, gmax = 0, gmin = 0;
         for (int64_t i = 0; i < L; ++i) {
-          if (gp) acc += gp[row0 + i * H];
+          if (gp && i < Lr) acc += gp[row0 + i * H];
           G[i] = acc;
           gmax = std::max(gmax, acc);
           gmin = std::min(gmin, acc);
@@ -101,11 +107,21 @@ void delta_fwd_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor
         const scalar_t c = (gmax + gmin) / 2;  // e^{G−c}, e^{c−G} lie within e^{±kMaxG}
         const bool direct = !gp || (gmax - gmin) / 2 <= kMaxG;
         for (int64_t i = 0; i < L; ++i) {
+          if (i >= Lr) {
+            Bt[i] = 0;
+            std::fill(QK.data() + i * K, QK.data() + (i + 1) * K, scalar_t(0));
+            std::fill(QK.data() + (L + i) * K, QK.data() + (L + i + 1) * K, scalar_t(0));
+            std::fill(KI.data() + i * K, KI.data() + (i + 1) * K, scalar_t(0));
+            std::fill(X.data() + i * KC, X.data() + i * KC + K, scalar_t(0));
+            std::fill(R.data() + i * KV, R.data() + (i + 1) * KV, scalar_t(0));
+            continue;
+          }
           const int64_t row = row0 + i * H;
           const scalar_t* qi = qp + row * K;
           const scalar_t* ki = kp + row * K;
           const scalar_t* vi = vp + row * V;
           const scalar_t bi = bp[row];
+          Bt[i] = bi;
           const scalar_t e = gp ? std::exp(G[i]) : scalar_t(1);
           scalar_t* qd = QK.data() + i * K;
           scalar_t* kd = QK.data() + (L + i) * K;
@@ -127,8 +143,8 @@ void delta_fwd_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor
           scale_row(ri + K, vi, bi, V);
         }
         // The next chunk's rows (strided by H·D: the hardware prefetcher does not cross pages).
-        for (int64_t i = 0, n = std::min(C, T - t0 - L); i < n; ++i) {
-          const int64_t row = row0 + (L + i) * H;
+        for (int64_t i = 0, n = std::min(C, T - t0 - Lr); i < n; ++i) {
+          const int64_t row = row0 + (Lr + i) * H;
           for (int64_t d = 0; d < K; d += kLine) {
             __builtin_prefetch(qp + row * K + d);
             __builtin_prefetch(kp + row * K + d);
@@ -151,7 +167,7 @@ void delta_fwd_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor
           at::exp_(Gv);
         }
         for (int64_t i = 0; i < L; ++i) {
-          const scalar_t bi = bp[row0 + i * H];
+          const scalar_t bi = Bt[i];
           const scalar_t* mq = M.data() + i * L;
           const scalar_t* mk = M.data() + (L + i) * L;
           scalar_t* ai = A.data() + i * L;
@@ -175,24 +191,32 @@ void delta_fwd_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor
         at::Tensor Vn = view(Y.data() + K * V, {L, V}, {V, 1});
         at::addmm_out(Vn, WUv.narrow(1, K, V), WUv.narrow(1, 0, K), Sv, /*beta=*/1, /*alpha=*/-1);
         // o = [s e^G Q | P] [S; v_new], written in place into o[b, t0:t0+L, h, :]
-        at::Tensor Ov = view(op + row0 * V, {L, V}, {H * V, 1});
+        at::Tensor Ov = Lr == L ? view(op + row0 * V, {L, V}, {H * V, 1}) : view(O.data(), {L, V}, {V, 1});
         at::mm_out(Ov, view(X.data(), {L, K + L}, {KC, 1}), view(Y.data(), {K + L, V}, {V, 1}));
+        if (Lr < L)
+          for (int64_t i = 0; i < Lr; ++i) std::copy(O.data() + i * V, O.data() + (i + 1) * V, op + (row0 + i * H) * V);
         // S ← e^{G_L} S + K_rᵀ v_new,  K_r = k ⊙ e^{G_L − G} (= e^{G_L − c} · e^{c − G} k in the direct form)
         const scalar_t GL = G[L - 1], eGL = gp ? std::exp(GL) : scalar_t(1);
         if (direct) {
-          Sv.addmm_(KIv.t(), Vn, /*beta=*/eGL, /*alpha=*/gp ? std::exp(GL - c) : scalar_t(1));
+          at::addmm_out(Sv, Sv, KIv.t(), Vn, /*beta=*/eGL, /*alpha=*/gp ? std::exp(GL - c) : scalar_t(1));
         } else {
           for (int64_t i = 0; i < L; ++i) {
             const scalar_t r = std::exp(GL - G[i]);
             scalar_t* kd = QK.data() + (L + i) * K;
             for (int64_t d = 0; d < K; ++d) kd[d] *= r;
           }
-          Sv.addmm_(Kc.t(), Vn, /*beta=*/eGL, /*alpha=*/1);
+          at::addmm_out(Sv, Sv, Kc.t(), Vn, /*beta=*/eGL, /*alpha=*/1);
         }
       }
       std::copy(S, S + K * V, hp + bh * K * V);
     }
-  });
+  };
+  // With RecordFunction observers on this thread (profilers, FLOP counters) the tasks run on it, so
+  // that every recorded op is seen by them; otherwise one task per (batch, head) in parallel.
+  if (at::hasThreadLocalCallbacks())
+    body(0, B * H);
+  else
+    at::parallel_for(0, B * H, 1, body);
 }
 
 DeltaResult delta_fwd_cpu(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0, const at::Tensor& beta0,
@@ -203,7 +227,7 @@ DeltaResult delta_fwd_cpu(const at::Tensor& q0, const at::Tensor& k0, const at::
   at::Tensor o = at::empty({B, T, H, V}, q.options());
   at::Tensor ht = at::empty({B, H, K, V}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "delta_fwd_cpu", [&] {
-    delta_fwd_kernel<scalar_t>(q, k, v, beta, g, scale, h0, kDeltaChunk, o, ht);
+    delta_fwd_kernel<scalar_t>(q, k, v, beta, g, scale, h0, std::min(kDeltaChunk, T), o, ht);
   });
   return {o, ht};
 }
