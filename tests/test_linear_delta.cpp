@@ -237,4 +237,62 @@ TEST(LinearDeltaChunked, SeveralBlocksMatchReference) {
   }
 }
 
+// The raw-buffer CPU forward (delta_rule, gated_delta_rule) against the FP64 recurrence: fp64 to
+// fp64 precision and fp32 to the fp32 threshold, with tail chunks, T = 1, K ≠ V, with and without
+// h0 and with B, H > 1; its gradients are those of delta_chunked.
+TEST(LinearDeltaChunked, CpuForwardMatchesReference) {
+  const auto o64 = at::TensorOptions().dtype(at::kDouble);
+  struct Shape {
+    int64_t B, T, H, K, V;
+    bool h0;
+    double gate_mul = 0.5;  // g = logsigmoid(randn)·gate_mul; 4, 40: strong decays (Γ formed explicitly)
+  };
+  const std::vector<Shape> shapes = {{1, 1, 2, 8, 8, true},    {2, 1, 1, 8, 4, false},  {1, 70, 2, 8, 12, true},
+                                     {2, 70, 3, 16, 8, false}, {1, 200, 2, 12, 20, true}, {1, 128, 1, 8, 8, true},
+                                     {1, 64, 2, 64, 64, false}, {1, 150, 2, 8, 12, true, 40.0},
+                                     {1, 130, 1, 16, 8, false, 4.0}};
+  for (linear::DeltaGate gate : {linear::DeltaGate::None, linear::DeltaGate::Head}) {
+    for (const Shape& sh : shapes) {
+      at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(uint64_t(31 + sh.T + sh.K));
+      at::Tensor k = at::randn({sh.B, sh.T, sh.H, sh.K}, gen, o64);
+      k = k / k.norm(2, -1, true);
+      const at::Tensor q = at::randn({sh.B, sh.T, sh.H, sh.K}, gen, o64), v = at::randn({sh.B, sh.T, sh.H, sh.V}, gen, o64),
+                       beta = at::sigmoid(at::randn({sh.B, sh.T, sh.H}, gen, o64)),
+                       h0 = sh.h0 ? at::randn({sh.B, sh.H, sh.K, sh.V}, gen, o64) : at::Tensor(),
+                       g = gate == linear::DeltaGate::Head ? at::log_sigmoid(at::randn({sh.B, sh.T, sh.H}, gen, o64)) * sh.gate_mul
+                                                           : at::Tensor();
+      const std::string what = "gate " + std::to_string(int(gate)) + " B" + std::to_string(sh.B) + " T" +
+                               std::to_string(sh.T) + " H" + std::to_string(sh.H) + " K" + std::to_string(sh.K) +
+                               " V" + std::to_string(sh.V) + (sh.h0 ? " h0" : "") +
+                               " gate_mul " + std::to_string(sh.gate_mul);
+      auto [orf, hr] = reference::delta_recurrent(q, k, v, beta, g, 0.3, h0);
+      {
+        c10::NoGradGuard ng;
+        linear::DeltaResult c = linear::delta_chunked_cpu(q, k, v, beta, g, 0.3, h0);
+        ASSERT_EQ(c.o.scalar_type(), at::kDouble) << what;
+        ASSERT_TRUE(c.o.sizes().equals(orf.sizes())) << what;
+        EXPECT_LE(compare(orf, c.o).rel_rms, threshold("fp64", TensorKind::Output)) << what;
+        EXPECT_LE(compare(hr, c.ht).rel_rms, threshold("fp64", TensorKind::Output)) << what;
+        auto f = [](const at::Tensor& x) { return x.defined() ? x.to(at::kFloat) : x; };
+        linear::DeltaResult c32 = linear::delta_chunked_cpu(f(q), f(k), f(v), f(beta), f(g), 0.3, f(h0));
+        ASSERT_EQ(c32.o.scalar_type(), at::kFloat) << what;
+        EXPECT_LE(compare(orf, c32.o).rel_rms, threshold("fp32", TensorKind::Output)) << what;
+        EXPECT_LE(compare(hr, c32.ht).rel_rms, threshold("fp32", TensorKind::Output)) << what;
+      }
+      std::vector<at::Tensor> x = {q.clone(), k.clone(), v.clone(), beta.clone()};
+      if (g.defined()) x.push_back(g.clone());
+      if (h0.defined()) x.push_back(h0.clone());
+      for (auto& t : x) t.requires_grad_(true);
+      const at::Tensor gx = g.defined() ? x[4] : at::Tensor(), hx = h0.defined() ? x.back() : at::Tensor();
+      linear::DeltaResult a = linear::delta_chunked_cpu(x[0], x[1], x[2], x[3], gx, 0.3, hx);
+      linear::DeltaResult b = linear::delta_chunked(x[0], x[1], x[2], x[3], gx, 0.3, hx);
+      const at::Tensor wo = at::randn(a.o.sizes(), gen, o64), wh = at::randn(a.ht.sizes(), gen, o64);
+      auto ga = torch::autograd::grad({(a.o * wo).sum() + (a.ht * wh).sum()}, x);
+      auto gb = torch::autograd::grad({(b.o * wo).sum() + (b.ht * wh).sum()}, x);
+      for (size_t i = 0; i < x.size(); ++i)
+        EXPECT_LE(compare(gb[i], ga[i]).rel_rms, 1e-12) << what << " input " << i;
+    }
+  }
+}
+
 }  // namespace

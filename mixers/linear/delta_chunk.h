@@ -30,6 +30,13 @@ struct DeltaResult {
 DeltaResult delta_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& beta,
                           const at::Tensor& g, double scale, const at::Tensor& h0, int64_t chunk = kDeltaChunk);
 
+// CPU forward for the None and Head gates (delta_rule, gated_delta_rule): the same chunked algorithm
+// (chunk kDeltaChunk) on raw buffers in the input dtype (fp32 / fp64; half precision runs in fp32),
+// one task per (batch, head). Differentiable: the backward recomputes delta_chunked and
+// differentiates it. Other gates, dtypes or devices fall back to delta_chunked.
+DeltaResult delta_chunked_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& beta,
+                              const at::Tensor& g, double scale, const at::Tensor& h0);
+
 // One decode step: q_t,k_t [B,H,K], v_t [B,H,V], beta_t [B,H], g_t ([B,H] / [B,H,K] / undefined),
 // state S [B,H,K,V] -> (o_t [B,H,V], S').
 DeltaResult delta_step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& beta,
