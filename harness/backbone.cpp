@@ -145,7 +145,7 @@ enum class Pass { Forward, Prefill, Decode };
 // [B,T] from position 0; decode: idx [B,1] at cache->pos. `last_only`: lm_head on the last
 // position only.
 at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pass pass, ModelCache* cache,
-                     bool last_only) {
+                     bool last_only, ModelAux* aux = nullptr) {
   const ModelDims& d = m.dims;
   const auto& P = m.params;
   if (idx.dim() != 2) throw InputError("model input must be [B, T] token ids");
@@ -163,12 +163,13 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
     x = at::cat({x.slice(1, 0, 1), x.slice(1, 1) + gate * x.slice(1, 0, T - 1)}, 1);
   }
   if (pass == Pass::Prefill) cache->layers.assign(size_t(d.n_layer), TensorMap());
+  if (aux) *aux = ModelAux();
   at::Tensor x0 = x, x_backout;
   const int64_t backout_layer = d.n_layer / 2;
   for (int64_t i = 0; i < d.n_layer; ++i) {
     const MethodSpec& mixer = Registry::get().method(m.layer_mixers[size_t(i)]);
     ScopedMethod sm(mixer.name);
-    LayerCtx ctx{i, d.n_layer};
+    LayerCtx ctx{i, d.n_layer, m.step};
     x = P.at("resid_lambdas")[i] * x + P.at("x0_lambdas")[i] * x0;
     TensorMap in;
     in.set("x", rms_norm(x));
@@ -186,6 +187,11 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
       else out = mixer.decode(in, cache->layers[size_t(i)], m.cfg, ctx, backend);
     }
     x = x + out.at("y");
+    if (aux) {
+      at::Tensor a = out.get_or("aux_loss", at::Tensor());
+      aux->layer_aux.push_back(a);
+      if (a.defined()) aux->aux_loss = aux->aux_loss.defined() ? aux->aux_loss + a : a;
+    }
     at::Tensor h = at::relu(at::linear(rms_norm(x), P.at(fmt::format("layers.{}.mlp.c_fc", i)))).square();
     x = x + at::linear(h, P.at(fmt::format("layers.{}.mlp.c_proj", i)));
     if (i == backout_layer) x_backout = x;
@@ -204,8 +210,8 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
 }
 }  // namespace
 
-at::Tensor model_forward(const Model& m, const at::Tensor& idx, Backend backend) {
-  return run_model(m, idx, backend, Pass::Forward, nullptr, false);
+at::Tensor model_forward(const Model& m, const at::Tensor& idx, Backend backend, ModelAux* aux) {
+  return run_model(m, idx, backend, Pass::Forward, nullptr, false, aux);
 }
 
 int64_t ModelCache::bytes() const {
@@ -233,10 +239,16 @@ at::Tensor model_decode_step(const Model& m, const at::Tensor& idx_t, ModelCache
   return run_model(m, idx_t, backend, Pass::Decode, &cache, true);
 }
 
-at::Tensor model_loss(const Model& m, const at::Tensor& idx, const at::Tensor& targets, Backend backend) {
-  at::Tensor logits = model_forward(m, idx, backend);
-  return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), {},
-                                at::Reduction::Mean, -1);
+at::Tensor model_loss(const Model& m, const at::Tensor& idx, const at::Tensor& targets, Backend backend,
+                      at::Tensor* lm_loss, ModelAux* aux) {
+  ModelAux a;
+  at::Tensor logits = model_forward(m, idx, backend, &a);
+  at::Tensor lm = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), {},
+                                         at::Reduction::Mean, -1);
+  at::Tensor loss = a.aux_loss.defined() ? lm + a.aux_loss.to(lm.scalar_type()) : lm;
+  if (lm_loss) *lm_loss = lm;
+  if (aux) *aux = std::move(a);
+  return loss;
 }
 
 ModelCost account_model(const MethodSpec& method, const Config& cfg, const CostQuery& q) {

@@ -33,6 +33,7 @@ struct Model {
   std::vector<std::string> layer_mixers;  // per-layer method name (all = method->name for now)
   TensorMap params;
   std::map<std::string, ParamDef> defs;   // name -> definition (group, init)
+  int64_t step = -1;  // training step handed to every layer (LayerCtx::step); -1 = not training
 };
 
 // Builds all parameters with nanochat's initialisation (or `random_nonzero` for conformance).
@@ -42,8 +43,15 @@ Model build_model(const MethodSpec& method, const Config& cfg, at::Generator& ge
 // Parameter counts of the built tensors, split by group (the audit compares these to the accountant).
 ParamCount count_params(const Model& m);
 
-// logits [B,T,vocab] (fp32, or fp64 for an fp64 model; softcapped) for idx [B,T] int64.
-at::Tensor model_forward(const Model& m, const at::Tensor& idx, Backend backend);
+// Auxiliary training losses the layers return besides "y" (output "aux_loss": the sparse
+// methods' indexer / gate KL). Undefined tensors when no layer returns one.
+struct ModelAux {
+  at::Tensor aux_loss;                // Σ over layers (scalar)
+  std::vector<at::Tensor> layer_aux;  // per layer (undefined for a layer without one)
+};
+// logits [B,T,vocab] (fp32, or fp64 for an fp64 model; softcapped) for idx [B,T] int64. With
+// `aux`, the layers' auxiliary losses are collected into it.
+at::Tensor model_forward(const Model& m, const at::Tensor& idx, Backend backend, ModelAux* aux = nullptr);
 // Incremental decoding state of a model: one cache per layer (MethodSpec::prefill/decode), the
 // previous token's normalized embedding (the smear reads it) and the tokens consumed.
 struct ModelCache {
@@ -62,8 +70,11 @@ at::Tensor model_prefill(const Model& m, const at::Tensor& idx, Backend backend,
 // residual / x0 / backout stream as model_forward, each layer's decode hook; returns logits
 // [B,1,vocab] and advances the cache. model_prefill(T−n) then n steps == model_forward(T).
 at::Tensor model_decode_step(const Model& m, const at::Tensor& idx_t, ModelCache& cache, Backend backend);
-// Mean cross-entropy (nats) over targets != -1.
-at::Tensor model_loss(const Model& m, const at::Tensor& idx, const at::Tensor& targets, Backend backend);
+// Training loss: mean cross-entropy (nats) over targets != -1, plus the layers' auxiliary losses
+// with weight 1 (their sum; seed 001). `lm_loss` / `aux` receive the cross-entropy alone and the
+// auxiliary sum (undefined when no layer returns one).
+at::Tensor model_loss(const Model& m, const at::Tensor& idx, const at::Tensor& targets, Backend backend,
+                      at::Tensor* lm_loss = nullptr, ModelAux* aux = nullptr);
 
 // Fill a tensor per its ParamDef init rule (nanochat init).
 void init_param(at::Tensor& t, const ParamDef& def, at::Generator& gen);

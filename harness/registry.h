@@ -81,6 +81,10 @@ struct ParamDef {
 struct LayerCtx {
   int64_t layer = 0;
   int64_t n_layer = 1;
+  // Training step the layer runs at (the trainer sets it; its evaluations keep the last one);
+  // -1 = not training (conformance, sweeps, benchmarks). Methods with a training schedule (the
+  // sparse methods' full-attention warm-up) read it.
+  int64_t step = -1;
 };
 
 struct MethodSpec {

@@ -569,6 +569,7 @@ TrainResult run_train(const TrainOptions& opt) {
     pos = std::stoll(meta("data_pos"));
     prior_seconds = std::stod(meta("seconds"));
     r.losses = Json::parse(meta("losses")).get<std::vector<double>>();
+    if (f.metadata.count("aux_losses")) r.aux_losses = Json::parse(meta("aux_losses")).get<std::vector<double>>();
     for (const auto& e : Json::parse(meta("val_curve"))) r.val_curve.emplace_back(e[0].get<int64_t>(), e[1].get<double>());
     c10::NoGradGuard ng;
     TensorMap opt_state;
@@ -599,7 +600,8 @@ TrainResult run_train(const TrainOptions& opt) {
     write_safetensors(ckpt, t,
                       {{"fingerprint", fp}, {"step", std::to_string(step_done)}, {"data_pos", std::to_string(pos)},
                        {"seconds", fmt::format("{:.17g}", seconds)}, {"losses", Json(r.losses).dump()},
-                       {"val_curve", vc.dump()}, {"method", r.method}, {"config", r.cfg.str()}});
+                       {"val_curve", vc.dump()}, {"method", r.method}, {"config", r.cfg.str()},
+                       {"aux_losses", Json(r.aux_losses).dump()}});
   };
 
   const int64_t N = corpus.train.size(0);
@@ -615,9 +617,15 @@ TrainResult run_train(const TrainOptions& opt) {
       x = x.to(dev);
       y = y.to(dev);
     }
-    at::Tensor loss = model_loss(model, x, y, backend);
+    // The layers see the step (the sparse methods' full-attention warm-up); the evaluations
+    // after it run the model as this step trained it.
+    model.step = it;
+    at::Tensor lm_loss;
+    ModelAux aux;
+    at::Tensor loss = model_loss(model, x, y, backend, &lm_loss, &aux);
     loss.backward();
-    r.losses.push_back(loss.item<double>());
+    r.losses.push_back(lm_loss.item<double>());
+    if (aux.aux_loss.defined()) r.aux_losses.push_back(aux.aux_loss.item<double>());
     optim.step(model, it);
     for (const auto& [n, p] : model.params) p.mutable_grad() = at::Tensor();
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -631,11 +639,13 @@ TrainResult run_train(const TrainOptions& opt) {
       if (opt.progress == 1) {
         Json j = {{"method", r.method}, {"step", done}, {"steps", steps}, {"loss", r.losses.back()},
                   {"lr_mult", lr_multiplier(h.schedule, it)}, {"tok_per_s", tps}, {"eta_s", eta}};
+        if (!r.aux_losses.empty()) j["aux_loss"] = r.aux_losses.back();
         if (do_eval) j["val_bpb"] = r.val_curve.back().second;
         std::cout << j.dump() << std::endl;
       } else if (do_eval || done % 10 == 0) {
-        std::cout << fmt::format("{} step {}/{}  loss {:.4f}{}  {:.0f} tok/s  eta {:.0f}s\n", r.method, done, steps,
+        std::cout << fmt::format("{} step {}/{}  loss {:.4f}{}{}  {:.0f} tok/s  eta {:.0f}s\n", r.method, done, steps,
                                  r.losses.back(),
+                                 r.aux_losses.empty() ? "" : fmt::format("  aux {:.4f}", r.aux_losses.back()),
                                  do_eval ? fmt::format("  val bpb {:.4f}", r.val_curve.back().second) : "", tps, eta)
                   << std::flush;
       }
@@ -678,6 +688,7 @@ Json train_result_json(const TrainResult& r) {
           {"train_flops_per_token_nanochat", r.cost.train_flops_nanochat},
           {"params", {{"total", r.cost.params.total()}, {"matmul", r.cost.params.matmul}}},
           {"loss_curve", r.losses},
+          {"aux_loss_curve", r.aux_losses},
           {"val_curve", vc},
           {"probes", r.probes.is_null() ? Json::object() : r.probes}};
 }

@@ -125,7 +125,8 @@ struct TrainOptions {
 struct TrainResult {
   std::string method;
   Config cfg;
-  std::vector<double> losses;  // training loss per step (nats/token)
+  std::vector<double> losses;  // training LM loss per step (nats/token; the auxiliary losses excluded)
+  std::vector<double> aux_losses;  // Σ layers' auxiliary losses per step (empty: the method has none)
   std::vector<std::pair<int64_t, double>> val_curve;  // (step, val bpb)
   double val_bpb = 0;          // at the last evaluation (bits per token when not byte-level)
   bool byte_level = true;

@@ -41,6 +41,9 @@
 //   always attended instead of gated: its pooled key would see tokens after t.
 // qsa and seer return `aux_loss`; teacher and gate inputs are detached, so it reaches only the
 // indexer / gate parameters (seed 001 weights it 1 per layer, summed over layers).
+// Full-attention warm-up of qsa and seer (sparse.h): during the first full_attention_warmup_steps
+// training steps every complete history block is selected (dense causal attention) and the KL
+// covers every candidate block.
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
@@ -176,7 +179,7 @@ TensorMap qsa_reference(const TensorMap& in, const Config& c, const LayerCtx&) {
   return {{"y", o.y}, {"aux_loss", o.aux_loss}};
 }
 
-TensorMap qsa_forward(const TensorMap& in, const Config& c, const LayerCtx&, Backend backend) {
+TensorMap qsa_forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Backend backend) {
   Dims d = dims(c);
   QsaDims Q = qsa_dims(c);
   const at::Tensor& x = in.at("x");
@@ -195,7 +198,8 @@ TensorMap qsa_forward(const TensorMap& in, const Config& c, const LayerCtx&, Bac
     at::Tensor lg = at::matmul(qh, kb.permute({0, 2, 3, 1})) * (1.0 / std::sqrt(double(Q.DI)));  // [B,HK,T·g,NC]
     I = at::relu(lg).view({B, Q.HK, T, Q.g, NC}).sum({1, 3});                              // [B,T,NC]
   }
-  at::Tensor idx = history_plus_own(I.unsqueeze(1), T, Q.bs, Q.topk);  // [B,1,T,n+1]
+  const int64_t topk = full_attention_warmup(c, ctx) ? NC : Q.topk;
+  at::Tensor idx = history_plus_own(I.unsqueeze(1), T, Q.bs, topk);  // [B,1,T,n+1]
   const int64_t n = idx.size(3) - 1;
   at::Tensor o = block_attend(a, a.k, a.v, idx.expand({B, d.Hkv, T, n + 1}).contiguous(), Q.bs, scale, backend);
   at::Tensor y = at::linear(o.reshape({B, T, d.H * d.dh}), in.at("c_proj"));
@@ -287,6 +291,7 @@ MethodSpec qsa_spec() {
   m.summary = "QSA: ReLU indexer on mean-pooled 4-key blocks (RMSNorm, partial RoPE, shared keys) picks 64 blocks + tail; KL aux loss";
   m.citation = "Qwen report §2.1.2 as adapted by seed 001; nanochat attention layer";
   m.config = layer_config();
+  add_warmup_knob(m.config);
   m.config.i("qsa_block", 4, "keys mean-pooled per indexer block (= selection block)", 1)
       .i("qsa_topk", 64, "complete history blocks selected per query (256 tokens), the own tail block added", 1)
       .i("qsa_heads", 16, "indexer query heads H_I", 1)
@@ -463,7 +468,7 @@ TensorMap seer_reference(const TensorMap& in, const Config& c, const LayerCtx&) 
   return {{"y", o.y}, {"aux_loss", o.aux_loss}};
 }
 
-TensorMap seer_forward(const TensorMap& in, const Config& c, const LayerCtx&, Backend backend) {
+TensorMap seer_forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Backend backend) {
   Dims d = dims(c);
   const at::Tensor& x = in.at("x");
   const int64_t B = x.size(0), T = x.size(1), G = d.H / d.Hkv, bs = c.i("seer_block"), NC = T / bs;
@@ -482,7 +487,8 @@ TensorMap seer_forward(const TensorMap& in, const Config& c, const LayerCtx&, Ba
     kg = kg.view({d.Hkv, B, NC, dg}).permute({1, 0, 3, 2});                                      // [B,Hkv,dg,NC]
     S = (at::matmul(qg, kg) * (1.0 / std::sqrt(double(dg)))).view({B, d.H, T, NC});
   }
-  at::Tensor idx = history_plus_own(S, T, bs, c.i("seer_topk"));  // [B,H,T,n+1]
+  const int64_t topk = full_attention_warmup(c, ctx) ? NC : c.i("seer_topk");
+  at::Tensor idx = history_plus_own(S, T, bs, topk);  // [B,H,T,n+1]
   const int64_t n = idx.size(3) - 1;
   at::Tensor k = G > 1 ? a.k.repeat_interleave(G, 2) : a.k;  // per-query-head selections
   at::Tensor v = G > 1 ? a.v.repeat_interleave(G, 2) : a.v;
@@ -560,6 +566,7 @@ MethodSpec seer_spec() {
   m.summary = "SeerAttention-style: token-query gate on max/min/avg-pooled 64-key blocks picks 4 blocks + own; KL to block-max teacher";
   m.citation = "microsoft/SeerAttention seer_attn/attn_gate.py (arXiv 2410.13276), adapted by seed 001; nanochat attention layer";
   m.config = layer_config();
+  add_warmup_knob(m.config);
   m.config.i("seer_block", 64, "keys pooled per gate block (= selection block)", 1)
       .i("seer_topk", 4, "complete history blocks selected per query and head (256 tokens), the own block added", 1)
       .i("seer_gate_dim", 128, "gate projection dim d_g", 1);

@@ -14,7 +14,8 @@
 // Teacher and indexer input are detached, so aux_loss reaches only the indexer's parameters and y
 // none of them (the selection is not differentiable). Seed 001 weights aux_loss 1 per layer,
 // summed over layers. The layer always computes aux_loss (its cost is in the accountant).
-// The full-attention warm-up stage of training is not part of this layer.
+// Full-attention warm-up (sparse.h): during the first full_attention_warmup_steps training steps
+// S_t = every key s ≤ t (dense causal attention) and the KL's teacher covers the full history.
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
@@ -80,7 +81,7 @@ at::Tensor rope_neox_partial(const at::Tensor& x, int64_t R, double base) {
   return at::cat({x1 * cs - x2 * sn, x2 * cs + x1 * sn, rest}, -1);
 }
 
-TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx&, Backend backend) {
+TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Backend backend) {
   Dims d = dims(c);
   const at::Tensor& x = in.at("x");
   const int64_t B = x.size(0), T = x.size(1), G = d.H / d.Hkv;
@@ -94,11 +95,17 @@ TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx&, Backend
   at::Tensor ki = at::layer_norm(kr, {DI}, in.at("idx_k_norm_w"), in.at("idx_k_norm_b"), kIndexerLnEps);
   ki = rope_neox_partial(ki.unsqueeze(2), R, c.f("rope_base")).squeeze(2);
   at::Tensor wi = at::linear(xd, in.at("idx_w")) * (1.0 / std::sqrt(double(HI) * double(DI)));
-  const int64_t K = std::min(c.i("dsa_topk"), T);
-  Config ip = Registry::get().op("dsa_indexer").params.defaults();
-  ip = ip.with("topk", K).with("scale", 1.0).with("activation", std::string("relu"));
-  at::Tensor idx = call_op("dsa_indexer", backend, {{"q_idx", qi.detach()}, {"k_idx", ki.detach()}, {"w_idx", wi.detach()}}, ip)
-                       .at("indices");
+  const bool warmup = full_attention_warmup(c, ctx);
+  const int64_t K = warmup ? T : std::min(c.i("dsa_topk"), T);
+  at::Tensor idx;
+  if (warmup) {
+    idx = causal_full_indices(B, T, x);
+  } else {
+    Config ip = Registry::get().op("dsa_indexer").params.defaults();
+    ip = ip.with("topk", K).with("scale", 1.0).with("activation", std::string("relu"));
+    idx = call_op("dsa_indexer", backend, {{"q_idx", qi.detach()}, {"k_idx", ki.detach()}, {"w_idx", wi.detach()}}, ip)
+              .at("indices");
+  }
   Config sp = Registry::get().op("sparse_attention").params.defaults();
   sp = sp.with("topk", K).with("scale", scale);
   at::Tensor o = call_op("sparse_attention", backend, {{"q", a.q}, {"k", a.k}, {"v", a.v}, {"indices", idx}}, sp).at("o");
@@ -192,6 +199,7 @@ MethodSpec make_spec() {
   m.summary = "DSA: lightning indexer (ReLU heads, signed weights, LayerNorm'd key, partial RoPE) picks top-256 keys; KL aux loss";
   m.citation = "DeepSeek-V3.2-Exp inference/model.py Indexer (arXiv 2512.02556); nanochat attention layer";
   m.config = layer_config();
+  add_warmup_knob(m.config);
   m.config.i("dsa_topk", 256, "keys selected per query", 1)
       .i("idx_heads", 64, "indexer heads H_I", 1)
       .i("idx_dim", 128, "indexer head dim d_I", 2)

@@ -47,6 +47,19 @@ struct QKV {
 QKV qkv(const TensorMap& in, const Config& c);
 // Backbone config plus kv_ratio and rope_base (the attention layer's own knobs).
 ConfigSpec layer_config();
+// Full-attention warm-up of the methods trained with an indexer / gate KL (dsa, qsa, seer; seed
+// 001): for the first `full_attention_warmup_steps` training steps (LayerCtx::step in
+// [0, N)) the layer selects every causal key (dense causal attention) and the KL, with the
+// teacher over the full history, still trains the indexer. Outside training (step -1) the
+// selection is always active.
+inline ConfigSpec& add_warmup_knob(ConfigSpec& s) {
+  return s.i("full_attention_warmup_steps", 512,
+             "training steps at the start run as dense causal attention (only the indexer / gate KL trains the selector)",
+             0);
+}
+inline bool full_attention_warmup(const Config& c, const LayerCtx& ctx) {
+  return ctx.step >= 0 && ctx.step < c.i("full_attention_warmup_steps");
+}
 }  // namespace sparse_layer
 
 // CUDA path of the sparse ops: the same device-agnostic LibTorch code, with bf16 / fp16 inputs
