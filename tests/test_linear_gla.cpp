@@ -175,7 +175,7 @@ TensorMap simple_gla_inputs(int64_t B, int64_t T, int64_t H, int64_t K, int64_t 
 
 // The CUDA path of simple_gla falls back to the chunked LibTorch path for inputs the kernel does
 // not take (CPU tensors; K or V outside {64, 128}), says so through note_kernel, and then gives
-// exactly the CPU path's result. Runs without a GPU.
+// exactly simple_gla_chunked's result (the CPU path's up to rounding). Runs without a GPU.
 TEST(SimpleGlaCudaDispatch, FallsBackOnCpuAndUnsupportedHeadSizes) {
   const OpSpec& op = Registry::get().op("simple_gla");
   ASSERT_TRUE(bool(op.cuda));
@@ -187,9 +187,14 @@ TEST(SimpleGlaCudaDispatch, FallsBackOnCpuAndUnsupportedHeadSizes) {
     take_kernel_notes();
     TensorMap out = op.cuda(in, p);
     EXPECT_EQ(take_kernel_notes(), "chunked-libtorch") << K << "x" << V;
-    TensorMap ref = op.cpu(in, p);
-    EXPECT_TRUE(at::equal(out.at("o"), ref.at("o"))) << K << "x" << V;
-    EXPECT_TRUE(at::equal(out.at("ht"), ref.at("ht"))) << K << "x" << V;
+    const double scale = 1.0 / std::sqrt(double(K));
+    auto [ro, rht] = linear::simple_gla_chunked(in.at("q"), in.at("k"), in.at("v"), in.at("g"), scale, in.at("h0"));
+    EXPECT_TRUE(at::equal(out.at("o"), ro)) << K << "x" << V;
+    EXPECT_TRUE(at::equal(out.at("ht"), rht)) << K << "x" << V;
+    // the CPU path (raw-buffer forward, same algorithm) agrees up to fp32 rounding
+    TensorMap cpu = op.cpu(in, p);
+    EXPECT_LE(compare(ro, cpu.at("o")).rel_rms, 1e-5) << K << "x" << V;
+    EXPECT_LE(compare(rht, cpu.at("ht")).rel_rms, 1e-5) << K << "x" << V;
   }
 }
 
@@ -263,6 +268,58 @@ TEST(SimpleGlaChunked, SeveralBlocksMatchReference) {
   auto gr = torch::autograd::grad({(orf * wo).sum() + (hr * wh).sum()}, x);
   for (size_t i = 0; i < x.size(); ++i)
     EXPECT_LE(compare(gr[i], gc[i]).rel_rms, threshold("fp64", TensorKind::Gradient)) << "input " << i;
+}
+
+// The raw-buffer CPU forward (simple_gla_chunked_cpu) against the FP64 recurrence, in fp64 and
+// fp32: tail chunks, K ≠ V, with and without h0, weak gates (decays folded into the products) and
+// strong ones (explicit decays); gradients through its autograd function equal simple_gla_chunked's.
+TEST(SimpleGlaChunkedCpu, ForwardMatchesReferenceAndGradientsMatchChunked) {
+  const auto o64 = at::TensorOptions().dtype(at::kDouble);
+  struct Shape {
+    int64_t B, T, H, K, V;
+    bool h0;
+    double gate_mul;  // g = logsigmoid(randn)·gate_mul; 4 (fp32) and 40 (fp64): explicit decays
+  };
+  const std::vector<Shape> shapes = {{1, 1, 2, 8, 8, true, 1.0},     {2, 1, 1, 8, 4, false, 1.0},
+                                     {1, 64, 2, 64, 64, false, 0.5},  {2, 70, 3, 16, 8, true, 1.0 / 16},
+                                     {1, 130, 2, 12, 20, false, 1.0}, {1, 200, 2, 8, 12, true, 4.0},
+                                     {1, 150, 2, 8, 12, true, 40.0},  {1, 200, 1, 16, 24, false, 40.0}};
+  for (const Shape& sh : shapes) {
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(uint64_t(17 + sh.T + sh.K));
+    const at::Tensor q = at::randn({sh.B, sh.T, sh.H, sh.K}, gen, o64), k = at::randn({sh.B, sh.T, sh.H, sh.K}, gen, o64),
+                     v = at::randn({sh.B, sh.T, sh.H, sh.V}, gen, o64),
+                     g = at::log_sigmoid(at::randn({sh.B, sh.T, sh.H}, gen, o64)) * sh.gate_mul,
+                     h0 = sh.h0 ? at::randn({sh.B, sh.H, sh.K, sh.V}, gen, o64) : at::Tensor();
+    const std::string what = "B" + std::to_string(sh.B) + " T" + std::to_string(sh.T) + " H" + std::to_string(sh.H) +
+                             " K" + std::to_string(sh.K) + " V" + std::to_string(sh.V) + (sh.h0 ? " h0" : "") +
+                             " gate_mul " + std::to_string(sh.gate_mul);
+    auto [orf, hr] = reference::simple_gla(q, k, v, g, 0.3, h0);
+    {
+      c10::NoGradGuard ng;
+      auto [o, ht] = linear::simple_gla_chunked_cpu(q, k, v, g, 0.3, h0);
+      ASSERT_EQ(o.scalar_type(), at::kDouble) << what;
+      ASSERT_TRUE(o.sizes().equals(orf.sizes())) << what;
+      ASSERT_TRUE(ht.sizes().equals(hr.sizes())) << what;
+      EXPECT_LE(compare(orf, o).rel_rms, threshold("fp64", TensorKind::Output)) << what;
+      EXPECT_LE(compare(hr, ht).rel_rms, threshold("fp64", TensorKind::Output)) << what;
+      auto f = [](const at::Tensor& x) { return x.defined() ? x.to(at::kFloat) : x; };
+      auto [o32, ht32] = linear::simple_gla_chunked_cpu(f(q), f(k), f(v), f(g), 0.3, f(h0));
+      ASSERT_EQ(o32.scalar_type(), at::kFloat) << what;
+      EXPECT_LE(compare(orf, o32).rel_rms, threshold("fp32", TensorKind::Output)) << what;
+      EXPECT_LE(compare(hr, ht32).rel_rms, threshold("fp32", TensorKind::Output)) << what;
+    }
+    std::vector<at::Tensor> x = {q.clone(), k.clone(), v.clone(), g.clone()};
+    if (h0.defined()) x.push_back(h0.clone());
+    for (auto& t : x) t.requires_grad_(true);
+    const at::Tensor hx = h0.defined() ? x[4] : at::Tensor();
+    auto [ao, aht] = linear::simple_gla_chunked_cpu(x[0], x[1], x[2], x[3], 0.3, hx);
+    auto [bo, bht] = linear::simple_gla_chunked(x[0], x[1], x[2], x[3], 0.3, hx);
+    EXPECT_LE(compare(orf, ao.detach()).rel_rms, threshold("fp64", TensorKind::Output)) << what;
+    const at::Tensor wo = at::randn(ao.sizes(), gen, o64), wh = at::randn(aht.sizes(), gen, o64);
+    auto ga = torch::autograd::grad({(ao * wo).sum() + (aht * wh).sum()}, x);
+    auto gb = torch::autograd::grad({(bo * wo).sum() + (bht * wh).sum()}, x);
+    for (size_t i = 0; i < x.size(); ++i) EXPECT_LE(compare(gb[i], ga[i]).rel_rms, 1e-12) << what << " input " << i;
+  }
 }
 
 }  // namespace

@@ -23,6 +23,13 @@ constexpr int64_t kGlaBlockChunks = 8;
 // Returns (o [B,T,H,V], ht [B,H,K,V]).
 std::pair<at::Tensor, at::Tensor> simple_gla_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                      const at::Tensor& g, double scale, const at::Tensor& h0);
+// CPU path of simple_gla_chunked (mixers/linear/gla_cpu.cpp): fp32 / fp64 inputs on the CPU run
+// a forward on raw buffers in the input dtype, parallel over (batch, head); with autograd recording,
+// it is wrapped in an autograd function whose backward recomputes simple_gla_chunked and
+// differentiates it. Everything else (other devices, mixed dtypes) runs simple_gla_chunked;
+// bf16 / fp16 inputs are computed in fp32 (o in the input dtype, ht fp32).
+std::pair<at::Tensor, at::Tensor> simple_gla_chunked_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                         const at::Tensor& g, double scale, const at::Tensor& h0);
 std::pair<at::Tensor, at::Tensor> gla_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                               const at::Tensor& g, double scale, const at::Tensor& h0);
 

@@ -3,7 +3,8 @@
 // the recurrence of flash-linear-attention's fla/ops/simple_gla (naive_recurrent_simple_gla).
 // Used by retnet (fixed γ_h), lightning (fixed γ_h) and the ELU variants (g = 0).
 //
-// CPU path: the chunked algorithm, chunk C = 64 (the sequence is zero-padded to a multiple of 64
+// CPU path: simple_gla_chunked_cpu (gla_cpu.cpp), the same chunked algorithm on raw buffers; below,
+// the LibTorch chunked algorithm (autograd, other devices), chunk C = 64 (the sequence is zero-padded to a multiple of 64
 // with g = 0 and k = v = 0, which leaves the state unchanged). Within a chunk, b = cumsum(g):
 //   o_intra = ((q kᵀ) ⊙ exp(b_i − b_j)[i ≥ j]) v          (the mask is applied before exp)
 //   o_inter = (q ⊙ exp(b)) S_c
@@ -273,8 +274,8 @@ TensorMap reference_fn(const TensorMap& in, const Config& p) {
 
 TensorMap cpu_fn(const TensorMap& in, const Config& p) {
   check_inputs(in, p);
-  auto [o, ht] = linear::simple_gla_chunked(in.at("q"), in.at("k"), in.at("v"), in.at("g"),
-                                            resolve_scale(p, in.at("q").size(3)), in.get_or("h0", at::Tensor()));
+  auto [o, ht] = linear::simple_gla_chunked_cpu(in.at("q"), in.at("k"), in.at("v"), in.at("g"),
+                                                resolve_scale(p, in.at("q").size(3)), in.get_or("h0", at::Tensor()));
   return {{"o", o}, {"ht", ht}};
 }
 
@@ -362,7 +363,8 @@ OpSpec make_spec() {
   s.check_inputs = check_inputs;
   s.invariants = [](const TensorMap& in, const Config& p, Backend b, at::ScalarType dt) {
     check_inputs(in, p);
-    return linear::gla_family_invariants(in, resolve_scale(p, in.at("q").size(3)), linear::simple_gla_chunked,
+    return linear::gla_family_invariants(in, resolve_scale(p, in.at("q").size(3)),
+                                         b == Backend::CUDA ? linear::simple_gla_chunked : linear::simple_gla_chunked_cpu,
                                          linear::simple_gla_step, dt, b == Backend::CUDA);
   };
   return s;
