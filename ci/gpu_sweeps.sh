@@ -3,7 +3,7 @@
 # build-gpu/: decode latency over context and batch (dense_full vs linear methods, the shape of
 # LT2's Fig. 4) and batch-1 prefill to 512K tokens (the shape of HypeNet's long-context sweep).
 # OOM points are recorded in the JSON and the sweep steps past them. Each sweep runs under a time
-# limit (seconds, default 150) so that one slow point cannot take the whole session; a sweep that
+# limit (seconds, default 150) so that one slow point cannot take the whole run; a sweep that
 # hits it writes no file (reports are written atomically at the end).
 # Usage: ci/gpu_sweeps.sh OUT_DIR [LIMIT_SECONDS]
 set -uo pipefail
