@@ -12,6 +12,7 @@
 #include "harness/alloc.h"
 #include "mixers/linear/chunk_kernels.h"
 #include "mixers/linear/delta_chunk.h"
+#include "mixers/linear/recompute.h"
 #endif
 
 namespace mixbench::linear {
@@ -45,7 +46,7 @@ const float* fptr(const at::Tensor& t) { return t.defined() && t.numel() > 0 ? t
 at::Tensor h0_arg(const at::Tensor& h0, const at::Tensor& like) {
   return h0.defined() ? prep(h0, at::kFloat) : at::empty({0}, like.options().dtype(at::kFloat));
 }
-at::Tensor h0_in(const at::Tensor& h0) { return h0.defined() && h0.numel() > 0 ? h0 : at::Tensor(); }
+at::Tensor h0_in(const at::Tensor& h0) { return present(h0); }
 
 struct Fwd {
   at::Tensor o, ht, hs, b;
@@ -152,30 +153,11 @@ struct GdnTcFn : public torch::autograd::Function<GdnTcFn> {
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    auto s = ctx->get_saved_variables();
     const double scale = ctx->saved_data["scale"].toDouble();
-    at::AutoGradMode enable(true);
-    std::vector<at::Tensor> in(6), xs;
-    std::vector<size_t> which;
-    for (size_t i = 0; i < 6; ++i) {
-      if (!s[i].defined() || (i == 5 && s[i].numel() == 0)) continue;
-      in[i] = s[i].detach();
-      if (ctx->needs_input_grad(i)) {
-        in[i].requires_grad_(true);
-        xs.push_back(in[i]);
-        which.push_back(i);
-      }
-    }
-    torch::autograd::variable_list out(7);
-    if (xs.empty()) return out;
-    DeltaResult r = delta_chunked(in[0], in[1], in[2], in[4], in[3], scale, in[5]);
-    std::vector<at::Tensor> outs, gs;
-    if (grads[0].defined()) outs.push_back(r.o), gs.push_back(grads[0]);
-    if (grads[1].defined()) outs.push_back(r.ht), gs.push_back(grads[1]);
-    if (outs.empty()) return out;
-    auto gx = torch::autograd::grad(outs, xs, gs, false, false, /*allow_unused=*/true);
-    for (size_t n = 0; n < which.size(); ++n) out[which[n]] = gx[n];
-    return out;
+    return recompute_backward(ctx, grads, 7, [scale](const std::vector<at::Tensor>& in) {
+      DeltaResult r = delta_chunked(in[0], in[1], in[2], in[4], in[3], scale, in[5]);
+      return std::make_pair(r.o, r.ht);
+    });
   }
 };
 

@@ -35,6 +35,7 @@
 
 #include "mixers/common/layers.h"
 #include "mixers/linear/delta_chunk.h"
+#include "mixers/linear/recompute.h"
 
 namespace mixbench::linear {
 
@@ -232,9 +233,6 @@ DeltaResult delta_fwd_cpu(const at::Tensor& q0, const at::Tensor& k0, const at::
   return {o, ht};
 }
 
-// An absent optional input (g, h0) is passed to the autograd function as an empty tensor.
-at::Tensor present(const at::Tensor& x) { return x.defined() && x.numel() > 0 ? x : at::Tensor(); }
-
 struct DeltaCpuFn : public torch::autograd::Function<DeltaCpuFn> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
                                                 const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
@@ -246,31 +244,11 @@ struct DeltaCpuFn : public torch::autograd::Function<DeltaCpuFn> {
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    auto s = ctx->get_saved_variables();
     const double scale = ctx->saved_data["scale"].toDouble();
-    at::AutoGradMode enable(true);
-    std::vector<at::Tensor> in(6), xs;
-    std::vector<size_t> which;
-    for (size_t i = 0; i < 6; ++i) {
-      if (!present(s[i]).defined()) continue;
-      in[i] = s[i].detach();
-      if (ctx->needs_input_grad(i)) {
-        in[i].requires_grad_(true);
-        xs.push_back(in[i]);
-        which.push_back(i);
-      }
-    }
-    torch::autograd::variable_list out(7);
-    if (xs.empty()) return out;
-    DeltaResult r = delta_chunked(in[0], in[1], in[2], in[4], in[3], scale, in[5]);
-    std::vector<at::Tensor> outs, gs;
-    if (grads[0].defined()) outs.push_back(r.o), gs.push_back(grads[0]);
-    if (grads[1].defined()) outs.push_back(r.ht), gs.push_back(grads[1]);
-    if (outs.empty()) return out;
-    auto gx = torch::autograd::grad(outs, xs, gs, /*retain_graph=*/false, /*create_graph=*/false,
-                                    /*allow_unused=*/true);
-    for (size_t n = 0; n < which.size(); ++n) out[which[n]] = gx[n];
-    return out;
+    return recompute_backward(ctx, grads, 7, [scale](const std::vector<at::Tensor>& in) {
+      DeltaResult r = delta_chunked(in[0], in[1], in[2], in[4], in[3], scale, in[5]);
+      return std::make_pair(r.o, r.ht);
+    });
   }
 };
 

@@ -22,6 +22,7 @@
 #include "harness/registry.h"
 #include "mixers/linear/chunk_cuda.h"
 #include "mixers/linear/gla_ops.h"
+#include "mixers/linear/recompute.h"
 #include "reference/gla.h"
 
 namespace mixbench {
@@ -151,36 +152,16 @@ struct SimpleGlaCudaFn : public torch::autograd::Function<SimpleGlaCudaFn> {
     // An absent h0 arrives as an empty tensor (Function::apply needs defined tensor arguments).
     const at::Tensor h0 = h0_arg.numel() > 0 ? h0_arg : at::Tensor();
     ctx->saved_data["scale"] = scale;
-    ctx->saved_data["has_h0"] = h0.defined();
     ctx->save_for_backward({q, k, v, g, h0.defined() ? h0 : at::Tensor()});
     auto [o, ht] = simple_gla_fwd_cuda(q, k, v, g, scale, h0);
     return {o, ht};
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    auto saved = ctx->get_saved_variables();
     const double scale = ctx->saved_data["scale"].toDouble();
-    const bool has_h0 = ctx->saved_data["has_h0"].toBool();
-    at::AutoGradMode enable(true);
-    std::vector<at::Tensor> xs;  // detached leaves that need a gradient
-    std::vector<int> which;
-    std::vector<at::Tensor> in(5);
-    for (int i = 0; i < 5; ++i) {
-      if (i == 4 && !has_h0) continue;
-      in[size_t(i)] = saved[size_t(i)].detach();
-      if (ctx->needs_input_grad(size_t(i))) {
-        in[size_t(i)].requires_grad_(true);
-        xs.push_back(in[size_t(i)]);
-        which.push_back(i);
-      }
-    }
-    torch::autograd::variable_list out(6);
-    if (xs.empty()) return out;
-    auto [o, ht] = simple_gla_chunked(in[0], in[1], in[2], in[3], scale, in[4]);
-    auto gx = torch::autograd::grad({o, ht}, xs, {grads[0], grads[1]}, /*retain_graph=*/false,
-                                    /*create_graph=*/false, /*allow_unused=*/true);
-    for (size_t n = 0; n < which.size(); ++n) out[size_t(which[n])] = gx[n];
-    return out;
+    return recompute_backward(ctx, grads, 6, [scale](const std::vector<at::Tensor>& in) {
+      return simple_gla_chunked(in[0], in[1], in[2], in[3], scale, in[4]);
+    });
   }
 };
 }  // namespace
