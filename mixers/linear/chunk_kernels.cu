@@ -335,31 +335,12 @@ __device__ __forceinline__ void chunk_rows(Acc (&P)[N], const T* qs, int ldq, co
                                            int ldb, const T* vs, int ldv, float f0, float f1, int r, int ct0) {
 #pragma unroll
   for (int n = 0; n < N; ++n) wmma::fill_fragment(P[n], 0.f);
-#pragma unroll
-  for (int kk = 0; kk < K / 16; ++kk) {
-    ARow<T> fa;
-    wmma::load_matrix_sync(fa, qs + r * 16 * ldq + kk * 16, ldq);
-#pragma unroll
-    for (int n = 0; n < N; ++n) {
-      BRow<T> fb;
-      wmma::load_matrix_sync(fb, S + kk * 16 * lds + (ct0 + n) * 16, lds);
-      wmma::mma_sync(P[n], fa, fb, P[n]);
-    }
-  }
+  mma_span<ARow<T>, BRow<T>>(P, qs + r * 16 * ldq, 16, ldq, S + ct0 * 16, 16 * lds, 16, lds, 0, K / 16);
 #pragma unroll
   for (int n = 0; n < N; ++n)
 #pragma unroll
     for (int i = 0; i < 8; ++i) P[n].x[i] *= ((i >> 1) & 1) ? f1 : f0;
-  for (int kk = 0; kk <= r; ++kk) {
-    ARow<T> fa;
-    wmma::load_matrix_sync(fa, ab + r * 16 * ldb + kk * 16, ldb);
-#pragma unroll
-    for (int n = 0; n < N; ++n) {
-      BRow<T> fb;
-      wmma::load_matrix_sync(fb, vs + kk * 16 * ldv + (ct0 + n) * 16, ldv);
-      wmma::mma_sync(P[n], fa, fb, P[n]);
-    }
-  }
+  mma_span<ARow<T>, BRow<T>>(P, ab + r * 16 * ldb, 16, ldb, vs + ct0 * 16, 16 * ldv, 16, ldv, 0, r + 1);
 }
 
 // The warp's rows of P into o [B,T,H,V] at column col0 + tile columns, rows past T skipped.
@@ -774,16 +755,7 @@ __device__ __forceinline__ void lower_product(const T* xb, int ldx, const T* src
   Acc P[N];
 #pragma unroll
   for (int n = 0; n < N; ++n) wmma::fill_fragment(P[n], 0.f);
-  for (int kk = 0; kk <= r; ++kk) {
-    ARow<T> fa;
-    wmma::load_matrix_sync(fa, xb + r * 16 * ldx + kk * 16, ldx);
-#pragma unroll
-    for (int n = 0; n < N; ++n) {
-      BRow<T> fb;
-      wmma::load_matrix_sync(fb, src + kk * 16 * ld + (ct0 + n) * 16, ld);
-      wmma::mma_sync(P[n], fa, fb, P[n]);
-    }
-  }
+  mma_span<ARow<T>, BRow<T>>(P, xb + r * 16 * ldx, 16, ldx, src + ct0 * 16, 16 * ld, 16, ld, 0, r + 1);
 #pragma unroll
   for (int n = 0; n < N; ++n)
 #pragma unroll
@@ -978,6 +950,42 @@ void by_kv(int K, int V, F&& f) {
   else f(std::integral_constant<int, 128>{}, std::integral_constant<int, 128>{});
 }
 
+// The per-chunk kernels (one CTA of 256 threads per chunk and b·h), instantiated for the dtype and
+// head dims at hand.
+struct OutKernel {
+  template <typename T, int K, int V>
+  static constexpr size_t smem() { return out_smem<T, K, V>(); }
+  template <typename T, int K, int V>
+  static auto kernel() { return output_kernel<T, K, V>; }
+};
+struct DqkvKernel {
+  template <typename T, int K, int V>
+  static constexpr size_t smem() { return dqkv_smem<T, K, V>(); }
+  template <typename T, int K, int V>
+  static auto kernel() { return dqkv_kernel<T, K, V>; }
+};
+struct PrepKernel {
+  template <typename T, int K, int V>
+  static constexpr size_t smem() { return prep_smem<T, K, V>(); }
+  template <typename T, int K, int V>
+  static auto kernel() { return prep_kernel<T, K, V>; }
+};
+template <typename Kern, typename Args>
+void launch_per_chunk(Dtype dt, const Args& a, const Dims& d, int NT, void* stream, const char* what) {
+  auto s = static_cast<cudaStream_t>(stream);
+  by_dtype(dt, [&](auto t) {
+    using T = decltype(t);
+    by_kv(d.K, d.V, [&](auto kc, auto vc) {
+      constexpr int K = decltype(kc)::value, V = decltype(vc)::value;
+      constexpr size_t sm = Kern::template smem<T, K, V>();
+      auto kern = Kern::template kernel<T, K, V>();
+      set_smem(kern, sm);
+      kern<<<dim3(NT, d.B * d.H), 256, sm, s>>>(a);
+    });
+  });
+  check_launch(what);
+}
+
 }  // namespace
 
 bool supported(int K, int V) { return (K == 64 || K == 128) && (V == 64 || V == 128); }
@@ -1064,18 +1072,7 @@ void chunk_output(Dtype dt, const void* q, const void* k, const void* v, const f
   check_grid(d);
   const int NT = num_chunks(d.T);
   OutArgs a{q, k, v, b, hs, o, scale, d.B, d.T, d.H, d.K, d.V, NT, NT * kC};
-  auto s = static_cast<cudaStream_t>(stream);
-  by_dtype(dt, [&](auto t) {
-    using T = decltype(t);
-    by_kv(d.K, d.V, [&](auto kc, auto vc) {
-      constexpr int K = decltype(kc)::value, V = decltype(vc)::value;
-      constexpr size_t sm = out_smem<T, K, V>();
-      auto kern = output_kernel<T, K, V>;
-      set_smem(kern, sm);
-      kern<<<dim3(NT, d.B * d.H), 256, sm, s>>>(a);
-    });
-  });
-  check_launch("chunk_output");
+  launch_per_chunk<OutKernel>(dt, a, d, NT, stream, "chunk_output");
 }
 
 void chunk_dqkv(Dtype dt, const void* q, const void* k, const void* v, const void* d_o, const float* b,
@@ -1084,18 +1081,7 @@ void chunk_dqkv(Dtype dt, const void* q, const void* k, const void* v, const voi
   check_grid(d);
   const int NT = num_chunks(d.T);
   DqkvArgs a{q, k, v, d_o, b, hs, dhs, dqf, dkf, dv, y, z, scale, d.B, d.T, d.H, d.K, d.V, NT, NT * kC};
-  auto s = static_cast<cudaStream_t>(stream);
-  by_dtype(dt, [&](auto t) {
-    using T = decltype(t);
-    by_kv(d.K, d.V, [&](auto kc, auto vc) {
-      constexpr int K = decltype(kc)::value, V = decltype(vc)::value;
-      constexpr size_t sm = dqkv_smem<T, K, V>();
-      auto kern = dqkv_kernel<T, K, V>;
-      set_smem(kern, sm);
-      kern<<<dim3(NT, d.B * d.H), 256, sm, s>>>(a);
-    });
-  });
-  check_launch("chunk_dqkv");
+  launch_per_chunk<DqkvKernel>(dt, a, d, NT, stream, "chunk_dqkv");
 }
 
 void delta_prep(Dtype dt, const void* k, const void* v, const float* beta, const float* b, void* w, void* u, Dims d,
@@ -1103,18 +1089,7 @@ void delta_prep(Dtype dt, const void* k, const void* v, const float* beta, const
   check_grid(d);
   const int NT = num_chunks(d.T);
   PrepArgs a{k, v, beta, b, w, u, d.B, d.T, d.H, d.K, d.V, NT, NT * kC};
-  auto s = static_cast<cudaStream_t>(stream);
-  by_dtype(dt, [&](auto t) {
-    using T = decltype(t);
-    by_kv(d.K, d.V, [&](auto kc, auto vc) {
-      constexpr int K = decltype(kc)::value, V = decltype(vc)::value;
-      constexpr size_t sm = prep_smem<T, K, V>();
-      auto kern = prep_kernel<T, K, V>;
-      set_smem(kern, sm);
-      kern<<<dim3(NT, d.B * d.H), 256, sm, s>>>(a);
-    });
-  });
-  check_launch("delta_prep");
+  launch_per_chunk<PrepKernel>(dt, a, d, NT, stream, "delta_prep");
 }
 
 }  // namespace mixbench::linear::tc
