@@ -16,6 +16,8 @@ ConfigSpec backbone_config() {
       .i("head_dim", 128, "head dimension", 1, 1024)
       .i("seq_len", 2048, "training sequence length T", 1, int64_t(1) << 24)
       .i("vocab", 32768, "vocabulary size", 2, int64_t(1) << 24)
+      .i("mlp_hidden", 0, "MLP hidden width; 0 = nanochat's 4·d_model (iso-FLOP calibration may set it)", 0,
+         int64_t(1) << 20)
       .rule([](const Config& c) {
         ModelDims d = model_dims(c);
         if (d.d_model % d.head_dim != 0)
@@ -34,6 +36,8 @@ ModelDims model_dims(const Config& c) {
   d.n_head = d.d_model / d.head_dim;
   d.seq_len = c.i("seq_len");
   d.vocab = c.i("vocab");
+  d.mlp_hidden = c.i("mlp_hidden");
+  if (d.mlp_hidden == 0) d.mlp_hidden = 4 * d.d_model;
   return d;
 }
 
@@ -61,9 +65,9 @@ std::vector<ParamDef> backbone_defs(const MethodSpec& method, const Config& cfg,
       p.name = fmt::format("layers.{}.mixer.{}", i, p.name);
       add(std::move(p), method.name);
     }
-    add({fmt::format("layers.{}.mlp.c_fc", i), {4 * d.d_model, d.d_model}, ParamGroup::TransformerMatrix, true,
+    add({fmt::format("layers.{}.mlp.c_fc", i), {d.mlp_hidden, d.d_model}, ParamGroup::TransformerMatrix, true,
          "uniform", -0.4 * s, 0.4 * s}, "");
-    add({fmt::format("layers.{}.mlp.c_proj", i), {d.d_model, 4 * d.d_model}, ParamGroup::TransformerMatrix, true,
+    add({fmt::format("layers.{}.mlp.c_proj", i), {d.d_model, d.mlp_hidden}, ParamGroup::TransformerMatrix, true,
          "const", 0.0, 0}, "");
   }
   return defs;
@@ -293,7 +297,7 @@ ModelCost account_model(const MethodSpec& method, const Config& cfg, const CostQ
   mc.decode_flops = 2.0 * N + mixer_decode;
   // Backbone activations kept for backward per token: residual stream at each layer boundary,
   // both norms' inputs, the MLP hidden (4d) before and after relu², and the fp32 logits.
-  mc.act_bytes += double(d.n_layer) * (3.0 * d.d_model + 8.0 * d.d_model) * double(q.dtype_bytes) + 4.0 * d.vocab;
+  mc.act_bytes += double(d.n_layer) * (3.0 * d.d_model + 2.0 * d.mlp_hidden) * double(q.dtype_bytes) + 4.0 * d.vocab;
   return mc;
 }
 

@@ -20,8 +20,10 @@ ConfigSpec backbone_config();
 
 struct ModelDims {
   int64_t n_layer, d_model, n_head, head_dim, seq_len, vocab;
+  int64_t mlp_hidden;  // ReLU² MLP width (nanochat: 4·d_model)
 };
-ModelDims model_dims(const Config& cfg);  // d_model = 0 -> nanochat's rule ceil(64L/128)·128
+// d_model = 0 -> nanochat's rule ceil(64L/128)·128; mlp_hidden = 0 -> 4·d_model
+ModelDims model_dims(const Config& cfg);
 
 // RMSNorm eps: nanochat calls F.rms_norm with eps=None, i.e. the float32 machine epsilon.
 constexpr double kRmsEps = 1.1920928955078125e-07;

@@ -577,8 +577,21 @@ Json run_golden(const std::string& path, const ConformanceOptions& opt) {
         if (want.sizes() != outs.at(o).sizes())
           throw fail(fmt::format("tensor '{}' has shape {} but the op produces {}", key, c10::str(want.sizes()),
                                  c10::str(outs.at(o).sizes())));
-        Json c = u.selection.count(o) ? check_json(o, "selection", compare_selection(want, outs.at(o)), 0.0)
-                                      : check_json(o, "output", compare(want, outs.at(o)), thr_out);
+        Json c;
+        if (u.selection.count(o)) {
+          // A selection is exact only for identical scores: below fp64 the inputs are rounded first,
+          // which can reorder near-tied keys. The file's selection is checked exactly by the fp64
+          // reference pass; a reduced-precision path is checked against the reference run on the
+          // same rounded inputs (as in the generated cases).
+          at::Tensor sel = want;
+          if (!reference && dt != at::kDouble) {
+            c10::NoGradGuard ng;
+            sel = u.reference(prepare(in, u, dt, at::Device(at::kCPU), true)).at(o);
+          }
+          c = check_json(o, "selection", compare_selection(sel, outs.at(o)), 0.0);
+        } else {
+          c = check_json(o, "output", compare(want, outs.at(o)), thr_out);
+        }
         ok = ok && c["status"] == "pass";
         checks.push_back(c);
         ++compared;

@@ -440,7 +440,10 @@ TrainPreset train_preset(const std::string& name) {
     // MoBA's default block (128) would be the whole sequence: 4 blocks of 32, 2 per query.
     // (dense keeps nanochat's short window ceil(T/4/128)·128, which is all of T = 128: at this
     // preset dense and dense_full are the same model.)
-    p.method_config = {{"moba", "moba_block=32,moba_topk=2"}};
+    // DSA's indexer (64 heads × 128) would cost more than the whole tiny model: 4 heads × 32, and
+    // 32 of the 128 keys per query.
+    p.method_config = {{"moba", "moba_block=32,moba_topk=2"},
+                       {"dsa", "dsa_topk=32,idx_heads=4,idx_dim=32,idx_rope_dim=16"}};
     // A CPU batch is far below nanochat's 2^19 tokens; √(B/B_ref) would shrink every lr ~30×, so
     // the tiny preset takes its own batch as the reference (lr scale 1) and the unscaled decay.
     p.hyper.batch_tokens_ref = double(p.batch * 128);
@@ -716,35 +719,49 @@ Calibration calibrate(const std::string& method, const std::string& preset, cons
   auto shape_dist = [&](int64_t L, int64_t D) {
     return double(std::abs(L - ad.n_layer)) + double(std::abs(D - ad.d_model)) / double(ad.head_dim);
   };
-  for (int64_t L = 1; L <= 2 * ad.n_layer; ++L)
-    for (int64_t D = ad.head_dim; D <= 2 * ad.d_model; D += ad.head_dim) {
-      const std::string shape = fmt::format("n_layer={},d_model={}", L, D);
-      Config c;
-      try {
-        c = ms.config.parse(cfg_text(shape, method));
-      } catch (const InputError&) {
-        continue;  // a shape this method cannot take
-      }
-      const double f = account_model(ms, c, q).train_flops_nanochat;
-      const double res = f / F - 1.0;
-      const bool within = std::abs(res) <= 0.02;
-      bool better;
-      if (!have) better = true;
-      else if (within != best.within) better = within;
-      else if (within) better = shape_dist(L, D) < shape_dist(best.n_layer, best.d_model) ||
-                                (shape_dist(L, D) == shape_dist(best.n_layer, best.d_model) &&
-                                 std::abs(res) < std::abs(best.residual));
-      else better = std::abs(res) < std::abs(best.residual);
-      if (better) {
-        have = true;
-        best.n_layer = L;
-        best.d_model = D;
-        best.flops = f;
-        best.residual = res;
-        best.within = within;
-        best.config = shape;
-      }
+  // Candidates ordered: within ±2% first; among those the nearest shape, then the MLP nearest
+  // nanochat's 4·d, then the smallest residual; outside ±2% the smallest residual.
+  auto consider = [&](int64_t L, int64_t D, int64_t M) {
+    std::string shape = fmt::format("n_layer={},d_model={}", L, D);
+    if (M != 0) shape += fmt::format(",mlp_hidden={}", M);
+    Config c;
+    try {
+      c = ms.config.parse(cfg_text(shape, method));
+    } catch (const InputError&) {
+      return;  // a shape this method cannot take
     }
+    const double f = account_model(ms, c, q).train_flops_nanochat;
+    const double res = f / F - 1.0;
+    const bool within = std::abs(res) <= 0.02;
+    const double mlp_dist = M == 0 ? 0.0 : double(std::abs(M - 4 * D)) / double(ad.head_dim);
+    const double best_mlp_dist =
+        best.mlp_hidden == 0 ? 0.0 : double(std::abs(best.mlp_hidden - 4 * best.d_model)) / double(ad.head_dim);
+    bool better;
+    if (!have) better = true;
+    else if (within != best.within) better = within;
+    else if (within) {
+      const double a = shape_dist(L, D), b = shape_dist(best.n_layer, best.d_model);
+      better = a < b || (a == b && (mlp_dist < best_mlp_dist ||
+                                    (mlp_dist == best_mlp_dist && std::abs(res) < std::abs(best.residual))));
+    } else better = std::abs(res) < std::abs(best.residual);
+    if (better) {
+      have = true;
+      best.n_layer = L;
+      best.d_model = D;
+      best.mlp_hidden = M;
+      best.flops = f;
+      best.residual = res;
+      best.within = within;
+      best.config = shape;
+    }
+  };
+  for (int64_t L = 1; L <= 2 * ad.n_layer; ++L)
+    for (int64_t D = ad.head_dim; D <= 2 * ad.d_model; D += ad.head_dim) consider(L, D, 0);
+  if (have && !best.within)
+    for (int64_t L = 1; L <= 2 * ad.n_layer; ++L)
+      for (int64_t D = ad.head_dim; D <= 2 * ad.d_model; D += ad.head_dim)
+        for (int64_t M = 2 * D; M <= 6 * D; M += ad.head_dim)
+          if (M != 4 * D) consider(L, D, M);
   if (!have) throw InputError(fmt::format("no shape of the calibration grid is valid for method '{}'", method));
   return best;
 }
@@ -784,7 +801,8 @@ Json run_leaderboard(const LeaderboardOptions& opt, std::string& md) {
     } catch (const std::exception& e) {
       row = {{"status", "error"}, {"method", m}, {"message", e.what()}};
     }
-    row["calibration"] = {{"n_layer", cal.n_layer}, {"d_model", cal.d_model}, {"flops_per_token", cal.flops},
+    row["calibration"] = {{"n_layer", cal.n_layer}, {"d_model", cal.d_model},
+                          {"mlp_hidden", cal.mlp_hidden ? cal.mlp_hidden : 4 * cal.d_model}, {"flops_per_token", cal.flops},
                           {"anchor_flops_per_token", cal.anchor_flops}, {"residual", cal.residual},
                           {"within_2pct", cal.within}};
     results.push_back(row);
@@ -811,10 +829,11 @@ Json run_leaderboard(const LeaderboardOptions& opt, std::string& md) {
   for (size_t i : order) {
     const Json& r = results[i];
     const Json& c = r["calibration"];
-    md += fmt::format("| {} | {} | {:.4f} | {:.4g} | L={} d={} ({:+.2f}%{}) | {} | {} | {:.0f} | {} |\n",
+    const int64_t cd = c["d_model"].get<int64_t>(), cm = c.value("mlp_hidden", 4 * cd);
+    md += fmt::format("| {} | {} | {:.4f} | {:.4g} | L={} d={}{} ({:+.2f}%{}) | {} | {} | {:.0f} | {} |\n",
                       r["rank"].get<int64_t>(), r["method"].get<std::string>(), r[key].get<double>(),
-                      r["train_flops_per_token_nanochat"].get<double>(), c["n_layer"].get<int64_t>(),
-                      c["d_model"].get<int64_t>(), 100 * c["residual"].get<double>(),
+                      r["train_flops_per_token_nanochat"].get<double>(), c["n_layer"].get<int64_t>(), cd,
+                      cm == 4 * cd ? std::string() : fmt::format(" mlp={}", cm), 100 * c["residual"].get<double>(),
                       c["within_2pct"].get<bool>() ? "" : ", outside ±2%", r["params"]["total"].get<int64_t>(),
                       r["tokens"].get<int64_t>(), r["tokens_per_s"].get<double>(),
                       r["delta_vs_dense_full"].is_null() ? "-" : fmt::format("{:+.4f}", r["delta_vs_dense_full"].get<double>()));

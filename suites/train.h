@@ -158,12 +158,15 @@ nlohmann::json train_result_json(const TrainResult& r);
 struct Calibration {
   std::string method;
   int64_t n_layer = 0, d_model = 0;
+  int64_t mlp_hidden = 0;                              // 0: nanochat's 4·d_model
   double flops = 0, anchor_flops = 0, residual = 0;  // residual = flops/anchor − 1
   bool within = false;                                 // |residual| ≤ 2%
   std::string config;                                  // overrides that realise the shape
 };
 // Picks n_layer/d_model from the grid (n_layer 1..2L, d_model multiples of head_dim up to 2d) whose
-// training FLOPs/token (nanochat convention) is closest to the anchor's (`dense` at the preset).
+// training FLOPs/token (nanochat convention) is within ±2% of the anchor's (`dense` at the preset),
+// nearest the anchor's shape. When no such shape has nanochat's MLP (4·d_model), the MLP width is
+// the third axis (multiples of head_dim from 2·d_model to 6·d_model, nearest 4·d_model preferred).
 Calibration calibrate(const std::string& method, const std::string& preset, const std::string& extra_config = "");
 
 struct LeaderboardOptions {

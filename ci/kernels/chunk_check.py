@@ -191,13 +191,21 @@ def sanitize_run():
     for K, V in ((64, 128), (128, 128), (128, 64)):
         for T in (65, 130):
             q, k, v, g, beta, h0 = inputs(2, T, 3, K, V, torch.bfloat16, 4, seed=T + K)
+            # the delta rule needs unit-norm keys (as its layers give it) to stay bounded
+            qd, kd, vd, gd, betad, _ = inputs(2, T, 3, K, V, torch.bfloat16, 4, seed=T + K, delta=True)
             scale = K ** -0.5
             fwd = sgla_fwd(q, k, v, g, scale, h0)
-            outs = list(fwd[:2]) + list(sgla_fused(q, k, v, g, scale, h0))
-            outs += list(sgla_bwd(q, k, v, g, scale, h0, torch.randn_like(v), torch.randn_like(h0), fwd))
-            outs += list(gdn_fwd(q, k, v, g, beta, scale, h0)) + list(gdn_fwd(q, k, v, g, beta, scale, h0, False))
+            outs = dict(zip(("o", "ht"), fwd[:2]))
+            outs.update(zip(("o_fused", "ht_fused"), sgla_fused(q, k, v, g, scale, h0)))
+            outs.update(zip(("dq", "dk", "dv", "dg", "dh0"),
+                            sgla_bwd(q, k, v, g, scale, h0, torch.randn_like(v), torch.randn_like(h0), fwd)))
+            outs.update(zip(("gdn_o", "gdn_ht"), gdn_fwd(qd, kd, vd, gd, betad, scale, h0)))
+            outs.update(zip(("gdn_o_split", "gdn_ht_split"), gdn_fwd(qd, kd, vd, gd, betad, scale, h0, False)))
             torch.cuda.synchronize()
-            ok &= all(bool(torch.isfinite(x).all()) for x in outs)
+            bad = [n for n, x in outs.items() if not bool(torch.isfinite(x).all())]
+            if bad:
+                print(f"non-finite at K={K} V={V} T={T}:", ", ".join(bad))
+            ok &= not bad
     print("sanitize run:", "finite" if ok else "NON-FINITE OUTPUTS")
     return ok
 
