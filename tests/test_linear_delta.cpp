@@ -134,8 +134,12 @@ TEST(LinearDeltaMethods, MutationFails) {
   }
 }
 
+// kda with the random parameters below has per-token decays of −3 or so: the CPU path's per-key
+// scores are then formed pair by pair (explicit decays, fewer FLOPs than the chunk products the
+// accountant bills). The gate offset of its conformance cases keeps the decays in the product form.
 Config audit_config(const MethodSpec& m) {
-  return m.config.parse("n_layer=4,d_model=128,head_dim=32,head_v_dim=16,seq_len=256,vocab=64");
+  return m.config.parse(std::string("n_layer=4,d_model=128,head_dim=32,head_v_dim=16,seq_len=256,vocab=64") +
+                        (m.name == "kda" ? ",gate_bias_offset=-5" : ""));
 }
 
 TEST(LinearDeltaMethods, AccountantParamsExact) {
@@ -237,9 +241,10 @@ TEST(LinearDeltaChunked, SeveralBlocksMatchReference) {
   }
 }
 
-// The raw-buffer CPU forward (delta_rule, gated_delta_rule) against the FP64 recurrence: fp64 to
-// fp64 precision and fp32 to the fp32 threshold, with tail chunks, T = 1, K ≠ V, with and without
-// h0 and with B, H > 1; its gradients are those of delta_chunked.
+// The raw-buffer CPU forward (delta_rule, gated_delta_rule, kda) against the FP64 recurrence: fp64
+// to fp64 precision and fp32 to the fp32 threshold, with tail chunks, T = 1, K ≠ V, with and without
+// h0 and with B, H > 1, weak gates (decays folded into the products) and strong ones (gate_mul 4:
+// explicit decays in fp32; 40: in fp64 too); its gradients are those of delta_chunked.
 TEST(LinearDeltaChunked, CpuForwardMatchesReference) {
   const auto o64 = at::TensorOptions().dtype(at::kDouble);
   struct Shape {
@@ -251,7 +256,7 @@ TEST(LinearDeltaChunked, CpuForwardMatchesReference) {
                                      {2, 70, 3, 16, 8, false}, {1, 200, 2, 12, 20, true}, {1, 128, 1, 8, 8, true},
                                      {1, 64, 2, 64, 64, false}, {1, 150, 2, 8, 12, true, 40.0},
                                      {1, 130, 1, 16, 8, false, 4.0}};
-  for (linear::DeltaGate gate : {linear::DeltaGate::None, linear::DeltaGate::Head}) {
+  for (linear::DeltaGate gate : {linear::DeltaGate::None, linear::DeltaGate::Head, linear::DeltaGate::Key}) {
     for (const Shape& sh : shapes) {
       at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(uint64_t(31 + sh.T + sh.K));
       at::Tensor k = at::randn({sh.B, sh.T, sh.H, sh.K}, gen, o64);
@@ -260,7 +265,9 @@ TEST(LinearDeltaChunked, CpuForwardMatchesReference) {
                        beta = at::sigmoid(at::randn({sh.B, sh.T, sh.H}, gen, o64)),
                        h0 = sh.h0 ? at::randn({sh.B, sh.H, sh.K, sh.V}, gen, o64) : at::Tensor(),
                        g = gate == linear::DeltaGate::Head ? at::log_sigmoid(at::randn({sh.B, sh.T, sh.H}, gen, o64)) * sh.gate_mul
-                                                           : at::Tensor();
+                           : gate == linear::DeltaGate::Key
+                               ? at::log_sigmoid(at::randn({sh.B, sh.T, sh.H, sh.K}, gen, o64)) * sh.gate_mul
+                               : at::Tensor();
       const std::string what = "gate " + std::to_string(int(gate)) + " B" + std::to_string(sh.B) + " T" +
                                std::to_string(sh.T) + " H" + std::to_string(sh.H) + " K" + std::to_string(sh.K) +
                                " V" + std::to_string(sh.V) + (sh.h0 ? " h0" : "") +

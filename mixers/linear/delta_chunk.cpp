@@ -339,9 +339,8 @@ OpSpec delta_op_spec(DeltaGate gate) {
     const at::Tensor &k = in.at("k"), &v = in.at("v"), &beta = in.at("beta"), g = gate_of(in, gate);
     const at::Tensor h0 = in.get_or("h0", at::Tensor());
     const double scale = resolve_scale(p, q.size(3));
-    // None / Head gates: the raw-buffer forward (delta_cpu.cpp); Key gates: the LibTorch path.
-    DeltaResult r = gate == DeltaGate::Key ? delta_chunked(q, k, v, beta, g, scale, h0)
-                                           : delta_chunked_cpu(q, k, v, beta, g, scale, h0);
+    // the raw-buffer forward (delta_cpu.cpp) for every gate
+    DeltaResult r = delta_chunked_cpu(q, k, v, beta, g, scale, h0);
     return TensorMap{{"o", r.o}, {"ht", r.ht}};
   };
   // CUDA: gated_delta_rule with bf16 / fp16 inputs and K, V in {64, 128} runs the tensor-core chunk

@@ -35,6 +35,7 @@
 
 #include "mixers/common/layers.h"
 #include "mixers/linear/delta_chunk.h"
+#include "mixers/linear/gla_ops.h"
 #include "mixers/linear/recompute.h"
 
 namespace mixbench::linear {
@@ -220,15 +221,227 @@ void delta_fwd_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor
     at::parallel_for(0, B * H, 1, body);
 }
 
+// Per-key-dim gates (kda with β, gla without): the same chunk structure with G [L,K] and
+// Γ_ij[d] = exp(G_id − G_jd). With c_d the midpoint of channel d's range within the chunk, when
+// the gates are non-positive and every half-range is ≤ kMaxG, Γ_ij[d] = e^{G_id − c_d} e^{c_d − G_jd}
+// is folded into the operands (per element instead of per row) and
+// M = [s e^{G−c} ⊙ Q; e^{G−c} ⊙ K](e^{c−G} ⊙ K)ᵀ is one product; otherwise M is formed pair by
+// pair with the explicit exponent G_i − G_j (never positive for decays), as the LibTorch path
+// does. The other decays, e^{G} (readout) and e^{G_L − G} (state update), are products of factors
+// within e^{±kMaxG} in the first case and explicit exponentials in the second.
+// Without β (gla) there is no solve: v_new = V, and only the query rows of M are formed.
+template <typename scalar_t>
+void keygate_fwd_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& beta,
+                        const at::Tensor& g, double scale_d, const at::Tensor& h0, int64_t C, at::Tensor& o,
+                        at::Tensor& ht) {
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
+  const scalar_t* qp = q.data_ptr<scalar_t>();
+  const scalar_t* kp = k.data_ptr<scalar_t>();
+  const scalar_t* vp = v.data_ptr<scalar_t>();
+  const scalar_t* bp = beta.defined() ? beta.data_ptr<scalar_t>() : nullptr;  // null: gla
+  const scalar_t* gp = g.data_ptr<scalar_t>();
+  const scalar_t* h0p = h0.defined() ? h0.data_ptr<scalar_t>() : nullptr;
+  scalar_t* op = o.data_ptr<scalar_t>();
+  scalar_t* hp = ht.data_ptr<scalar_t>();
+  const scalar_t scale = scalar_t(scale_d);
+  const auto opts = q.options();
+  const bool delta = bp != nullptr;
+  const int64_t KV = K + V, KC = K + C, MR = delta ? 2 * C : C;  // rows of M
+  const scalar_t kMaxG = std::is_same<scalar_t, float>::value ? scalar_t(60) : scalar_t(600);
+
+  auto body = [&](int64_t begin, int64_t end) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    std::vector<scalar_t> GR(static_cast<size_t>(C * K)),  // cumulative gates G
+        E(static_cast<size_t>(C * K)),                     // e^{G−c}
+        EN(static_cast<size_t>(C * K)),                    // e^{c−G}
+        QK(static_cast<size_t>(MR * K)),                   // [s e^{G−c} q; e^{G−c} k] (or [s q; k])
+        KI(static_cast<size_t>(C * K)),                    // e^{c−G} k (or k), then K_r
+        M(static_cast<size_t>(MR * C)), A(static_cast<size_t>(C * C)),
+        R(static_cast<size_t>(C * KV)), WU(static_cast<size_t>(C * KV)),
+        X(static_cast<size_t>(C * KC)),       // [s e^G Q | P]
+        Y(static_cast<size_t>((K + C) * V)),  // [S; v_new]
+        O(static_cast<size_t>(C * V)), gmax(static_cast<size_t>(K)), gmin(static_cast<size_t>(K)),
+        ec(static_cast<size_t>(K)), eL(static_cast<size_t>(K)), Bt(static_cast<size_t>(C));
+    auto view = [&](scalar_t* p, at::IntArrayRef sizes, at::IntArrayRef strides) {
+      return at::from_blob(p, sizes, strides, opts);
+    };
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      scalar_t* S = Y.data();
+      scalar_t* Vn = Y.data() + K * V;
+      if (h0p)
+        std::copy(h0p + bh * K * V, h0p + (bh + 1) * K * V, S);
+      else
+        std::fill(S, S + K * V, scalar_t(0));
+      at::Tensor Sv = view(S, {K, V}, {V, 1});
+      for (int64_t t0 = 0; t0 < T; t0 += C) {
+        // Lr real rows; a tail chunk is zero-padded to C rows (k = 0, β = 0, g = 0)
+        const int64_t Lr = std::min(C, T - t0), L = C;
+        const int64_t row0 = (b * T + t0) * H + h;
+        std::fill(gmax.begin(), gmax.end(), scalar_t(0));
+        std::fill(gmin.begin(), gmin.end(), scalar_t(0));
+        for (int64_t i = 0; i < L; ++i) {
+          scalar_t* gi = GR.data() + i * K;
+          const scalar_t* src = gp + (row0 + i * H) * K;
+          for (int64_t d = 0; d < K; ++d) {
+            const scalar_t x = (i ? gi[d - K] : scalar_t(0)) + (i < Lr ? src[d] : scalar_t(0));
+            gi[d] = x;
+            gmax[d] = std::max(gmax[d], x);
+            gmin[d] = std::min(gmin[d], x);
+          }
+        }
+        bool direct = true;
+        for (int64_t d = 0; d < K; ++d) {
+          direct = direct && gmax[d] <= scalar_t(0) && (gmax[d] - gmin[d]) / 2 <= kMaxG;
+          ec[d] = (gmax[d] + gmin[d]) / 2;           // c
+          eL[d] = std::exp(GR[(L - 1) * K + d]);     // e^{G_L}
+        }
+        if (direct) {
+          for (int64_t i = 0; i < L; ++i)
+            for (int64_t d = 0; d < K; ++d) E[size_t(i * K + d)] = GR[size_t(i * K + d)] - ec[d];
+          at::Tensor Ev = view(E.data(), {L * K}, {1});
+          at::exp_(Ev);  // vectorized
+          for (int64_t i = 0; i < L * K; ++i) EN[size_t(i)] = scalar_t(1) / E[size_t(i)];
+          for (int64_t d = 0; d < K; ++d) ec[d] = std::exp(ec[d]);  // e^{c} ≥ e^{−kMaxG}
+        }
+        for (int64_t i = 0; i < L; ++i) {
+          scalar_t* xi = X.data() + i * KC;
+          scalar_t* ri = R.data() + i * KV;
+          scalar_t* qd = QK.data() + i * K;
+          scalar_t* kd = delta ? QK.data() + (L + i) * K : nullptr;
+          scalar_t* kn = KI.data() + i * K;
+          if (i >= Lr) {
+            std::fill(xi, xi + K, scalar_t(0));
+            std::fill(qd, qd + K, scalar_t(0));
+            if (kd) std::fill(kd, kd + K, scalar_t(0));
+            std::fill(kn, kn + K, scalar_t(0));
+            std::fill(ri, ri + KV, scalar_t(0));
+            if (!delta) std::fill(Vn + i * V, Vn + (i + 1) * V, scalar_t(0));
+            Bt[size_t(i)] = 0;
+            continue;
+          }
+          const int64_t row = row0 + i * H;
+          const scalar_t* qi = qp + row * K;
+          const scalar_t* ki = kp + row * K;
+          const scalar_t* vi = vp + row * V;
+          const scalar_t bi = delta ? bp[row] : scalar_t(1);
+          Bt[size_t(i)] = bi;
+          if (direct) {
+            const scalar_t* e = E.data() + i * K;
+            const scalar_t* en = EN.data() + i * K;
+            for (int64_t d = 0; d < K; ++d) {
+              const scalar_t eg = ec[d] * e[d];  // e^{G}
+              xi[d] = scale * eg * qi[d];
+              qd[d] = scale * e[d] * qi[d];
+              kn[d] = en[d] * ki[d];
+              ri[d] = bi * eg * ki[d];
+            }
+            if (kd)
+              for (int64_t d = 0; d < K; ++d) kd[d] = e[d] * ki[d];
+          } else {
+            const scalar_t* gi = GR.data() + i * K;
+            for (int64_t d = 0; d < K; ++d) {
+              const scalar_t eg = std::exp(gi[d]);
+              xi[d] = scale * eg * qi[d];
+              ri[d] = bi * eg * ki[d];
+            }
+          }
+          if (delta)
+            scale_row(ri + K, vi, bi, V);
+          else
+            std::copy(vi, vi + V, Vn + i * V);  // v_new = v
+        }
+        if (direct) {
+          at::Tensor Mv = view(M.data(), {MR, L}, {L, 1});
+          at::mm_out(Mv, view(QK.data(), {MR, K}, {K, 1}), view(KI.data(), {L, K}, {K, 1}).t());
+        } else {
+          for (int64_t i = 0; i < Lr; ++i) {
+            const scalar_t* qi = qp + (row0 + i * H) * K;
+            const scalar_t* ki = kp + (row0 + i * H) * K;
+            const scalar_t* gi = GR.data() + i * K;
+            for (int64_t j = 0; j <= i; ++j) {
+              const scalar_t* kj = kp + (row0 + j * H) * K;
+              const scalar_t* gj = GR.data() + j * K;
+              scalar_t mq = 0, mk = 0;
+              for (int64_t d = 0; d < K; ++d) {
+                const scalar_t w = std::exp(gi[d] - gj[d]) * kj[d];
+                mq += qi[d] * w;
+                mk += ki[d] * w;
+              }
+              M[size_t(i * L + j)] = scale * mq;
+              if (delta) M[size_t((L + i) * L + j)] = mk;
+            }
+          }
+        }
+        // P (query rows, j ≤ i) beside s e^G Q; A (key rows, j < i) scaled by β_i
+        for (int64_t i = 0; i < L; ++i) {
+          const scalar_t* mq = M.data() + i * L;
+          scalar_t* pi = X.data() + i * KC + K;
+          for (int64_t j = 0; j <= i; ++j) pi[j] = i < Lr ? mq[j] : scalar_t(0);
+          for (int64_t j = i + 1; j < L; ++j) pi[j] = 0;
+          if (delta) {
+            const scalar_t* mk = M.data() + (L + i) * L;
+            scalar_t* ai = A.data() + i * L;
+            for (int64_t j = 0; j < i; ++j) ai[j] = i < Lr ? Bt[size_t(i)] * mk[j] : scalar_t(0);
+            for (int64_t j = i; j < L; ++j) ai[j] = 0;
+          }
+        }
+        at::Tensor Vnv = view(Vn, {L, V}, {V, 1});
+        if (delta) {
+          at::Tensor WUv = view(WU.data(), {L, KV}, {KV, 1});
+          at::linalg_solve_triangular_out(WUv, view(A.data(), {L, L}, {L, 1}), view(R.data(), {L, KV}, {KV, 1}),
+                                          /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
+          at::addmm_out(Vnv, WUv.narrow(1, K, V), WUv.narrow(1, 0, K), Sv, /*beta=*/1, /*alpha=*/-1);
+        }
+        // o = [s e^G Q | P] [S; v_new]
+        at::Tensor Ov = Lr == L ? view(op + row0 * V, {L, V}, {H * V, 1}) : view(O.data(), {L, V}, {V, 1});
+        at::mm_out(Ov, view(X.data(), {L, K + L}, {KC, 1}), view(Y.data(), {K + L, V}, {V, 1}));
+        if (Lr < L)
+          for (int64_t i = 0; i < Lr; ++i) std::copy(O.data() + i * V, O.data() + (i + 1) * V, op + (row0 + i * H) * V);
+        // S ← diag(e^{G_L}) S + K_rᵀ v_new,  K_r = e^{G_L − G} ⊙ k (= e^{G_L − c}·e^{c−G} k when direct)
+        for (int64_t d = 0; d < K; ++d) {
+          scalar_t* sd = S + d * V;
+          const scalar_t a = eL[d];
+          for (int64_t j = 0; j < V; ++j) sd[j] *= a;
+        }
+        const scalar_t* eLc = E.data() + (L - 1) * K;  // e^{G_L − c}
+        const scalar_t* gL = GR.data() + (L - 1) * K;
+        for (int64_t i = 0; i < Lr; ++i) {
+          scalar_t* kn = KI.data() + i * K;
+          const scalar_t* ki = kp + (row0 + i * H) * K;
+          if (direct) {
+            const scalar_t* en = EN.data() + i * K;
+            for (int64_t d = 0; d < K; ++d) kn[d] = eLc[d] * en[d] * ki[d];
+          } else {
+            const scalar_t* gi = GR.data() + i * K;
+            for (int64_t d = 0; d < K; ++d) kn[d] = std::exp(gL[d] - gi[d]) * ki[d];
+          }
+        }
+        at::addmm_out(Sv, Sv, view(KI.data(), {L, K}, {K, 1}).t(), Vnv, /*beta=*/1, /*alpha=*/1);
+      }
+      std::copy(S, S + K * V, hp + bh * K * V);
+    }
+  };
+  if (at::hasThreadLocalCallbacks())
+    body(0, B * H);
+  else
+    at::parallel_for(0, B * H, 1, body);
+}
+
+// chunk: 0 = the delta rule's min(kDeltaChunk, T); gla passes kGlaChunk (always 64 rows, the
+// last chunk zero-padded, as gla_chunked and simple_gla's accounting)
 DeltaResult delta_fwd_cpu(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0, const at::Tensor& beta0,
-                          const at::Tensor& g0, double scale, const at::Tensor& h00) {
+                          const at::Tensor& g0, double scale, const at::Tensor& h00, int64_t chunk = 0) {
   auto c = [](const at::Tensor& x) { return x.defined() ? x.contiguous() : x; };
   const at::Tensor q = c(q0), k = c(k0), v = c(v0), beta = c(beta0), g = c(g0), h0 = c(h00);
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
   at::Tensor o = at::empty({B, T, H, V}, q.options());
   at::Tensor ht = at::empty({B, H, K, V}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "delta_fwd_cpu", [&] {
-    delta_fwd_kernel<scalar_t>(q, k, v, beta, g, scale, h0, std::min(kDeltaChunk, T), o, ht);
+    if (g.defined() && g.dim() == 4)
+      keygate_fwd_kernel<scalar_t>(q, k, v, beta, g, scale, h0, chunk ? chunk : std::min(kDeltaChunk, T), o, ht);
+    else
+      delta_fwd_kernel<scalar_t>(q, k, v, beta, g, scale, h0, std::min(kDeltaChunk, T), o, ht);
   });
   return {o, ht};
 }
@@ -262,7 +475,7 @@ DeltaResult delta_chunked_cpu(const at::Tensor& q, const at::Tensor& k, const at
     return {r.o.to(q.scalar_type()), r.ht};
   }
   const auto dt = q.scalar_type();
-  bool ok = (dt == at::kFloat || dt == at::kDouble) && q.device().is_cpu() && (!g.defined() || g.dim() == 3);
+  bool ok = (dt == at::kFloat || dt == at::kDouble) && q.device().is_cpu();
   for (const at::Tensor* t : {&k, &v, &beta, &g, &h0})
     if (t->defined() && (t->scalar_type() != dt || !t->device().is_cpu())) ok = false;
   if (!ok) return delta_chunked(q, k, v, beta, g, scale, h0);
@@ -276,6 +489,50 @@ DeltaResult delta_chunked_cpu(const at::Tensor& q, const at::Tensor& k, const at
   // The autograd function takes defined tensors only: an absent g / h0 travels as an empty tensor.
   const at::Tensor none = at::empty({0}, q.options());
   auto r = DeltaCpuFn::apply(q, k, v, g.defined() ? g : none, beta, h0.defined() ? h0 : none, scale);
+  return {r[0], r[1]};
+}
+
+namespace {
+struct GlaCpuFn : public torch::autograd::Function<GlaCpuFn> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
+                                                const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                                                const at::Tensor& h0, double scale) {
+    ctx->saved_data["scale"] = scale;
+    ctx->save_for_backward({q, k, v, g, h0});
+    DeltaResult r = delta_fwd_cpu(q, k, v, at::Tensor(), g, scale, present(h0), kGlaChunk);
+    return {r.o, r.ht};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const double scale = ctx->saved_data["scale"].toDouble();
+    return recompute_backward(ctx, grads, 6, [scale](const std::vector<at::Tensor>& in) {
+      return gla_chunked(in[0], in[1], in[2], in[3], scale, in[4]);
+    });
+  }
+};
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> gla_chunked_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                  const at::Tensor& g, double scale, const at::Tensor& h0) {
+  if (layers::is_half(q)) {
+    auto [o, ht] = gla_chunked_cpu(layers::f32(q), layers::f32(k), layers::f32(v), layers::f32(g), scale,
+                                   layers::f32(h0));
+    return {o.to(q.scalar_type()), ht};
+  }
+  const auto dt = q.scalar_type();
+  bool ok = (dt == at::kFloat || dt == at::kDouble) && q.device().is_cpu() && g.dim() == 4;
+  for (const at::Tensor* t : {&k, &v, &g, &h0})
+    if (t->defined() && (t->scalar_type() != dt || !t->device().is_cpu())) ok = false;
+  if (!ok) return gla_chunked(q, k, v, g, scale, h0);
+  bool grad = false;
+  for (const at::Tensor* t : {&q, &k, &v, &g, &h0})
+    if (t->defined() && t->requires_grad()) grad = true;
+  if (!grad || !at::GradMode::is_enabled()) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    DeltaResult r = delta_fwd_cpu(q, k, v, at::Tensor(), g, scale, h0, kGlaChunk);
+    return {r.o, r.ht};
+  }
+  auto r = GlaCpuFn::apply(q, k, v, g, h0.defined() ? h0 : at::empty({0}, q.options()), scale);
   return {r[0], r[1]};
 }
 

@@ -195,7 +195,7 @@ TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const L
 //   N_matmul = d·H·K (q) + d·H·K (k) + d·H·V (v) [+ d·H·V (gate)] + H·V·d (out)
 //              [+ 12·H (VE gate)] [+ r·d + H·K·r (gla low-rank forget gate)]
 //   fwd = 2·N_matmul + H·F_chunk·(Tp/C)/T, F_chunk = the op's matmul FLOPs per padded chunk and head
-//         (linear::simple_gla_chunk_flops / gla_chunk_flops: 2C²K + 2C²V + 4CKV [+ 2·C·16·K for gla]).
+//         (linear::simple_gla_chunk_flops / gla_chunk_flops: 2C²K + 2C²V + 4CKV, the same for gla).
 //         Element-wise terms (norms, gates, decays, the chunk-state recursion) are not counted, as
 //         FlopCounter does not count them either.
 //   nanochat core (training) = 3 × the op term of fwd.

@@ -23,9 +23,10 @@
 namespace mixbench {
 namespace linear {
 
-double gla_chunk_flops(int64_t K, int64_t V) {
-  return simple_gla_chunk_flops(K, V) + 2.0 * double(kGlaChunk) * double(kGlaSubChunk) * double(K);
-}
+// The CPU path (gla_chunked_cpu) folds the per-key decays into the operands of one C×C score
+// product per chunk, so its products are simple_gla's. (gla_chunked below, the path of other
+// devices and of the backward, spends 2·C·16·K more per chunk on its sub-chunk blocks.)
+double gla_chunk_flops(int64_t K, int64_t V) { return simple_gla_chunk_flops(K, V); }
 
 namespace {
 at::Tensor to_chunks(const at::Tensor& x, int64_t N) {
@@ -129,8 +130,8 @@ TensorMap reference_fn(const TensorMap& in, const Config& p) {
 
 TensorMap cpu_fn(const TensorMap& in, const Config& p) {
   check_inputs(in, p);
-  auto [o, ht] = linear::gla_chunked(in.at("q"), in.at("k"), in.at("v"), in.at("g"),
-                                     resolve_scale(p, in.at("q").size(3)), in.get_or("h0", at::Tensor()));
+  auto [o, ht] = linear::gla_chunked_cpu(in.at("q"), in.at("k"), in.at("v"), in.at("g"),
+                                         resolve_scale(p, in.at("q").size(3)), in.get_or("h0", at::Tensor()));
   return {{"o", o}, {"ht", ht}};
 }
 

@@ -32,6 +32,12 @@ std::pair<at::Tensor, at::Tensor> simple_gla_chunked_cpu(const at::Tensor& q, co
                                                          const at::Tensor& g, double scale, const at::Tensor& h0);
 std::pair<at::Tensor, at::Tensor> gla_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                               const at::Tensor& g, double scale, const at::Tensor& h0);
+// CPU path of gla_chunked (mixers/linear/delta_cpu.cpp): fp32 / fp64 inputs on the CPU run a
+// forward on raw buffers (the per-key-gate chunk kernel without the delta rule), parallel over
+// (batch, head); with autograd recording its backward recomputes gla_chunked and differentiates it.
+// Everything else runs gla_chunked; bf16 / fp16 inputs are computed in fp32.
+std::pair<at::Tensor, at::Tensor> gla_chunked_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                  const at::Tensor& g, double scale, const at::Tensor& h0);
 
 // CUDA forward kernel of simple_gla (mixers/linear/simple_gla_cuda.cu): fp32 accumulation and
 // state, o in the input dtype, ht fp32. Eligible inputs: q, k, v, g on one CUDA device, q/k/v of
