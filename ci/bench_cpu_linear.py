@@ -1,6 +1,6 @@
 """CPU speed of the linear ops' optimized paths against their FP64 recurrent references.
 
-Runs the Google Benchmark binary on simple_gla and gated_delta_rule (B = 1, H = 4, K = V = 64,
+Runs the Google Benchmark binary on the five linear ops (B = 1, H = 4, K = V = 64,
 T = 1K..16K, forward, one LibTorch thread), then summarises per op: µs per token at each T (the
 fastest repetition: other work on the machine only adds time), max/min of that over T (target:
 ≤ 1.25, flat cost per token) and reference ÷ optimized at 4K (target: ≥ 10×). Writes the raw
@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 
-OPS = ("simple_gla", "gated_delta_rule")
+OPS = ("simple_gla", "gla", "delta_rule", "gated_delta_rule", "kda")
 
 
 def main():
