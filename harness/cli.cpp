@@ -126,7 +126,8 @@ void print_conformance_table(const Json& results) {
   std::map<std::string, Row> rows;
   for (const auto& r : results) {
     std::string key = fmt::format("{:<14} {:<18} {:<7} {:<5} {:<5}", r.value("method", Json()).is_null() ? "-" : r["method"].get<std::string>(),
-                                  r.value("op", Json()).is_null() ? "layer" : r["op"].get<std::string>(),
+                                  !r.value("op", Json()).is_null() ? r["op"].get<std::string>()
+                                  : r.contains("layer_mixers") ? "model" : "layer",
                                   r.value("level", std::string("?")), r.value("device", std::string("?")),
                                   r.value("dtype", std::string("?")));
     Row& row = rows[key];
