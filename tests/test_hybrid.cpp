@@ -359,3 +359,25 @@ TEST(Hybrid, ListAndAccountCommands) {
   EXPECT_EQ(methods, (std::vector<std::string>{"deltanet", "dense_full", "dense_full", "deltanet"}));
   EXPECT_EQ(run_cli({"account", "--method", "gdn_hybrid", "--config", "qsa_topk=3"}), 2);  // not a gdn_hybrid field
 }
+
+// The leaderboard's iso-FLOP calibration searches the same grid for a hybrid, whose layout
+// follows each candidate depth; the chosen shape's FLOPs are the hybrid accountant's.
+TEST(Hybrid, IsoFlopCalibration) {
+  for (const auto& name : kHybrids) {
+    Calibration c = calibrate(name, "tiny");
+    const MethodSpec& m = Registry::get().method(name);
+    Config cfg = m.config.parse(train_preset("tiny").config_for(name) + "," + c.config);
+    const double f = account_model(m, cfg, CostQuery{cfg.i("seq_len"), cfg.i("seq_len"), 2}).train_flops_nanochat;
+    EXPECT_DOUBLE_EQ(f, c.flops) << name;
+    EXPECT_NEAR(c.flops / c.anchor_flops - 1, c.residual, 1e-12) << name;
+    EXPECT_EQ(c.within, std::abs(c.residual) <= 0.02) << name;
+    std::printf("%s: L=%lld d=%lld residual %+.4f\n", name.c_str(), (long long)c.n_layer, (long long)c.d_model, c.residual);
+  }
+  // the Qwen3-Next layout calibrates within 2% at the tiny preset
+  Calibration g = calibrate("gdn_hybrid", "tiny");
+  EXPECT_TRUE(g.within) << g.residual;
+  for (const char* pure : {"gdn", "deltanet"}) {
+    Calibration c = calibrate(pure, "tiny");
+    std::printf("%s: L=%lld d=%lld residual %+.4f\n", pure, (long long)c.n_layer, (long long)c.d_model, c.residual);
+  }
+}
