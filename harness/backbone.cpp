@@ -4,6 +4,8 @@
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "harness/errors.h"
 #include "harness/nvtx.h"
 
@@ -263,9 +265,12 @@ bool model_has_decode(const Model& m) {
 namespace {
 std::string no_decode_message(const Model& m) {
   std::string missing;
+  std::vector<std::string> seen;
   for (const auto& name : m.layer_mixers)
-    if (!Registry::get().method(name).has_decode() && missing.find(name) == std::string::npos)
+    if (!Registry::get().method(name).has_decode() && std::find(seen.begin(), seen.end(), name) == seen.end()) {
+      seen.push_back(name);
       missing += (missing.empty() ? "" : ", ") + name;
+    }
   if (missing == m.method->name) return fmt::format("method {} registers no decode path", missing);
   return fmt::format("method {}: layer method(s) {} register no decode path", m.method->name, missing);
 }

@@ -381,3 +381,18 @@ TEST(Hybrid, IsoFlopCalibration) {
     std::printf("%s: L=%lld d=%lld residual %+.4f\n", pure, (long long)c.n_layer, (long long)c.d_model, c.residual);
   }
 }
+
+TEST(Hybrid, DecodeOfAHybridWithoutDecodeNamesTheLayerMethod) {
+  const MethodSpec& h = Registry::get().method("moba_hybrid");
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(2);
+  Model m = build_model(h, h.config.parse("n_layer=4,d_model=64,head_dim=16,vocab=64,seq_len=32"), gen,
+                        at::TensorOptions().dtype(at::kFloat));
+  ModelCache cache;
+  at::Tensor idx = at::zeros({1, 4}, at::TensorOptions().dtype(at::kLong));
+  try {
+    model_prefill(m, idx, Backend::CPU, &cache);
+    FAIL() << "no error";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("layer method(s) moba"), std::string::npos) << e.what();
+  }
+}
