@@ -396,3 +396,29 @@ TEST(Hybrid, DecodeOfAHybridWithoutDecodeNamesTheLayerMethod) {
     EXPECT_NE(std::string(e.what()).find("layer method(s) moba"), std::string::npos) << e.what();
   }
 }
+
+// Below fp64 the per-layer thresholds do not apply to a whole model: the hybrid's model cases are
+// skipped with the reason and its layer methods are checked at layer level instead.
+TEST(Hybrid, ReducedPrecisionChecksTheLayerMethods) {
+  ConformanceOptions opt;
+  opt.methods = {"gdn_hybrid"};
+  opt.dtype = "fp32";
+  opt.finite_differences = false;
+  ConformanceSummary s;
+  Json r = run_conformance(opt, s);
+  EXPECT_EQ(s.failed, 0);
+  EXPECT_EQ(s.errors, 0);
+  std::set<std::string> layer_methods_seen;
+  int skipped = 0;
+  for (const auto& x : r) {
+    if (x["method"] == "gdn_hybrid") {
+      EXPECT_EQ(x["status"], "skipped") << x.dump();
+      EXPECT_NE(x["reason"].get<std::string>().find("fp64"), std::string::npos);
+      ++skipped;
+    } else if (x["level"] == "layer") {
+      layer_methods_seen.insert(x["method"].get<std::string>());
+    }
+  }
+  EXPECT_EQ(skipped, 3);
+  EXPECT_EQ(layer_methods_seen, (std::set<std::string>{"gdn", "dense_full"}));
+}
