@@ -4,6 +4,8 @@
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "harness/errors.h"
 #include "harness/nvtx.h"
 
@@ -41,9 +43,36 @@ ModelDims model_dims(const Config& c) {
   return d;
 }
 
+std::vector<LayerMethod> layer_methods(const MethodSpec& method, const Config& cfg) {
+  const int64_t L = cfg.i("n_layer");
+  std::vector<LayerMethod> out;
+  if (!method.is_hybrid()) {
+    out.assign(size_t(L), LayerMethod{&method, cfg});
+    return out;
+  }
+  std::vector<LayerChoice> layout = method.layout(cfg);
+  if (int64_t(layout.size()) != L)
+    throw std::logic_error(fmt::format("hybrid {}: layout has {} layers for n_layer {}", method.name, layout.size(), L));
+  std::map<std::string, Config> parsed;  // one parse per distinct (method, overrides)
+  for (const auto& ch : layout) {
+    const MethodSpec& m = Registry::get().method(ch.method);
+    if (m.is_hybrid()) throw std::logic_error(fmt::format("hybrid {}: layer method {} is itself a hybrid", method.name, m.name));
+    if (ch.overrides.empty()) {
+      out.push_back({&m, cfg});
+      continue;
+    }
+    const std::string key = ch.method + "|" + ch.overrides;
+    auto it = parsed.find(key);
+    if (it == parsed.end()) it = parsed.emplace(key, m.config.parse(ch.overrides, &cfg)).first;
+    out.push_back({&m, it->second});
+  }
+  return out;
+}
+
 namespace {
 std::vector<ParamDef> backbone_defs(const MethodSpec& method, const Config& cfg, std::vector<std::string>* owner) {
   ModelDims d = model_dims(cfg);
+  const std::vector<LayerMethod> lm = layer_methods(method, cfg);
   const double s = std::sqrt(3.0) / std::sqrt(double(d.d_model));
   std::vector<ParamDef> defs;
   auto add = [&](ParamDef p, const std::string& own) {
@@ -59,11 +88,13 @@ std::vector<ParamDef> backbone_defs(const MethodSpec& method, const Config& cfg,
   add({"x0_lambdas", {d.n_layer}, ParamGroup::Scalar, false, "x0_lambdas", 0, 0}, "");
   for (int64_t i = 0; i < d.n_layer; ++i) {
     LayerCtx ctx{i, d.n_layer};
-    int64_t ve = method.ve_dim ? method.ve_dim(cfg, ctx) : 0;
+    const MethodSpec& mixer = *lm[size_t(i)].method;
+    const Config& lcfg = lm[size_t(i)].cfg;
+    int64_t ve = mixer.ve_dim ? mixer.ve_dim(lcfg, ctx) : 0;
     if (ve > 0) add({fmt::format("ve.{}", i), {d.vocab, ve}, ParamGroup::ValueEmbed, false, "uniform", -s, s}, "");
-    for (auto p : method.params(cfg, ctx)) {
+    for (auto p : mixer.params(lcfg, ctx)) {
       p.name = fmt::format("layers.{}.mixer.{}", i, p.name);
-      add(std::move(p), method.name);
+      add(std::move(p), mixer.name);
     }
     add({fmt::format("layers.{}.mlp.c_fc", i), {d.mlp_hidden, d.d_model}, ParamGroup::TransformerMatrix, true,
          "uniform", -0.4 * s, 0.4 * s}, "");
@@ -111,7 +142,10 @@ Model build_model(const MethodSpec& method, const Config& cfg, at::Generator& ge
   m.method = &method;
   m.cfg = cfg;
   m.dims = model_dims(cfg);
-  m.layer_mixers.assign(size_t(m.dims.n_layer), method.name);
+  for (auto& l : layer_methods(method, cfg)) {
+    m.layer_mixers.push_back(l.method->name);
+    m.layer_cfgs.push_back(std::move(l.cfg));
+  }
   for (const auto& def : backbone_defs(method, cfg, nullptr)) {
     at::Tensor t;
     if (random_nonzero) t = random_param(def, gen, opts);
@@ -172,6 +206,7 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
   const int64_t backout_layer = d.n_layer / 2;
   for (int64_t i = 0; i < d.n_layer; ++i) {
     const MethodSpec& mixer = Registry::get().method(m.layer_mixers[size_t(i)]);
+    const Config& lcfg = m.layer_cfgs.size() == size_t(d.n_layer) ? m.layer_cfgs[size_t(i)] : m.cfg;
     ScopedMethod sm(mixer.name);
     LayerCtx ctx{i, d.n_layer, m.step};
     x = P.at("resid_lambdas")[i] * x + P.at("x0_lambdas")[i] * x0;
@@ -186,9 +221,10 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
     {
       NvtxRange r(fmt::format("{}/layer{}/{}", mixer.name, i,
                               pass == Pass::Forward ? "forward" : pass == Pass::Prefill ? "prefill" : "decode"));
-      if (pass == Pass::Forward) out = mixer.forward(in, m.cfg, ctx, backend);
-      else if (pass == Pass::Prefill) out = mixer.prefill(in, cache->layers[size_t(i)], m.cfg, ctx, backend);
-      else out = mixer.decode(in, cache->layers[size_t(i)], m.cfg, ctx, backend);
+      if (pass == Pass::Forward && backend == Backend::Reference) out = mixer.reference(in, lcfg, ctx);
+      else if (pass == Pass::Forward) out = mixer.forward(in, lcfg, ctx, backend);
+      else if (pass == Pass::Prefill) out = mixer.prefill(in, cache->layers[size_t(i)], lcfg, ctx, backend);
+      else out = mixer.decode(in, cache->layers[size_t(i)], lcfg, ctx, backend);
     }
     x = x + out.at("y");
     if (aux) {
@@ -230,15 +266,29 @@ bool model_has_decode(const Model& m) {
   return true;
 }
 
+namespace {
+std::string no_decode_message(const Model& m) {
+  std::string missing;
+  std::vector<std::string> seen;
+  for (const auto& name : m.layer_mixers)
+    if (!Registry::get().method(name).has_decode() && std::find(seen.begin(), seen.end(), name) == seen.end()) {
+      seen.push_back(name);
+      missing += (missing.empty() ? "" : ", ") + name;
+    }
+  if (missing == m.method->name) return fmt::format("method {} registers no decode path", missing);
+  return fmt::format("method {}: layer method(s) {} register no decode path", m.method->name, missing);
+}
+}  // namespace
+
 at::Tensor model_prefill(const Model& m, const at::Tensor& idx, Backend backend, ModelCache* cache) {
   if (!cache) return run_model(m, idx, backend, Pass::Forward, nullptr, true);
-  if (!model_has_decode(m)) throw UsageError(fmt::format("method {} registers no decode path", m.method->name));
+  if (!model_has_decode(m)) throw UsageError(no_decode_message(m));
   *cache = ModelCache();
   return run_model(m, idx, backend, Pass::Prefill, cache, true);
 }
 
 at::Tensor model_decode_step(const Model& m, const at::Tensor& idx_t, ModelCache& cache, Backend backend) {
-  if (!model_has_decode(m)) throw UsageError(fmt::format("method {} registers no decode path", m.method->name));
+  if (!model_has_decode(m)) throw UsageError(no_decode_message(m));
   if (cache.layers.size() != size_t(m.dims.n_layer)) throw InputError("model_decode_step needs a cache filled by model_prefill");
   return run_model(m, idx_t, backend, Pass::Decode, &cache, true);
 }
@@ -279,8 +329,12 @@ ModelCost account_model(const MethodSpec& method, const Config& cfg, const CostQ
     mc.params += c;
   }
   double mixer_core_train = 0, mixer_fwd = 0, mixer_decode = 0;
+  const std::vector<LayerMethod> lm = layer_methods(method, cfg);
   for (int64_t i = 0; i < d.n_layer; ++i) {
-    LayerCost lc = method.account(cfg, LayerCtx{i, d.n_layer}, q);
+    // each layer's own method and config (a hybrid's layers differ)
+    const MethodSpec& mixer = *lm[size_t(i)].method;
+    LayerCost lc = mixer.account(lm[size_t(i)].cfg, LayerCtx{i, d.n_layer}, q);
+    if (method.is_hybrid()) lc.formula = mixer.name + ": " + lc.formula;
     mc.params += lc.params;
     mixer_core_train += lc.nanochat_core_flops;
     mc.uncounted_flops += lc.uncounted_flops;

@@ -28,11 +28,20 @@ ModelDims model_dims(const Config& cfg);
 // RMSNorm eps: nanochat calls F.rms_norm with eps=None, i.e. the float32 machine epsilon.
 constexpr double kRmsEps = 1.1920928955078125e-07;
 
+// The method and config each layer runs: for a hybrid (MethodSpec::layout) the layout's method
+// with its overrides applied to cfg, else the method itself with cfg, n_layer times.
+struct LayerMethod {
+  const MethodSpec* method;
+  Config cfg;
+};
+std::vector<LayerMethod> layer_methods(const MethodSpec& method, const Config& cfg);
+
 struct Model {
   const MethodSpec* method = nullptr;
   Config cfg;
   ModelDims dims{};
-  std::vector<std::string> layer_mixers;  // per-layer method name (all = method->name for now)
+  std::vector<std::string> layer_mixers;  // per-layer method name (a hybrid's layout; else method->name)
+  std::vector<Config> layer_cfgs;         // per-layer config (cfg plus the layout's overrides)
   TensorMap params;
   std::map<std::string, ParamDef> defs;   // name -> definition (group, init)
   int64_t step = -1;  // training step handed to every layer (LayerCtx::step); -1 = not training
@@ -52,7 +61,8 @@ struct ModelAux {
   std::vector<at::Tensor> layer_aux;  // per layer (undefined for a layer without one)
 };
 // logits [B,T,vocab] (fp32, or fp64 for an fp64 model; softcapped) for idx [B,T] int64. With
-// `aux`, the layers' auxiliary losses are collected into it.
+// `aux`, the layers' auxiliary losses are collected into it. Backend::Reference runs every
+// layer's FP64 reference (MethodSpec::reference) around the same backbone.
 at::Tensor model_forward(const Model& m, const at::Tensor& idx, Backend backend, ModelAux* aux = nullptr);
 // Incremental decoding state of a model: one cache per layer (MethodSpec::prefill/decode), the
 // previous token's normalized embedding (the smear reads it) and the tokens consumed.

@@ -88,6 +88,11 @@ int cmd_list(const std::vector<std::string>& args) {
                             {"citation", m->citation}, {"ops", m->ops}, {"reference", bool(m->reference)},
                             {"cpu", bool(m->forward)}, {"cuda", m->has_cuda && cuda_ops},
                             {"accountant", bool(m->account)}});
+    if (m->is_hybrid()) {  // the layout at the method's default depth
+      Json lay = Json::array();
+      for (const auto& ch : m->layout(m->config.defaults())) lay.push_back(ch.method);
+      j["methods"].back()["layer_mixers"] = lay;
+    }
   }
   for (const OpSpec* o : reg.ops())
     j["ops"].push_back({{"name", o->name}, {"family", o->family}, {"summary", o->summary}, {"citation", o->citation},
@@ -121,7 +126,8 @@ void print_conformance_table(const Json& results) {
   std::map<std::string, Row> rows;
   for (const auto& r : results) {
     std::string key = fmt::format("{:<14} {:<18} {:<7} {:<5} {:<5}", r.value("method", Json()).is_null() ? "-" : r["method"].get<std::string>(),
-                                  r.value("op", Json()).is_null() ? "layer" : r["op"].get<std::string>(),
+                                  !r.value("op", Json()).is_null() ? r["op"].get<std::string>()
+                                  : r.contains("layer_mixers") ? "model" : "layer",
                                   r.value("level", std::string("?")), r.value("device", std::string("?")),
                                   r.value("dtype", std::string("?")));
     Row& row = rows[key];
@@ -228,9 +234,11 @@ int cmd_account(const std::vector<std::string>& args) {
             {"state_bytes_per_sequence", mc.state_bytes},
             {"dtype_bytes", q.dtype_bytes}};
   Json layers = Json::array();
+  const std::vector<LayerMethod> lm = layer_methods(m, cfg);
   for (size_t i = 0; i < mc.layers.size(); ++i)
-    layers.push_back({{"layer", i}, {"params", mc.layers[i].params.total()}, {"fwd_flops", mc.layers[i].fwd_flops},
-                      {"nanochat_core_flops", mc.layers[i].nanochat_core_flops}, {"formula", mc.layers[i].formula}});
+    layers.push_back({{"layer", i}, {"method", lm[i].method->name}, {"params", mc.layers[i].params.total()},
+                      {"fwd_flops", mc.layers[i].fwd_flops}, {"nanochat_core_flops", mc.layers[i].nanochat_core_flops},
+                      {"formula", mc.layers[i].formula}});
   r["layers"] = layers;
   if (a.flag("audit")) {
     // Build the model and count what it holds and executes.

@@ -96,6 +96,7 @@ bool Registry::add(OpSpec spec) {
 
 bool Registry::add(MethodSpec spec) {
   if (methods_.count(spec.name)) throw std::logic_error("method registered twice: " + spec.name);
+  if (completed_) throw std::logic_error("method " + spec.name + " registered after the first lookup");
   if (!spec.reference || !spec.forward || !spec.params || !spec.make_inputs || !spec.cases || !spec.account)
     throw std::logic_error("method " + spec.name + " lacks a required part");
   if (bool(spec.prefill) != bool(spec.decode))
@@ -151,7 +152,19 @@ const OpSpec& Registry::op(const std::string& name) const {
   return it->second;
 }
 
+void Registry::complete_methods() const {
+  if (completed_) return;
+  completed_ = true;  // before the hooks: they look their components up
+  for (auto& [k, v] : methods_)
+    if (v.complete) {
+      auto hook = std::move(v.complete);
+      v.complete = nullptr;
+      hook(v);
+    }
+}
+
 const MethodSpec& Registry::method(const std::string& name) const {
+  complete_methods();
   auto it = methods_.find(name);
   if (it == methods_.end()) {
     std::vector<std::string> known;
@@ -167,6 +180,7 @@ std::vector<const OpSpec*> Registry::ops() const {
   return out;
 }
 std::vector<const MethodSpec*> Registry::methods() const {
+  complete_methods();
   std::vector<const MethodSpec*> out;
   for (const auto& [k, v] : methods_) out.push_back(&v);
   return out;

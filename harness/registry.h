@@ -87,6 +87,13 @@ struct LayerCtx {
   int64_t step = -1;
 };
 
+// One layer of a hybrid's layout: the registered method the layer runs and config overrides
+// ("k=v,...") applied on top of the model config for that layer only.
+struct LayerChoice {
+  std::string method;
+  std::string overrides;
+};
+
 struct MethodSpec {
   std::string name, family, summary, citation;
   // Model-level config: the backbone fields every method shares plus the method's own knobs.
@@ -114,6 +121,14 @@ struct MethodSpec {
   DecodeFn prefill;
   DecodeFn decode;
   bool has_decode() const { return bool(prefill) && bool(decode); }
+  // Hybrids (family "hybrid", mixers/hybrid/hybrid.cpp): layer i of an n_layer model runs
+  // layout(cfg)[i] (cfg holds n_layer); every function above dispatches to that layer's method
+  // with its overrides. Empty for a single mixer.
+  std::function<std::vector<LayerChoice>(const Config&)> layout;
+  bool is_hybrid() const { return bool(layout); }
+  // Runs once, after every static registration and before the first lookup (a hybrid builds its
+  // config, ops and decode hooks from its components' specs, which may register later).
+  std::function<void(MethodSpec&)> complete;
 };
 
 // Position (tokens consumed) recorded in a decode cache; 0 when the cache is empty.
@@ -135,8 +150,10 @@ class Registry {
   std::vector<const MethodSpec*> methods() const;
 
  private:
+  void complete_methods() const;  // runs MethodSpec::complete hooks once
   std::map<std::string, OpSpec> ops_;
-  std::map<std::string, MethodSpec> methods_;
+  mutable std::map<std::string, MethodSpec> methods_;
+  mutable bool completed_ = false;
 };
 
 // Closest names by edit distance, for "did you mean" messages.

@@ -742,7 +742,8 @@ Json run_sweep(const SweepOptions& opt, SweepSummary& sum) {
         Json r = base(name, "");
         r["status"] = "skipped";
         r["reason"] = "no decode path";
-        r["message"] = "the method registers no decode step with a KV cache or recurrent state";
+        r["message"] = m.is_hybrid() ? "a layer method of this hybrid registers no decode step"
+                                     : "the method registers no decode step with a KV cache or recurrent state";
         r["shape"] = Json::object();
         results.push_back(r);
         ++sum.skipped;

@@ -443,6 +443,7 @@ TrainPreset train_preset(const std::string& name) {
     // DSA's indexer (64 heads × 128) would cost more than the whole tiny model: 4 heads × 32, and
     // 32 of the 128 keys per query.
     p.method_config = {{"moba", "moba_block=32,moba_topk=2"},
+                       {"moba_hybrid", "moba_block=32,moba_topk=2"},
                        {"dsa", "dsa_topk=32,idx_heads=4,idx_dim=32,idx_rope_dim=16"}};
     // A CPU batch is far below nanochat's 2^19 tokens; √(B/B_ref) would shrink every lr ~30×, so
     // the tiny preset takes its own batch as the reference (lr scale 1) and the unscaled decay.
@@ -565,6 +566,23 @@ TrainResult run_train(const TrainOptions& opt) {
       if (it == f.metadata.end()) throw InputError(fmt::format("checkpoint '{}' lacks '{}'", ckpt, k));
       return it->second;
     };
+    // The per-layer layout (a hybrid's layer methods) must be the model's, layer by layer.
+    if (f.metadata.count("layer_mixers") || ms.is_hybrid()) {
+      std::vector<std::string> saved;
+      try {
+        saved = Json::parse(meta("layer_mixers")).get<std::vector<std::string>>();
+      } catch (const Json::exception&) {
+        throw InputError(fmt::format("checkpoint '{}': layer_mixers is not a list of method names", ckpt));
+      }
+      auto join = [](const std::vector<std::string>& v) {
+        std::string s;
+        for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+        return s;
+      };
+      if (saved != model.layer_mixers)
+        throw InputError(fmt::format("checkpoint '{}' has the layer layout [{}] but {} at this config has [{}]", ckpt,
+                                     join(saved), r.method, join(model.layer_mixers)));
+    }
     if (meta("fingerprint") != fp)
       throw InputError(fmt::format("checkpoint '{}' belongs to a different run (method, config, steps, batch, seed "
                                    "or data differ)", ckpt));
@@ -604,6 +622,7 @@ TrainResult run_train(const TrainOptions& opt) {
                       {{"fingerprint", fp}, {"step", std::to_string(step_done)}, {"data_pos", std::to_string(pos)},
                        {"seconds", fmt::format("{:.17g}", seconds)}, {"losses", Json(r.losses).dump()},
                        {"val_curve", vc.dump()}, {"method", r.method}, {"config", r.cfg.str()},
+                       {"layer_mixers", Json(model.layer_mixers).dump()},
                        {"aux_losses", Json(r.aux_losses).dump()}});
   };
 
