@@ -3,7 +3,8 @@
 # run the conformance suite on CUDA at fp32 and bf16 for every registered op and method, run the
 # GPU benchmarks and the peer timings, and write every JSON into OUT_DIR.
 # Usage: ci/gpu.sh OUT_DIR [DEPS_DIR]   (DEPS_DIR from ci/gpu_stage.sh when the machine lacks the
-# Debian packages; default .deps if present)
+# Debian packages; default .deps if present). MIXBENCH_GPU_PARTS (default
+# "conformance,bench,peers,chunk,sanitizer") picks the parts to run after the build.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: ci/gpu.sh OUT_DIR [DEPS_DIR]}
@@ -11,6 +12,8 @@ DEPS=${2:-$PWD/.deps}
 LOGS=${MIXBENCH_LOG_DIR:-$(mktemp -d)}
 mkdir -p "$OUT" "$LOGS"
 log() { echo "== $(date +%H:%M:%S) $*"; }
+PARTS=",${MIXBENCH_GPU_PARTS:-conformance,bench,peers,chunk,sanitizer},"
+part() { [[ "$PARTS" == *",$1,"* ]]; }
 CMAKE_DEPS=()
 [ -d "$DEPS" ] && CMAKE_DEPS=(-DMIXBENCH_DEPS="$(cd "$DEPS" && pwd)")
 log configure
@@ -22,11 +25,12 @@ MB=build-gpu/mixbench
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
 $MB list
 rc=0
-for dtype in fp32 bf16; do
+for dtype in $(part conformance && echo fp32 bf16); do
   log "conformance cuda $dtype"
   $MB conformance --methods all --device cuda --dtype "$dtype" --no-fd --quiet \
       --golden tests/goldens/*.safetensors --out "$OUT/conformance_cuda_$dtype.json" || rc=1
 done
+if part bench; then
 log benchmarks
 build-gpu/mixbench_bench --benchmark_filter="${MIXBENCH_BENCH_FILTER:-^(attention_cuda|linear_cuda|ceiling_cuda)/}" \
     --benchmark_format=json --benchmark_out="$OUT/bench_cuda.json" --benchmark_out_format=json \
@@ -36,22 +40,29 @@ tail -40 "$LOGS/bench_cuda.txt"
 build-gpu/mixbench_bench --benchmark_filter='/cuda_fwd(_bwd)?/(1024|8192)$' --benchmark_min_time=0.05 \
     --benchmark_format=json --benchmark_out="$OUT/bench_ops_cuda.json" --benchmark_out_format=json \
     > "$LOGS/bench_ops_cuda.txt" 2>&1 || rc=1
+fi
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/mixbench_site .whl/*.whl \
     && export PYTHONPATH=/tmp/mixbench_site${PYTHONPATH:+:$PYTHONPATH}
 fi
-if [ -f ci/peers.py ]; then
+if part peers && [ -f ci/peers.py ]; then
   log peers
   python3 ci/peers.py --out "$OUT/peers.json" || rc=1
   python3 ci/compare.py "$OUT/bench_cuda.json" "$OUT/peers.json" --out "$OUT/comparison.json" || rc=1
 fi
+if part chunk; then
 log "chunk kernels: check against float64 and time next to flash-linear-attention"
 python3 ci/kernels/chunk_check.py --quick --lib /tmp/mixbench_chunk.so --out "$OUT/chunk_kernels.json" \
     > "$LOGS/chunk.txt" 2>&1 || rc=1
 grep -vi warn "$LOGS/chunk.txt" | tail -6
-if command -v compute-sanitizer > /dev/null; then
+fi
+if part sanitizer && command -v compute-sanitizer > /dev/null; then
   log "compute-sanitizer (memcheck, racecheck) on the chunk kernels"
   : > "$OUT/sanitizer.txt"
+  # the same small run without the sanitizer first (builds the library when the check above did not run)
+  PREBUILT=$(part chunk && echo 1) python3 ci/kernels/chunk_check.py --sanitize --lib /tmp/mixbench_chunk.so \
+      > "$LOGS/sanitize_plain.txt" 2>&1
+  echo "plain exit=$? $(tail -1 "$LOGS/sanitize_plain.txt")" >> "$OUT/sanitizer.txt"
   for tool in memcheck racecheck; do
     PREBUILT=1 compute-sanitizer --tool "$tool" --error-exitcode 3 \
       python3 ci/kernels/chunk_check.py --sanitize --lib /tmp/mixbench_chunk.so > "$LOGS/sanitizer_$tool.txt" 2>&1
