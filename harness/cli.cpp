@@ -47,13 +47,14 @@ commands:
                 [--lengths 1k:1m | 256,512,...] [--device cpu|cuda] [--dtype bf16|fp32|fp64] [--preset NAME]
                 [--config k=v,...] [--reps N] [--warmup N] [--memory-limit BYTES|2G] [--out FILE]
                 throughput and OOM grid (presets cpu-tiny, the default, and gpu-d12); oom points are results
-  train         --method NAME [--preset tiny|small] [--steps N] [--batch B] [--seed S] [--data synthetic|PATH]
+  train         --method NAME [--preset tiny|small] [--steps N] [--batch B] [--micro-batch M] [--seed S]
+                [--data synthetic|PATH]
                 [--config k=v,...] [--out DIR] [--resume] [--eval-every N] [--stop-after N]
                 [--device cpu|cuda] [--probes N]
                 Muon/AdamW training; progress as JSON lines when stdout is not a terminal;
                 DIR/checkpoint.safetensors (atomic) and DIR/train.json; capability probes
                 (MQAR, NIAH single-1/2/3, S3/S5 state tracking) on N held-out sequences each
-  leaderboard   [--preset tiny|small] [--methods a,b|all] [--steps N] [--batch B] [--seed S]
+  leaderboard   [--preset tiny|small] [--methods a,b|all] [--steps N] [--batch B] [--micro-batch M] [--seed S]
                 [--data synthetic|PATH] [--config k=v,...] [--device cpu|cuda] [--probes N] [--out report.json]
                 equal-FLOP ranking: each method's shape calibrated to dense's FLOPs/token (±2%);
                 the Markdown table (.md) and an HTML page (.html, inline SVG) beside the report
@@ -373,8 +374,8 @@ int cmd_sweep(const std::vector<std::string>& args) {
 int progress_mode(bool quiet) { return quiet ? 0 : (::isatty(STDOUT_FILENO) ? 2 : 1); }
 
 int cmd_train(const std::vector<std::string>& args) {
-  Args a(args, {"method", "preset", "steps", "batch", "seed", "data", "out", "config", "eval-every", "eval-batches",
-                "checkpoint-every", "stop-after", "device", "probes"},
+  Args a(args, {"method", "preset", "steps", "batch", "micro-batch", "seed", "data", "out", "config", "eval-every",
+                "eval-batches", "checkpoint-every", "stop-after", "device", "probes"},
          {"resume", "quiet"});
   TrainOptions o;
   auto m = a.get("method");
@@ -383,6 +384,8 @@ int cmd_train(const std::vector<std::string>& args) {
   o.preset = a.get_or("preset", "tiny");
   o.steps = a.get_int("steps", 0);
   o.batch = a.get_int("batch", 0);
+  o.micro_batch = a.get_int("micro-batch", 0);
+  if (o.micro_batch < 0) throw UsageError("--micro-batch must be >= 0");
   o.seed = uint64_t(a.get_int("seed", 0));
   o.data = a.get_or("data", "synthetic");
   o.out = a.get_or("out", "");
@@ -402,7 +405,7 @@ int cmd_train(const std::vector<std::string>& args) {
   RunInfo info = run_info("train", args);
   info.argv.insert(info.argv.begin() + 1, "train");
   info.config = {{"method", o.method}, {"preset", o.preset}, {"config", r.cfg.to_json()}, {"steps", o.steps},
-                 {"batch", o.batch}, {"data", o.data}, {"resume", o.resume}};
+                 {"batch", o.batch}, {"micro_batch", o.micro_batch}, {"data", o.data}, {"resume", o.resume}};
   info.seeds = {{"base", o.seed}};
   Json report = make_report(info, Json::array({train_result_json(r)}));
   if (!o.out.empty()) write_report((std::filesystem::path(o.out) / "train.json").string(), report);
@@ -412,12 +415,15 @@ int cmd_train(const std::vector<std::string>& args) {
 }
 
 int cmd_leaderboard(const std::vector<std::string>& args) {
-  Args a(args, {"preset", "steps", "batch", "seed", "data", "out", "config", "device", "probes"}, {"quiet"}, {"methods"});
+  Args a(args, {"preset", "steps", "batch", "micro-batch", "seed", "data", "out", "config", "device", "probes"},
+         {"quiet"}, {"methods"});
   LeaderboardOptions o;
   o.preset = a.get_or("preset", "tiny");
   o.methods = a.list("methods");
   o.steps = a.get_int("steps", 0);
   o.batch = a.get_int("batch", 0);
+  o.micro_batch = a.get_int("micro-batch", 0);
+  if (o.micro_batch < 0) throw UsageError("--micro-batch must be >= 0");
   o.seed = uint64_t(a.get_int("seed", 0));
   o.data = a.get_or("data", "synthetic");
   o.config = a.get_or("config", "");

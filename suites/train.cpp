@@ -454,25 +454,41 @@ TrainPreset train_preset(const std::string& name) {
     return p;
   }
   if (name == "small") {
-    // One GPU: every registered method in about 5 minutes (tens of seconds each).
+    // One GPU: 40 steps of 32 × 512 tokens (655K tokens) per method; every registered method
+    // (22) in about 4 minutes on one H200.
     TrainPreset p;
     p.config = "n_layer=6,d_model=384,head_dim=64,seq_len=512,vocab=257";
-    p.steps = 200;
+    p.steps = 40;
     p.batch = 32;
-    p.eval_every = 50;
+    p.eval_every = 10;
     p.eval_batches = 4;
-    p.checkpoint_every = 200;
+    p.checkpoint_every = 40;
     p.probe_sequences = 128;
     p.hyper.batch_tokens_ref = double(p.batch * 512);  // lr scale 1 at the preset's batch, as tiny
     p.hyper.muon_wd = 0.28;
     p.hyper.muon_bf16 = true;  // nanochat orthogonalises in bf16 on bf16 hardware
+    // The sparse layers' LibTorch paths gather keys per query block: 32 rows at once need more than
+    // an H200's memory for training; the same step in micro-batches of 8 rows (gradients accumulated).
+    p.method_micro_batch = {{"qsa", 8}, {"seer", 8}};
+    // The sparse methods' dense warm-up (512 steps by default) would cover the whole run: a quarter.
+    for (const char* m : {"dsa", "qsa", "seer", "qsa_hybrid"}) p.method_config[m] = "full_attention_warmup_steps=10";
     return p;
   }
   throw UsageError(fmt::format("unknown preset '{}' (known: tiny, small)", name));
 }
 
 namespace {
-double evaluate(const Model& m, const Corpus& c, int64_t B, int64_t T, int64_t n_batches, Backend backend) {
+// Logits of idx [R, T] computed `micro` rows at a time (all at once for micro ≥ R).
+at::Tensor forward_rows(const Model& m, const at::Tensor& idx, Backend backend, int64_t micro) {
+  if (micro <= 0 || micro >= idx.size(0)) return model_forward(m, idx, backend);
+  std::vector<at::Tensor> parts;
+  for (int64_t r0 = 0; r0 < idx.size(0); r0 += micro)
+    parts.push_back(model_forward(m, idx.slice(0, r0, std::min(idx.size(0), r0 + micro)), backend));
+  return at::cat(parts, 0);
+}
+
+double evaluate(const Model& m, const Corpus& c, int64_t B, int64_t T, int64_t n_batches, Backend backend,
+                int64_t micro) {
   c10::NoGradGuard ng;
   double nats = 0, count = 0;
   const at::Device dev = m.params.at("wte").device();
@@ -481,7 +497,7 @@ double evaluate(const Model& m, const Corpus& c, int64_t B, int64_t T, int64_t n
     get_batch(c.val, k * B * (T + 1), B, T, x, y);
     x = x.to(dev);
     y = y.to(dev);
-    at::Tensor logits = model_forward(m, x, backend);
+    at::Tensor logits = forward_rows(m, x, backend, micro);
     at::Tensor ce = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}), {},
                                            at::Reduction::None, -1).to(at::kDouble);
     at::Tensor w = c.byte_level ? (y.reshape({-1}) != c.bos).to(at::kDouble) : at::ones_like(ce);
@@ -501,6 +517,12 @@ TrainResult run_train(const TrainOptions& opt) {
   const MethodSpec& ms = Registry::get().method(opt.method);
   const int64_t steps = opt.steps > 0 ? opt.steps : P.steps;
   const int64_t B = opt.batch > 0 ? opt.batch : P.batch;
+  auto preset_micro = P.method_micro_batch.find(opt.method);
+  const int64_t MB = opt.micro_batch > 0 ? opt.micro_batch
+                     : preset_micro != P.method_micro_batch.end() ? std::min(preset_micro->second, B)
+                                                                   : B;
+  if (MB < 1 || B % MB != 0)
+    throw UsageError(fmt::format("--micro-batch {} must divide the batch of {} rows", MB, B));
   const int64_t eval_every = opt.eval_every > 0 ? opt.eval_every : P.eval_every;
   const int64_t eval_batches = opt.eval_batches > 0 ? opt.eval_batches : P.eval_batches;
   const int64_t ckpt_every = opt.checkpoint_every > 0 ? opt.checkpoint_every : P.checkpoint_every;
@@ -555,7 +577,8 @@ TrainResult run_train(const TrainOptions& opt) {
   h.schedule.steps = steps;
   Optimizer optim(model, B * T, h);
 
-  const std::string fp = fingerprint(r, steps, B, opt.seed, corpus.hash);
+  // a different micro-batching changes the rounding of the accumulated gradients: part of the run
+  const std::string fp = fingerprint(r, steps, B, opt.seed, corpus.hash) + (MB == B ? "" : fmt::format("/mb{}", MB));
   const std::string ckpt = opt.out.empty() ? "" : (fs::path(opt.out) / "checkpoint.safetensors").string();
   int64_t start = 0, pos = 0;
   double prior_seconds = 0;
@@ -642,19 +665,32 @@ TrainResult run_train(const TrainOptions& opt) {
     // The layers see the step (the sparse methods' full-attention warm-up); the evaluations
     // after it run the model as this step trained it.
     model.step = it;
-    at::Tensor lm_loss;
-    ModelAux aux;
-    at::Tensor loss = model_loss(model, x, y, backend, &lm_loss, &aux);
-    loss.backward();
-    r.losses.push_back(lm_loss.item<double>());
-    if (aux.aux_loss.defined()) r.aux_losses.push_back(aux.aux_loss.item<double>());
+    // The step's rows in micro-batches of MB: each micro-batch's mean loss weighted by MB/B, so the
+    // accumulated gradient (and the logged losses) are the whole batch's means.
+    double lm_sum = 0, aux_sum = 0;
+    bool have_aux = false;
+    for (int64_t r0 = 0; r0 < B; r0 += MB) {
+      at::Tensor lm_loss;
+      ModelAux aux;
+      const double w = double(MB) / double(B);
+      at::Tensor loss = model_loss(model, MB == B ? x : x.slice(0, r0, r0 + MB), MB == B ? y : y.slice(0, r0, r0 + MB),
+                                   backend, &lm_loss, &aux);
+      (MB == B ? loss : loss * w).backward();
+      lm_sum += w * lm_loss.item<double>();
+      if (aux.aux_loss.defined()) {
+        aux_sum += w * aux.aux_loss.item<double>();
+        have_aux = true;
+      }
+    }
+    r.losses.push_back(lm_sum);
+    if (have_aux) r.aux_losses.push_back(aux_sum);
     optim.step(model, it);
     for (const auto& [n, p] : model.params) p.mutable_grad() = at::Tensor();
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     tokens_now += B * T;
     done = it + 1;
     const bool do_eval = done % eval_every == 0 || done == steps;
-    if (do_eval) r.val_curve.emplace_back(done, evaluate(model, corpus, B, T, eval_batches, backend));
+    if (do_eval) r.val_curve.emplace_back(done, evaluate(model, corpus, B, T, eval_batches, backend, MB));
     if (opt.progress) {
       const double tps = double(tokens_now) / std::max(seconds, 1e-9);
       const double eta = double(steps - done) * double(B * T) / std::max(tps, 1e-9);
@@ -678,12 +714,14 @@ TrainResult run_train(const TrainOptions& opt) {
   }
   r.steps_done = done;
   r.tokens = done * B * T;
+  r.batch = B;
+  r.micro_batch = MB;
   r.seconds = prior_seconds + seconds;
   r.tokens_per_s = tokens_now > 0 ? double(tokens_now) / std::max(seconds, 1e-9) : 0.0;
   if (!r.val_curve.empty()) r.val_bpb = r.val_curve.back().second;
   const int64_t n_probe = opt.probe_sequences >= 0 ? opt.probe_sequences : P.probe_sequences;
   if (corpus.byte_level && n_probe > 0) {
-    r.probes = evaluate_probes([&](const at::Tensor& idx) { return model_forward(model, idx.to(dev), backend); }, T,
+    r.probes = evaluate_probes([&](const at::Tensor& idx) { return forward_rows(model, idx.to(dev), backend, MB); }, T,
                                opt.seed, n_probe, corpus.bos);
   }
   return r;
@@ -704,6 +742,8 @@ Json train_result_json(const TrainResult& r) {
                      {"seq_len", d.seq_len}, {"vocab", d.vocab}}},
           {r.byte_level ? "val_bpb" : "val_bits_per_token", r.val_bpb},
           {"steps", r.steps_done},
+          {"batch", r.batch},
+          {"micro_batch", r.micro_batch},
           {"tokens", r.tokens},
           {"seconds", r.seconds},
           {"tokens_per_s", r.tokens_per_s},
@@ -806,6 +846,7 @@ Json run_leaderboard(const LeaderboardOptions& opt, std::string& md) {
     to.config = cal.config + (opt.config.empty() ? "" : "," + opt.config);
     to.steps = opt.steps;
     to.batch = opt.batch;
+    to.micro_batch = opt.micro_batch;
     to.seed = opt.seed;
     to.data = opt.data;
     to.progress = opt.progress;
@@ -817,6 +858,8 @@ Json run_leaderboard(const LeaderboardOptions& opt, std::string& md) {
       row = train_result_json(tr);
     } catch (const UsageError&) {
       throw;
+    } catch (const c10::Error& e) {  // e.g. CUDA out of memory: the message, not LibTorch's backtrace
+      row = {{"status", "error"}, {"method", m}, {"message", e.what_without_backtrace()}};
     } catch (const std::exception& e) {
       row = {{"status", "error"}, {"method", m}, {"message", e.what()}};
     }

@@ -109,6 +109,8 @@ struct TrainOptions {
   std::string config;          // extra "k=v,..." for the method's config
   int64_t steps = 0;           // 0 = the preset's
   int64_t batch = 0;           // rows per step; 0 = the preset's
+  int64_t micro_batch = 0;     // rows per forward/backward (gradients accumulated over the step's
+                               // rows, the same update); 0 = the preset's for the method, else all
   uint64_t seed = 0;
   std::string data = "synthetic";
   std::string out;             // folder for checkpoint and report ("" = none)
@@ -131,6 +133,7 @@ struct TrainResult {
   double val_bpb = 0;          // at the last evaluation (bits per token when not byte-level)
   bool byte_level = true;
   int64_t steps_done = 0, tokens = 0;
+  int64_t batch = 0, micro_batch = 0;  // rows per step; rows per forward/backward
   double seconds = 0, tokens_per_s = 0;
   ModelCost cost;
   nlohmann::json probes;       // {probe: {accuracy, exact, chance, sequences, answers}} (byte-level data)
@@ -146,6 +149,7 @@ struct TrainPreset {
   int64_t probe_sequences = 64;  // held-out sequences per probe kind after training
   int cpu_threads = 0;            // intra-op threads on the CPU during the run (0 = LibTorch's default)
   std::map<std::string, std::string> method_config;  // per-method overrides after `config`
+  std::map<std::string, int64_t> method_micro_batch;  // rows per forward/backward where memory needs it
   TrainHyper hyper;
   std::string config_for(const std::string& method) const;
 };
@@ -174,6 +178,7 @@ struct LeaderboardOptions {
   std::vector<std::string> methods;
   std::string config;  // extra overrides applied to every method (after calibration)
   int64_t steps = 0, batch = 0;
+  int64_t micro_batch = 0;  // rows per forward/backward; 0 = the preset's for each method
   uint64_t seed = 0;
   std::string data = "synthetic";
   std::string out;     // report path (JSON); the Markdown table (.md) and the HTML page (.html) go beside it

@@ -425,12 +425,17 @@ TEST(TrainDevice, BadDevicesAndPresetsAreUsageErrors) {
   if (!at::hasCUDA()) EXPECT_EQ(run_cli({"train", "--method", "dense", "--device", "cuda", "--steps", "1", "--quiet"}), 2);
   EXPECT_EQ(run_cli({"leaderboard", "--preset", "huge", "--quiet"}), 2);
   EXPECT_EQ(run_cli({"leaderboard", "--probes", "-2", "--quiet"}), 2);
-  // the small preset's budget: one GPU, a batch of 16K tokens, a few million tokens per method
+  // the small preset's budget: one GPU, a batch of 16K tokens, 40 steps (655K tokens) per method,
+  // every registered method inside one 10-minute run; micro-batches that divide the batch
   const TrainPreset s = train_preset("small");
   const Config c = Registry::get().method("dense").config.parse(s.config);
   const ModelDims d = model_dims(c);
   EXPECT_EQ(s.batch * d.seq_len, 16384);
-  EXPECT_EQ(s.steps * s.batch * d.seq_len, 200 * 16384);
+  EXPECT_EQ(s.steps * s.batch * d.seq_len, 40 * 16384);
+  for (const auto& [m, mb] : s.method_micro_batch) {
+    EXPECT_NO_THROW(Registry::get().method(m)) << m;
+    EXPECT_EQ(s.batch % mb, 0) << m;
+  }
   EXPECT_TRUE(s.hyper.muon_bf16);
   EXPECT_EQ(probe_suite(d.seq_len).size(), 6u);
 }
