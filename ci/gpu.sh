@@ -37,7 +37,7 @@ build-gpu/mixbench_bench --benchmark_filter="${MIXBENCH_BENCH_FILTER:-^(attentio
     > "$LOGS/bench_cuda.txt" 2>&1 || rc=1
 tail -40 "$LOGS/bench_cuda.txt"
 # every op's CUDA path (auto-registered, case-sized shapes, fp32), two lengths
-build-gpu/mixbench_bench --benchmark_filter='/cuda_fwd(_bwd)?/(1024|8192)$' --benchmark_min_time=0.05 \
+build-gpu/mixbench_bench --benchmark_filter='/cuda_fwd(_bwd)?/(1024|8192)(/|$)' --benchmark_min_time=0.05 \
     --benchmark_format=json --benchmark_out="$OUT/bench_ops_cuda.json" --benchmark_out_format=json \
     > "$LOGS/bench_ops_cuda.txt" 2>&1 || rc=1
 fi
