@@ -247,6 +247,7 @@ void keygate_fwd_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tens
   const auto opts = q.options();
   const bool delta = bp != nullptr;
   const int64_t KV = K + V, KC = K + C, MR = delta ? 2 * C : C;  // rows of M
+  constexpr int64_t kLine = 64 / sizeof(scalar_t);  // elements per cache line
   const scalar_t kMaxG = std::is_same<scalar_t, float>::value ? scalar_t(60) : scalar_t(600);
 
   auto body = [&](int64_t begin, int64_t end) {
@@ -350,6 +351,16 @@ void keygate_fwd_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tens
             scale_row(ri + K, vi, bi, V);
           else
             std::copy(vi, vi + V, Vn + i * V);  // v_new = v
+        }
+        // The next chunk's rows (strided by H·D: the hardware prefetcher does not cross pages).
+        for (int64_t i = 0, n = std::min(C, T - t0 - Lr); i < n; ++i) {
+          const int64_t row = row0 + (Lr + i) * H;
+          for (int64_t d = 0; d < K; d += kLine) {
+            __builtin_prefetch(qp + row * K + d);
+            __builtin_prefetch(kp + row * K + d);
+            __builtin_prefetch(gp + row * K + d);
+          }
+          for (int64_t d = 0; d < V; d += kLine) __builtin_prefetch(vp + row * V + d);
         }
         if (direct) {
           at::Tensor Mv = view(M.data(), {MR, L}, {L, 1});
