@@ -270,40 +270,45 @@ TEST(SimpleGlaChunked, SeveralBlocksMatchReference) {
     EXPECT_LE(compare(gr[i], gc[i]).rel_rms, threshold("fp64", TensorKind::Gradient)) << "input " << i;
 }
 
-// The raw-buffer CPU forward (simple_gla_chunked_cpu) against the FP64 recurrence, in fp64 and
-// fp32: tail chunks, K ≠ V, with and without h0, weak gates (decays folded into the products) and
-// strong ones (explicit decays); gradients through its autograd function equal simple_gla_chunked's.
-TEST(SimpleGlaChunkedCpu, ForwardMatchesReferenceAndGradientsMatchChunked) {
+// A raw-buffer CPU forward against the FP64 recurrence, in fp64 and fp32: tail chunks, K ≠ V, with
+// and without h0, weak gates (decays folded into the products) and strong ones (explicit decays:
+// gate_mul 4 in fp32, 40 in fp64 too); gradients through its autograd function equal the LibTorch
+// chunked path's. `per_key`: gates [B,T,H,K] (gla), else [B,T,H] (simple_gla).
+using GlaFwd = std::pair<at::Tensor, at::Tensor> (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                      const at::Tensor&, double, const at::Tensor&);
+void check_raw_cpu_forward(GlaFwd cpu, GlaFwd chunked, GlaFwd recurrence, bool per_key, uint64_t seed0) {
   const auto o64 = at::TensorOptions().dtype(at::kDouble);
   struct Shape {
     int64_t B, T, H, K, V;
     bool h0;
-    double gate_mul;  // g = logsigmoid(randn)·gate_mul; 4 (fp32) and 40 (fp64): explicit decays
+    double gate_mul;  // g = logsigmoid(randn)·gate_mul
   };
   const std::vector<Shape> shapes = {{1, 1, 2, 8, 8, true, 1.0},     {2, 1, 1, 8, 4, false, 1.0},
                                      {1, 64, 2, 64, 64, false, 0.5},  {2, 70, 3, 16, 8, true, 1.0 / 16},
                                      {1, 130, 2, 12, 20, false, 1.0}, {1, 200, 2, 8, 12, true, 4.0},
                                      {1, 150, 2, 8, 12, true, 40.0},  {1, 200, 1, 16, 24, false, 40.0}};
   for (const Shape& sh : shapes) {
-    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(uint64_t(17 + sh.T + sh.K));
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(uint64_t(seed0 + sh.T + sh.K));
+    std::vector<int64_t> gshape = {sh.B, sh.T, sh.H};
+    if (per_key) gshape.push_back(sh.K);
     const at::Tensor q = at::randn({sh.B, sh.T, sh.H, sh.K}, gen, o64), k = at::randn({sh.B, sh.T, sh.H, sh.K}, gen, o64),
                      v = at::randn({sh.B, sh.T, sh.H, sh.V}, gen, o64),
-                     g = at::log_sigmoid(at::randn({sh.B, sh.T, sh.H}, gen, o64)) * sh.gate_mul,
+                     g = at::log_sigmoid(at::randn(gshape, gen, o64)) * sh.gate_mul,
                      h0 = sh.h0 ? at::randn({sh.B, sh.H, sh.K, sh.V}, gen, o64) : at::Tensor();
     const std::string what = "B" + std::to_string(sh.B) + " T" + std::to_string(sh.T) + " H" + std::to_string(sh.H) +
                              " K" + std::to_string(sh.K) + " V" + std::to_string(sh.V) + (sh.h0 ? " h0" : "") +
                              " gate_mul " + std::to_string(sh.gate_mul);
-    auto [orf, hr] = reference::simple_gla(q, k, v, g, 0.3, h0);
+    auto [orf, hr] = recurrence(q, k, v, g, 0.3, h0);
     {
       c10::NoGradGuard ng;
-      auto [o, ht] = linear::simple_gla_chunked_cpu(q, k, v, g, 0.3, h0);
+      auto [o, ht] = cpu(q, k, v, g, 0.3, h0);
       ASSERT_EQ(o.scalar_type(), at::kDouble) << what;
       ASSERT_TRUE(o.sizes().equals(orf.sizes())) << what;
       ASSERT_TRUE(ht.sizes().equals(hr.sizes())) << what;
       EXPECT_LE(compare(orf, o).rel_rms, threshold("fp64", TensorKind::Output)) << what;
       EXPECT_LE(compare(hr, ht).rel_rms, threshold("fp64", TensorKind::Output)) << what;
       auto f = [](const at::Tensor& x) { return x.defined() ? x.to(at::kFloat) : x; };
-      auto [o32, ht32] = linear::simple_gla_chunked_cpu(f(q), f(k), f(v), f(g), 0.3, f(h0));
+      auto [o32, ht32] = cpu(f(q), f(k), f(v), f(g), 0.3, f(h0));
       ASSERT_EQ(o32.scalar_type(), at::kFloat) << what;
       EXPECT_LE(compare(orf, o32).rel_rms, threshold("fp32", TensorKind::Output)) << what;
       EXPECT_LE(compare(hr, ht32).rel_rms, threshold("fp32", TensorKind::Output)) << what;
@@ -312,8 +317,8 @@ TEST(SimpleGlaChunkedCpu, ForwardMatchesReferenceAndGradientsMatchChunked) {
     if (h0.defined()) x.push_back(h0.clone());
     for (auto& t : x) t.requires_grad_(true);
     const at::Tensor hx = h0.defined() ? x[4] : at::Tensor();
-    auto [ao, aht] = linear::simple_gla_chunked_cpu(x[0], x[1], x[2], x[3], 0.3, hx);
-    auto [bo, bht] = linear::simple_gla_chunked(x[0], x[1], x[2], x[3], 0.3, hx);
+    auto [ao, aht] = cpu(x[0], x[1], x[2], x[3], 0.3, hx);
+    auto [bo, bht] = chunked(x[0], x[1], x[2], x[3], 0.3, hx);
     EXPECT_LE(compare(orf, ao.detach()).rel_rms, threshold("fp64", TensorKind::Output)) << what;
     const at::Tensor wo = at::randn(ao.sizes(), gen, o64), wh = at::randn(aht.sizes(), gen, o64);
     auto ga = torch::autograd::grad({(ao * wo).sum() + (aht * wh).sum()}, x);
@@ -322,56 +327,13 @@ TEST(SimpleGlaChunkedCpu, ForwardMatchesReferenceAndGradientsMatchChunked) {
   }
 }
 
-// The raw-buffer CPU forward of gla (per-key-dim decays, gla_chunked_cpu) against the FP64
-// recurrence in fp64 and fp32, weak gates (decays folded into the products per element) and strong
-// ones (explicit pairwise decays: gate_mul 4 in fp32, 40 in fp64 too); gradients equal gla_chunked's.
+TEST(SimpleGlaChunkedCpu, ForwardMatchesReferenceAndGradientsMatchChunked) {
+  check_raw_cpu_forward(linear::simple_gla_chunked_cpu, linear::simple_gla_chunked, reference::simple_gla, false, 17);
+}
+
+// gla: per-key-dim decays, folded into the operands per element or formed pair by pair
 TEST(GlaChunkedCpu, ForwardMatchesReferenceAndGradientsMatchChunked) {
-  const auto o64 = at::TensorOptions().dtype(at::kDouble);
-  struct Shape {
-    int64_t B, T, H, K, V;
-    bool h0;
-    double gate_mul;
-  };
-  const std::vector<Shape> shapes = {{1, 1, 2, 8, 8, true, 1.0},     {2, 1, 1, 8, 4, false, 1.0},
-                                     {1, 64, 2, 64, 64, false, 0.5},  {2, 70, 3, 16, 8, true, 1.0 / 16},
-                                     {1, 130, 2, 12, 20, false, 1.0}, {1, 200, 2, 8, 12, true, 4.0},
-                                     {1, 150, 2, 8, 12, true, 40.0},  {1, 200, 1, 16, 24, false, 40.0}};
-  for (const Shape& sh : shapes) {
-    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(uint64_t(23 + sh.T + sh.K));
-    const at::Tensor q = at::randn({sh.B, sh.T, sh.H, sh.K}, gen, o64), k = at::randn({sh.B, sh.T, sh.H, sh.K}, gen, o64),
-                     v = at::randn({sh.B, sh.T, sh.H, sh.V}, gen, o64),
-                     g = at::log_sigmoid(at::randn({sh.B, sh.T, sh.H, sh.K}, gen, o64)) * sh.gate_mul,
-                     h0 = sh.h0 ? at::randn({sh.B, sh.H, sh.K, sh.V}, gen, o64) : at::Tensor();
-    const std::string what = "B" + std::to_string(sh.B) + " T" + std::to_string(sh.T) + " H" + std::to_string(sh.H) +
-                             " K" + std::to_string(sh.K) + " V" + std::to_string(sh.V) + (sh.h0 ? " h0" : "") +
-                             " gate_mul " + std::to_string(sh.gate_mul);
-    auto [orf, hr] = reference::gla(q, k, v, g, 0.3, h0);
-    {
-      c10::NoGradGuard ng;
-      auto [o, ht] = linear::gla_chunked_cpu(q, k, v, g, 0.3, h0);
-      ASSERT_EQ(o.scalar_type(), at::kDouble) << what;
-      ASSERT_TRUE(o.sizes().equals(orf.sizes())) << what;
-      ASSERT_TRUE(ht.sizes().equals(hr.sizes())) << what;
-      EXPECT_LE(compare(orf, o).rel_rms, threshold("fp64", TensorKind::Output)) << what;
-      EXPECT_LE(compare(hr, ht).rel_rms, threshold("fp64", TensorKind::Output)) << what;
-      auto f = [](const at::Tensor& x) { return x.defined() ? x.to(at::kFloat) : x; };
-      auto [o32, ht32] = linear::gla_chunked_cpu(f(q), f(k), f(v), f(g), 0.3, f(h0));
-      ASSERT_EQ(o32.scalar_type(), at::kFloat) << what;
-      EXPECT_LE(compare(orf, o32).rel_rms, threshold("fp32", TensorKind::Output)) << what;
-      EXPECT_LE(compare(hr, ht32).rel_rms, threshold("fp32", TensorKind::Output)) << what;
-    }
-    std::vector<at::Tensor> x = {q.clone(), k.clone(), v.clone(), g.clone()};
-    if (h0.defined()) x.push_back(h0.clone());
-    for (auto& t : x) t.requires_grad_(true);
-    const at::Tensor hx = h0.defined() ? x[4] : at::Tensor();
-    auto [ao, aht] = linear::gla_chunked_cpu(x[0], x[1], x[2], x[3], 0.3, hx);
-    auto [bo, bht] = linear::gla_chunked(x[0], x[1], x[2], x[3], 0.3, hx);
-    EXPECT_LE(compare(orf, ao.detach()).rel_rms, threshold("fp64", TensorKind::Output)) << what;
-    const at::Tensor wo = at::randn(ao.sizes(), gen, o64), wh = at::randn(aht.sizes(), gen, o64);
-    auto ga = torch::autograd::grad({(ao * wo).sum() + (aht * wh).sum()}, x);
-    auto gb = torch::autograd::grad({(bo * wo).sum() + (bht * wh).sum()}, x);
-    for (size_t i = 0; i < x.size(); ++i) EXPECT_LE(compare(gb[i], ga[i]).rel_rms, 1e-12) << what << " input " << i;
-  }
+  check_raw_cpu_forward(linear::gla_chunked_cpu, linear::gla_chunked, reference::gla, true, 23);
 }
 
 }  // namespace

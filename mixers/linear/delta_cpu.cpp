@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <type_traits>
 #include <limits>
 #include <vector>
@@ -64,7 +65,6 @@ void delta_fwd_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   const scalar_t scale = scalar_t(scale_d);
   const auto opts = q.options();
   const int64_t KV = K + V, KC = K + C;
-  constexpr int64_t kLine = 64 / sizeof(scalar_t);  // elements per cache line
   // Largest |cumulative gate| within a chunk for the product form of the decays.
   const scalar_t kMaxG = std::is_same<scalar_t, float>::value ? scalar_t(60) : scalar_t(600);
 
@@ -144,15 +144,7 @@ void delta_fwd_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor
           scale_row(ri, ki, be, K);
           scale_row(ri + K, vi, bi, V);
         }
-        // The next chunk's rows (strided by H·D: the hardware prefetcher does not cross pages).
-        for (int64_t i = 0, n = std::min(C, T - t0 - Lr); i < n; ++i) {
-          const int64_t row = row0 + (Lr + i) * H;
-          for (int64_t d = 0; d < K; d += kLine) {
-            __builtin_prefetch(qp + row * K + d);
-            __builtin_prefetch(kp + row * K + d);
-          }
-          for (int64_t d = 0; d < V; d += kLine) __builtin_prefetch(vp + row * V + d);
-        }
+        prefetch_rows<scalar_t>({{qp, K}, {kp, K}, {vp, V}}, row0, H, Lr, std::min(C, T - t0 - Lr));  // next chunk
         // M = [Q'; K'] K''ᵀ: direct [s e^{G−c} Q; e^{G−c} K](e^{c−G} K)ᵀ, else [s Q; K] Kᵀ (Γ below)
         at::Tensor QKv = view(QK.data(), {2 * L, K}, {K, 1});
         at::Tensor Kc = QKv.narrow(0, L, L);
@@ -247,7 +239,6 @@ void keygate_fwd_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tens
   const auto opts = q.options();
   const bool delta = bp != nullptr;
   const int64_t KV = K + V, KC = K + C, MR = delta ? 2 * C : C;  // rows of M
-  constexpr int64_t kLine = 64 / sizeof(scalar_t);  // elements per cache line
   const scalar_t kMaxG = std::is_same<scalar_t, float>::value ? scalar_t(60) : scalar_t(600);
 
   auto body = [&](int64_t begin, int64_t end) {
@@ -352,16 +343,7 @@ void keygate_fwd_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tens
           else
             std::copy(vi, vi + V, Vn + i * V);  // v_new = v
         }
-        // The next chunk's rows (strided by H·D: the hardware prefetcher does not cross pages).
-        for (int64_t i = 0, n = std::min(C, T - t0 - Lr); i < n; ++i) {
-          const int64_t row = row0 + (Lr + i) * H;
-          for (int64_t d = 0; d < K; d += kLine) {
-            __builtin_prefetch(qp + row * K + d);
-            __builtin_prefetch(kp + row * K + d);
-            __builtin_prefetch(gp + row * K + d);
-          }
-          for (int64_t d = 0; d < V; d += kLine) __builtin_prefetch(vp + row * V + d);
-        }
+        prefetch_rows<scalar_t>({{qp, K}, {kp, K}, {gp, K}, {vp, V}}, row0, H, Lr, std::min(C, T - t0 - Lr));
         if (direct) {
           at::Tensor Mv = view(M.data(), {MR, L}, {L, 1});
           at::mm_out(Mv, view(QK.data(), {MR, K}, {K, 1}), view(KI.data(), {L, K}, {K, 1}).t());
@@ -485,15 +467,8 @@ DeltaResult delta_chunked_cpu(const at::Tensor& q, const at::Tensor& k, const at
                                       layers::f32(g), scale, layers::f32(h0));
     return {r.o.to(q.scalar_type()), r.ht};
   }
-  const auto dt = q.scalar_type();
-  bool ok = (dt == at::kFloat || dt == at::kDouble) && q.device().is_cpu();
-  for (const at::Tensor* t : {&k, &v, &beta, &g, &h0})
-    if (t->defined() && (t->scalar_type() != dt || !t->device().is_cpu())) ok = false;
-  if (!ok) return delta_chunked(q, k, v, beta, g, scale, h0);
-  bool grad = false;
-  for (const at::Tensor* t : {&q, &k, &v, &beta, &g, &h0})
-    if (t->defined() && t->requires_grad()) grad = true;
-  if (!grad || !at::GradMode::is_enabled()) {
+  if (!raw_cpu_inputs({&q, &k, &v, &beta, &g, &h0})) return delta_chunked(q, k, v, beta, g, scale, h0);
+  if (!grad_needed({&q, &k, &v, &beta, &g, &h0})) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return delta_fwd_cpu(q, k, v, beta, g, scale, h0);
   }
@@ -530,15 +505,8 @@ std::pair<at::Tensor, at::Tensor> gla_chunked_cpu(const at::Tensor& q, const at:
                                    layers::f32(h0));
     return {o.to(q.scalar_type()), ht};
   }
-  const auto dt = q.scalar_type();
-  bool ok = (dt == at::kFloat || dt == at::kDouble) && q.device().is_cpu() && g.dim() == 4;
-  for (const at::Tensor* t : {&k, &v, &g, &h0})
-    if (t->defined() && (t->scalar_type() != dt || !t->device().is_cpu())) ok = false;
-  if (!ok) return gla_chunked(q, k, v, g, scale, h0);
-  bool grad = false;
-  for (const at::Tensor* t : {&q, &k, &v, &g, &h0})
-    if (t->defined() && t->requires_grad()) grad = true;
-  if (!grad || !at::GradMode::is_enabled()) {
+  if (!(g.dim() == 4 && raw_cpu_inputs({&q, &k, &v, &g, &h0}))) return gla_chunked(q, k, v, g, scale, h0);
+  if (!grad_needed({&q, &k, &v, &g, &h0})) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     DeltaResult r = delta_fwd_cpu(q, k, v, at::Tensor(), g, scale, h0, kGlaChunk);
     return {r.o, r.ht};

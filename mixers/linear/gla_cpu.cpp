@@ -61,7 +61,6 @@ void simple_gla_fwd_kernel(const at::Tensor& q, const at::Tensor& k, const at::T
   const scalar_t scale = scalar_t(scale_d);
   const auto opts = q.options();
   const int64_t KC = K + C;
-  constexpr int64_t kLine = 64 / sizeof(scalar_t);  // elements per cache line
   // Largest half-range of the cumulative decay within a chunk for the product form.
   const scalar_t kMaxG = std::is_same<scalar_t, float>::value ? scalar_t(60) : scalar_t(600);
 
@@ -131,15 +130,7 @@ void simple_gla_fwd_kernel(const at::Tensor& q, const at::Tensor& k, const at::T
             std::copy(ki, ki + K, kd);
           }
         }
-        // The next chunk's rows (strided by H·D: the hardware prefetcher does not cross pages).
-        for (int64_t i = 0, n = std::min(C, T - t0 - Lr); i < n; ++i) {
-          const int64_t row = row0 + (Lr + i) * H;
-          for (int64_t d = 0; d < K; d += kLine) {
-            __builtin_prefetch(qp + row * K + d);
-            __builtin_prefetch(kp + row * K + d);
-          }
-          for (int64_t d = 0; d < V; d += kLine) __builtin_prefetch(vp + row * V + d);
-        }
+        prefetch_rows<scalar_t>({{qp, K}, {kp, K}, {vp, V}}, row0, H, Lr, std::min(C, T - t0 - Lr));  // next chunk
         at::mm_out(Mv, QSv, KIv.t());
         if (!direct) {
           for (int64_t i = 0; i < C; ++i) {
@@ -229,15 +220,9 @@ std::pair<at::Tensor, at::Tensor> simple_gla_chunked_cpu(const at::Tensor& q, co
                                           layers::f32(h0));
     return {o.to(q.scalar_type()), ht};
   }
-  const auto dt = q.scalar_type();
-  bool ok = (dt == at::kFloat || dt == at::kDouble) && q.device().is_cpu() && q.dim() == 4 && g.dim() == 3;
-  for (const at::Tensor* t : {&k, &v, &g, &h0})
-    if (t->defined() && (t->scalar_type() != dt || !t->device().is_cpu())) ok = false;
-  if (!ok) return simple_gla_chunked(q, k, v, g, scale, h0);
-  bool grad = false;
-  for (const at::Tensor* t : {&q, &k, &v, &g, &h0})
-    if (t->defined() && t->requires_grad()) grad = true;
-  if (!grad || !at::GradMode::is_enabled()) {
+  if (!(q.dim() == 4 && g.dim() == 3 && raw_cpu_inputs({&q, &k, &v, &g, &h0})))
+    return simple_gla_chunked(q, k, v, g, scale, h0);
+  if (!grad_needed({&q, &k, &v, &g, &h0})) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return simple_gla_fwd_cpu(q, k, v, g, scale, h0);
   }

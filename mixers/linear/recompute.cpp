@@ -1,5 +1,6 @@
 #include "mixers/linear/recompute.h"
 
+#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -30,6 +31,13 @@ std::vector<at::Tensor> recompute_backward(torch::autograd::AutogradContext* ctx
   auto gx = torch::autograd::grad(outs, xs, gs, /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
   for (size_t n = 0; n < which.size(); ++n) out[which[n]] = gx[n];
   return out;
+}
+
+bool grad_needed(std::initializer_list<const at::Tensor*> ts) {
+  if (!at::GradMode::is_enabled()) return false;
+  for (const at::Tensor* t : ts)
+    if (t->defined() && t->requires_grad()) return true;
+  return false;
 }
 
 }  // namespace mixbench::linear

@@ -1,10 +1,13 @@
-// Backward shared by the autograd functions whose forward runs a kernel without recording a graph
-// (the CPU raw-buffer forwards, the CUDA kernels): recompute through the LibTorch chunked path and
-// differentiate that, so the gradients are exactly the chunked path's.
+// Pieces shared by the raw-buffer CPU forwards and the kernel wrappers, among them the backward of
+// the autograd functions whose forward runs a kernel without recording a graph (the CPU raw-buffer
+// forwards, the CUDA kernels): recompute through the LibTorch chunked path and differentiate that,
+// so the gradients are exactly the chunked path's.
 #pragma once
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <cstdint>
+#include <initializer_list>
 #include <utility>
 #include <vector>
 
@@ -18,6 +21,18 @@ namespace mixbench::linear {
 // tensor argument's device, so it cannot be undefined); this maps it back to undefined.
 inline at::Tensor present(const at::Tensor& x) { return x.defined() && x.numel() > 0 ? x : at::Tensor(); }
 
+// The raw-buffer CPU forwards take fp32 / fp64 CPU tensors of one dtype (absent ones undefined).
+inline bool raw_cpu_inputs(std::initializer_list<const at::Tensor*> ts) {
+  const at::ScalarType dt = (*ts.begin())->scalar_type();
+  if (dt != at::kFloat && dt != at::kDouble) return false;
+  for (const at::Tensor* t : ts)
+    if (t->defined() && (t->scalar_type() != dt || !t->device().is_cpu())) return false;
+  return true;
+}
+
+// Whether autograd will record a graph through these inputs.
+bool grad_needed(std::initializer_list<const at::Tensor*> ts);
+
 // (o, ht) from the inputs in forward-argument order (absent ones undefined), under grad mode.
 using ChunkedFn = std::function<std::pair<at::Tensor, at::Tensor>(const std::vector<at::Tensor>&)>;
 
@@ -27,5 +42,16 @@ using ChunkedFn = std::function<std::pair<at::Tensor, at::Tensor>(const std::vec
 // inputs that need none get undefined).
 std::vector<at::Tensor> recompute_backward(torch::autograd::AutogradContext* ctx, const std::vector<at::Tensor>& grads,
                                            size_t n_args, const ChunkedFn& chunked);
+
+// Prefetch the rows [first, first + n) of a chunk (row i at row0 + i·H of each [rows, D] input):
+// the rows are strided by H·D, and the hardware prefetcher does not cross pages.
+template <typename scalar_t>
+inline void prefetch_rows(std::initializer_list<std::pair<const scalar_t*, int64_t>> inputs, int64_t row0, int64_t H,
+                          int64_t first, int64_t n) {
+  constexpr int64_t kLine = 64 / sizeof(scalar_t);  // elements per cache line
+  for (int64_t i = first; i < first + n; ++i)
+    for (const auto& [p, D] : inputs)
+      for (int64_t d = 0; d < D; d += kLine) __builtin_prefetch(p + (row0 + i * H) * D + d);
+}
 
 }  // namespace mixbench::linear
