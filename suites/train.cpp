@@ -472,6 +472,9 @@ TrainPreset train_preset(const std::string& name) {
     p.method_micro_batch = {{"qsa", 8}, {"seer", 8}};
     // The sparse methods' dense warm-up (512 steps by default) would cover the whole run: a quarter.
     for (const char* m : {"dsa", "qsa", "seer", "qsa_hybrid"}) p.method_config[m] = "full_attention_warmup_steps=10";
+    // DSA's indexer scaled to the width (64 heads × 128 would cost several times the layer), and a
+    // quarter of the 512 keys per query.
+    p.method_config["dsa"] += ",dsa_topk=128,idx_heads=4,idx_dim=64,idx_rope_dim=32";
     return p;
   }
   throw UsageError(fmt::format("unknown preset '{}' (known: tiny, small)", name));
@@ -775,11 +778,14 @@ Calibration calibrate(const std::string& method, const std::string& preset, cons
   best.method = method;
   best.anchor_flops = F;
   bool have = false;
-  auto shape_dist = [&](int64_t L, int64_t D) {
-    return double(std::abs(L - ad.n_layer)) + double(std::abs(D - ad.d_model)) / double(ad.head_dim);
+  // Distance of a shape from the anchor's: layers, width in head_dim steps, and the MLP's departure
+  // from nanochat's 4·d in steps of 4·head_dim (what one head_dim of width changes it by).
+  auto shape_dist = [&](int64_t L, int64_t D, int64_t M) {
+    return double(std::abs(L - ad.n_layer)) + double(std::abs(D - ad.d_model)) / double(ad.head_dim) +
+           (M == 0 ? 0.0 : double(std::abs(M - 4 * D)) / double(4 * ad.head_dim));
   };
-  // Candidates ordered: within ±2% first; among those the nearest shape, then the MLP nearest
-  // nanochat's 4·d, then the smallest residual; outside ±2% the smallest residual.
+  // Candidates ordered: within ±2% first; among those the nearest shape, then the smallest residual;
+  // outside ±2% the smallest residual. Returns the FLOPs/token, or NaN for a shape the method refuses.
   auto consider = [&](int64_t L, int64_t D, int64_t M) {
     std::string shape = fmt::format("n_layer={},d_model={}", L, D);
     if (M != 0) shape += fmt::format(",mlp_hidden={}", M);
@@ -787,21 +793,17 @@ Calibration calibrate(const std::string& method, const std::string& preset, cons
     try {
       c = ms.config.parse(cfg_text(shape, method));
     } catch (const InputError&) {
-      return;  // a shape this method cannot take
+      return std::nan("");  // a shape this method cannot take
     }
     const double f = account_model(ms, c, q).train_flops_nanochat;
     const double res = f / F - 1.0;
     const bool within = std::abs(res) <= 0.02;
-    const double mlp_dist = M == 0 ? 0.0 : double(std::abs(M - 4 * D)) / double(ad.head_dim);
-    const double best_mlp_dist =
-        best.mlp_hidden == 0 ? 0.0 : double(std::abs(best.mlp_hidden - 4 * best.d_model)) / double(ad.head_dim);
     bool better;
     if (!have) better = true;
     else if (within != best.within) better = within;
     else if (within) {
-      const double a = shape_dist(L, D), b = shape_dist(best.n_layer, best.d_model);
-      better = a < b || (a == b && (mlp_dist < best_mlp_dist ||
-                                    (mlp_dist == best_mlp_dist && std::abs(res) < std::abs(best.residual))));
+      const double x = shape_dist(L, D, M), y = shape_dist(best.n_layer, best.d_model, best.mlp_hidden);
+      better = x < y || (x == y && std::abs(res) < std::abs(best.residual));
     } else better = std::abs(res) < std::abs(best.residual);
     if (better) {
       have = true;
@@ -813,14 +815,20 @@ Calibration calibrate(const std::string& method, const std::string& preset, cons
       best.within = within;
       best.config = shape;
     }
+    return f;
   };
+  // For each depth/width: nanochat's MLP, then the MLP widths (multiples of head_dim in [2d, 6d])
+  // next to the one that would meet the anchor exactly — the MLP's 2·d·M matmul parameters per layer
+  // cost 6 FLOPs each per token, so the FLOPs are linear in M.
   for (int64_t L = 1; L <= 2 * ad.n_layer; ++L)
-    for (int64_t D = ad.head_dim; D <= 2 * ad.d_model; D += ad.head_dim) consider(L, D, 0);
-  if (have && !best.within)
-    for (int64_t L = 1; L <= 2 * ad.n_layer; ++L)
-      for (int64_t D = ad.head_dim; D <= 2 * ad.d_model; D += ad.head_dim)
-        for (int64_t M = 2 * D; M <= 6 * D; M += ad.head_dim)
-          if (M != 4 * D) consider(L, D, M);
+    for (int64_t D = ad.head_dim; D <= 2 * ad.d_model; D += ad.head_dim) {
+      const double f4 = consider(L, D, 0);
+      if (std::isnan(f4)) continue;
+      const double m_exact = 4.0 * double(D) + (F - f4) / (12.0 * double(L) * double(D));
+      const int64_t lo = int64_t(std::floor(m_exact / double(ad.head_dim))) * ad.head_dim;
+      for (int64_t M : {lo, lo + ad.head_dim})
+        if (M >= 2 * D && M <= 6 * D && M != 4 * D) consider(L, D, M);
+    }
   if (!have) throw InputError(fmt::format("no shape of the calibration grid is valid for method '{}'", method));
   return best;
 }

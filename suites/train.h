@@ -167,10 +167,10 @@ struct Calibration {
   bool within = false;                                 // |residual| ≤ 2%
   std::string config;                                  // overrides that realise the shape
 };
-// Picks n_layer/d_model from the grid (n_layer 1..2L, d_model multiples of head_dim up to 2d) whose
-// training FLOPs/token (nanochat convention) is within ±2% of the anchor's (`dense` at the preset),
-// nearest the anchor's shape. When no such shape has nanochat's MLP (4·d_model), the MLP width is
-// the third axis (multiples of head_dim from 2·d_model to 6·d_model, nearest 4·d_model preferred).
+// Picks n_layer/d_model from the grid (n_layer 1..2L, d_model multiples of head_dim up to 2d) and
+// the MLP width (nanochat's 4·d_model, or a multiple of head_dim in [2d, 6d]) whose training
+// FLOPs/token (nanochat convention) is within ±2% of the anchor's (`dense` at the preset), nearest
+// the anchor's shape: |ΔL| + |Δd|/head_dim + |mlp − 4d|/(4·head_dim); ties to the smaller residual.
 Calibration calibrate(const std::string& method, const std::string& preset, const std::string& extra_config = "");
 
 struct LeaderboardOptions {

@@ -385,10 +385,11 @@ TEST(Leaderboard, CalibrationWithinTwoPercentForEveryMethod) {
       CostQuery q;
       q.T = d.seq_len;
       EXPECT_DOUBLE_EQ(account_model(*m, cfg, q).train_flops_nanochat, c.flops) << m->name;
-      if (c.mlp_hidden != 0) {
-        // the MLP axis is a fallback, never nanochat's own width
-        EXPECT_NE(c.mlp_hidden, 4 * c.d_model);
-      }
+      if (c.mlp_hidden != 0) EXPECT_NE(c.mlp_hidden, 4 * c.d_model);  // 0 stands for nanochat's own width
+      // never farther from the anchor's shape than the anchor's depth/width with some MLP width:
+      // at most as many layers off as the anchor has, and a realistic depth
+      EXPECT_GE(c.n_layer, std::max<int64_t>(2, model_dims(Registry::get().method("dense").config.parse(P.config)).n_layer / 2))
+          << preset << " " << m->name;
     }
   }
 }
