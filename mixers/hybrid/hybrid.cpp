@@ -211,43 +211,41 @@ LayoutFn two_way(std::string a, std::string a_over, std::string b, std::function
   };
 }
 
-HybridDesc gdn_hybrid() {
+// The hybrids whose layout picks one of two methods per layer.
+HybridDesc two_way_hybrid(std::string name, std::string summary, std::string citation, std::string a, std::string b,
+                          std::function<bool(int64_t, int64_t)> pick, std::string case_config) {
   HybridDesc d;
-  d.name = "gdn_hybrid";
-  d.summary = "3 GDN then 1 full attention, repeating (Qwen3-Next, interval 4: layer i full iff i % 4 == 0)";
-  d.citation = "Qwen3-Next (full-attention interval 4); methods.md §6";
-  d.layout = two_way("dense_full", "", "gdn", [](int64_t i, int64_t) { return i % 4 == 0; });
-  d.case_config = "gate_bias_offset=-5";
+  d.name = std::move(name);
+  d.summary = std::move(summary);
+  d.citation = std::move(citation);
+  d.layout = two_way(std::move(a), "", std::move(b), std::move(pick));
+  d.case_config = std::move(case_config);
   return d;
+}
+
+HybridDesc gdn_hybrid() {
+  return two_way_hybrid("gdn_hybrid",
+                        "3 GDN then 1 full attention, repeating (Qwen3-Next, interval 4: layer i full iff i % 4 == 0)",
+                        "Qwen3-Next (full-attention interval 4); methods.md §6", "dense_full", "gdn",
+                        [](int64_t i, int64_t) { return i % 4 == 0; }, "gate_bias_offset=-5");
 }
 
 HybridDesc deltanet_hybrid() {
-  HybridDesc d;
-  d.name = "deltanet_hybrid";
-  d.summary = "DeltaNet with full attention at layers 2 and N/2+1 (1-based)";
-  d.citation = "Yang et al. 2024 (DeltaNet hybrid with two global attention layers); methods.md §6";
-  d.layout = two_way("dense_full", "", "deltanet", [](int64_t i, int64_t N) { return i == 2 || i == N / 2 + 1; });
-  return d;
+  return two_way_hybrid("deltanet_hybrid", "DeltaNet with full attention at layers 2 and N/2+1 (1-based)",
+                        "Yang et al. 2024 (DeltaNet hybrid with two global attention layers); methods.md §6",
+                        "dense_full", "deltanet", [](int64_t i, int64_t N) { return i == 2 || i == N / 2 + 1; }, "");
 }
 
 HybridDesc qsa_hybrid() {
-  HybridDesc d;
-  d.name = "qsa_hybrid";
-  d.summary = "GDN, GDN, GDN, QSA repeating (layer i QSA iff i % 4 == 0)";
-  d.citation = "methods.md §6 (seed 001)";
-  d.layout = two_way("qsa", "", "gdn", [](int64_t i, int64_t) { return i % 4 == 0; });
-  d.case_config = "gate_bias_offset=-5,qsa_block=4,qsa_topk=3,qsa_heads=4,qsa_dim=8,qsa_group=2,qsa_rope_dim=4";
-  return d;
+  return two_way_hybrid("qsa_hybrid", "GDN, GDN, GDN, QSA repeating (layer i QSA iff i % 4 == 0)",
+                        "methods.md §6 (seed 001)", "qsa", "gdn", [](int64_t i, int64_t) { return i % 4 == 0; },
+                        "gate_bias_offset=-5,qsa_block=4,qsa_topk=3,qsa_heads=4,qsa_dim=8,qsa_group=2,qsa_rope_dim=4");
 }
 
 HybridDesc moba_hybrid() {
-  HybridDesc d;
-  d.name = "moba_hybrid";
-  d.summary = "MoBA with the last three layers full attention";
-  d.citation = "Lu et al. 2025 (MoBA: last three layers full attention); methods.md §6";
-  d.layout = two_way("dense_full", "", "moba", [](int64_t i, int64_t N) { return i > N - 3; });
-  d.case_config = "moba_block=8,moba_topk=2";
-  return d;
+  return two_way_hybrid("moba_hybrid", "MoBA with the last three layers full attention",
+                        "Lu et al. 2025 (MoBA: last three layers full attention); methods.md §6", "dense_full",
+                        "moba", [](int64_t i, int64_t N) { return i > N - 3; }, "moba_block=8,moba_topk=2");
 }
 
 HybridDesc gdn_hybrid_swa() {
