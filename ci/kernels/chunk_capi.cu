@@ -46,8 +46,8 @@ int ck_dqkv(int fp16, const void* q, const void* k, const void* v, const void* d
     chunk_dqkv(dtype_of(fp16), q, k, v, d_o, b, hs, dhs, dqf, dkf, dv, y, z, scale, Dims{B, T, H, K, V}, stream);
   });
 }
-int ck_prep(int fp16, const void* k, const void* v, const float* beta, const float* b, void* w, void* u, int B, int T,
-            int H, int K, int V, void* stream) {
-  return guarded([&] { delta_prep(dtype_of(fp16), k, v, beta, b, w, u, Dims{B, T, H, K, V}, stream); });
+int ck_prep(int fp16, const void* k, const void* v, const float* beta, const float* b, void* w, void* u, float* x,
+            int B, int T, int H, int K, int V, void* stream) {
+  return guarded([&] { delta_prep(dtype_of(fp16), k, v, beta, b, w, u, x, Dims{B, T, H, K, V}, stream); });
 }
 }

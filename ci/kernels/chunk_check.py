@@ -130,7 +130,7 @@ def gdn_fwd(q, k, v, g, beta, scale, h0, fused=True):
     w = poison(B, T, H, K, dtype=q.dtype)
     u = poison(B, T, H, V, dtype=q.dtype)
     betaf = beta.float().contiguous()
-    call("ck_prep", fp16(q), p(k), p(v), p(betaf), p(b), p(w), p(u), B, T, H, K, V, stream())
+    call("ck_prep", fp16(q), p(k), p(v), p(betaf), p(b), p(w), p(u), p(None), B, T, H, K, V, stream())
     ht = poison(B, H, K, V, dtype=torch.float32)
     o = poison(B, T, H, V, dtype=q.dtype)
     if fused:
@@ -312,7 +312,7 @@ def timing(out, lengths):
                                                        p(o0), ctypes.c_float(sc), B, T, H, D, D, stream()), one)
         betaf = a0["beta"].float()
         row["part_prep_ms"] = time_it(lambda a: call("ck_prep", 0, p(a["kn"]), p(a["v"]), p(betaf), p(b0), p(hs0),
-                                                     p(o0), B, T, H, D, D, stream()), one)
+                                                     p(o0), p(None), B, T, H, D, D, stream()), one)
         row["note"] = "ours_*_ms: fused kernel; *_split_ms: walk + output kernels"
         row["ours_sgla_fwd_split_ms"] = time_it(lambda a: sgla_fwd(a["q"], a["k"], a["v"], a["g"], sc, None), sets)
         row["ours_sgla_fwd_ms"] = time_it(lambda a: sgla_fused(a["q"], a["k"], a["v"], a["g"], sc, None), sets)

@@ -136,7 +136,7 @@ struct GdnTcFn : public torch::autograd::Function<GdnTcFn> {
     at::Tensor betaf = beta.to(at::kFloat).contiguous();
     at::Tensor w = at::empty_like(k), u = at::empty_like(v), vn = at::empty_like(v);
     tc::delta_prep(dtype_of(q), k.data_ptr(), v.data_ptr(), betaf.data_ptr<float>(), b.data_ptr<float>(),
-                   w.data_ptr(), u.data_ptr(), d, stream());
+                   w.data_ptr(), u.data_ptr(), nullptr, d, stream());
     at::Tensor ht = alloc_output({d.B, d.H, d.K, d.V}, q.options().dtype(at::kFloat));
     at::Tensor o = alloc_output({d.B, d.T, d.H, d.V}, v.options());
     if (tc::prefer_fused(d)) {

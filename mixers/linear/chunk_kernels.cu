@@ -738,6 +738,7 @@ struct PrepArgs {
   const void *k, *v;
   const float *beta, *b;
   void *w, *u;
+  float* x;  // X per chunk, fp32 [B,H,NT,64,64], or null
   int B, T, H, K, V, NT, Tp;
 };
 
@@ -882,6 +883,13 @@ __global__ void __launch_bounds__(256) prep_kernel(PrepArgs a) {
   for (int idx = threadIdx.x; idx < kC * kC / 2; idx += blockDim.x) {
     const int i = idx / (kC / 2), j = (idx % (kC / 2)) * 2;
     store2<T>(xb + i * LDB + j, xf[i * LDA + j], xf[i * LDA + j + 1]);
+  }
+  if (a.x) {
+    float* xo = a.x + (size_t(bh) * a.NT + c) * kC * kC;
+    for (int idx = threadIdx.x; idx < kC * kC / 4; idx += blockDim.x) {
+      const int i = idx / (kC / 4), j = (idx % (kC / 4)) * 4;
+      *reinterpret_cast<float4*>(xo + i * kC + j) = *reinterpret_cast<const float4*>(xf + i * LDA + j);
+    }
   }
   for (int idx = threadIdx.x; idx < kC * K / 2; idx += blockDim.x) {
     const int i = idx / (K / 2), col = (idx % (K / 2)) * 2;
@@ -1084,11 +1092,11 @@ void chunk_dqkv(Dtype dt, const void* q, const void* k, const void* v, const voi
   launch_per_chunk<DqkvKernel>(dt, a, d, NT, stream, "chunk_dqkv");
 }
 
-void delta_prep(Dtype dt, const void* k, const void* v, const float* beta, const float* b, void* w, void* u, Dims d,
-                void* stream) {
+void delta_prep(Dtype dt, const void* k, const void* v, const float* beta, const float* b, void* w, void* u, float* x,
+                Dims d, void* stream) {
   check_grid(d);
   const int NT = num_chunks(d.T);
-  PrepArgs a{k, v, beta, b, w, u, d.B, d.T, d.H, d.K, d.V, NT, NT * kC};
+  PrepArgs a{k, v, beta, b, w, u, x, d.B, d.T, d.H, d.K, d.V, NT, NT * kC};
   launch_per_chunk<PrepKernel>(dt, a, d, NT, stream, "delta_prep");
 }
 

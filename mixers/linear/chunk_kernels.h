@@ -66,9 +66,10 @@ void chunk_dqkv(Dtype dt, const void* q, const void* k, const void* v, const voi
 
 // Delta-rule preparation of every chunk in parallel (WY / UT form): with
 // A = tril(diag(β) (k kᵀ) ⊙ e^{b_i − b_j}, −1) and X = (I + A)⁻¹,
-// w = X (β e^{b} ⊙ k) and u = X (β ⊙ v), rounded to the input dtype. beta fp32 [B,T,H].
-void delta_prep(Dtype dt, const void* k, const void* v, const float* beta, const float* b, void* w, void* u, Dims d,
-                void* stream);
+// w = X (β e^{b} ⊙ k) and u = X (β ⊙ v), rounded to the input dtype. beta fp32 [B,T,H]. When x is
+// not null, X itself goes there in fp32, [B,H,NT,64,64] (for the backward).
+void delta_prep(Dtype dt, const void* k, const void* v, const float* beta, const float* b, void* w, void* u, float* x,
+                Dims d, void* stream);
 
 // Throws std::runtime_error naming `what` when the last launch failed.
 void check_launch(const char* what);
