@@ -144,6 +144,152 @@ DeltaResult delta_chunked(const at::Tensor& q, const at::Tensor& k, const at::Te
   return {at::cat(outs, 1), S};
 }
 
+// ------------------------------------------------------------------ explicit backward (Head gate)
+// Per chunk (local rows t, j; s = scale), the forward is
+//   A = tril(diag(β)(k kᵀ ⊙ Γ), −1), X = (I + A)⁻¹, W = X B_k, U = X B_v  (B_k = β e^{G} ⊙ k, B_v = β ⊙ v)
+//   u = U − W S0,  o = Q_g S0 + P u,  S1 = e^{G_C} S0 + K_rᵀ u
+//   (Q_g = s e^{G} ⊙ q, P = s (q kᵀ) ⊙ Γ, K_r = e^{G_C − G} ⊙ k).
+// Given du and dS1 from the reverse walk, every input gradient follows by the chain rule through
+// these products; G receives a gradient from each e^{±G} factor and is turned into dg by a reverse
+// cumulative sum inside the chunk (G_t = Σ_{s ≤ t} g_s).
+namespace delta_bwd {
+
+at::Tensor to_chunks(const at::Tensor& x, at::ScalarType dt) {
+  const int64_t B = x.size(0), T = x.size(1), H = x.size(2), N = (T + kDeltaChunk - 1) / kDeltaChunk;
+  const int64_t pad = N * kDeltaChunk - T;
+  at::Tensor t = x.to(dt).transpose(1, 2);  // [B,H,T,...]
+  if (x.dim() == 4) {
+    if (pad) t = at::constant_pad_nd(t, {0, 0, 0, pad});
+    return t.reshape({B, H, N, kDeltaChunk, x.size(3)});
+  }
+  if (pad) t = at::constant_pad_nd(t, {0, pad});
+  return t.reshape({B, H, N, kDeltaChunk});
+}
+
+at::Tensor from_chunks(const at::Tensor& x, int64_t T) {
+  const int64_t B = x.size(0), H = x.size(1), NC = x.size(2) * x.size(3);
+  if (x.dim() == 5) return x.reshape({B, H, NC, x.size(4)}).narrow(2, 0, T).transpose(1, 2).contiguous();
+  return x.reshape({B, H, NC}).narrow(2, 0, T).transpose(1, 2).contiguous();
+}
+
+Chunks make(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& beta,
+            const at::Tensor& g, const at::Tensor& d_o, double scale) {
+  const at::ScalarType dt = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  Chunks c;
+  c.scale = scale;
+  c.T = q.size(1);
+  c.q = to_chunks(q, dt);
+  c.k = to_chunks(k, dt);
+  c.v = to_chunks(v, dt);
+  c.d_o = d_o.defined() ? to_chunks(d_o, dt) : at::zeros_like(c.v);
+  c.beta = to_chunks(beta, dt);
+  c.G = to_chunks(g, dt).cumsum(-1);
+  c.eG = c.G.exp();
+  at::Tensor GL = c.G.narrow(-1, kDeltaChunk - 1, 1);
+  c.er = (GL - c.G).exp();
+  c.eGL = GL.squeeze(-1).exp();
+  const at::Tensor upper = at::ones({kDeltaChunk, kDeltaChunk}, c.G.options().dtype(at::kBool)).triu(1);
+  c.Gam = (c.G.unsqueeze(-1) - c.G.unsqueeze(-2)).masked_fill(upper, -INFINITY).exp();
+  return c;
+}
+
+namespace {
+at::Tensor mT(const at::Tensor& x) { return x.transpose(-1, -2); }
+}  // namespace
+
+at::Tensor dv_local(const Chunks& c) {
+  at::Tensor P = at::matmul(c.q, mT(c.k)) * c.Gam * c.scale;
+  return at::matmul(mT(P), c.d_o);
+}
+
+DeltaGrads grads(const Chunks& c, const at::Tensor& X, const at::Tensor& S0, const at::Tensor& u,
+                 const at::Tensor& dS1, const at::Tensor& du, const at::Tensor& dh0) {
+  const double s = c.scale;
+  const at::Tensor eG = c.eG.unsqueeze(-1), er = c.er.unsqueeze(-1), bt = c.beta.unsqueeze(-1);
+  // o = Q_g S0 + P u
+  at::Tensor dq = at::matmul(c.d_o, mT(S0)) * (eG * s);
+  at::Tensor dG = (c.q * dq).sum(-1);
+  const at::Tensor QK = at::matmul(c.q, mT(c.k)) * s;
+  const at::Tensor dPg = at::matmul(c.d_o, mT(u)) * c.Gam;  // dP ⊙ Γ, zero above the diagonal
+  dq = dq + at::matmul(dPg, c.k) * s;
+  at::Tensor dk = at::matmul(mT(dPg), c.q) * s;
+  const at::Tensor M = dPg * QK;  // dP ⊙ P
+  dG = dG + M.sum(-1) - M.sum(-2);
+  // S1 = e^{G_C} S0 + K_rᵀ u
+  const at::Tensor dKr = at::matmul(u, mT(dS1));
+  dk = dk + dKr * er;
+  const at::Tensor R = (c.k * er * dKr).sum(-1);
+  dG = dG - R;
+  const at::Tensor dGL = R.sum(-1) + c.eGL * (dS1 * S0).sum({-1, -2});
+  // u = U − W S0 with W = X B_k, U = X B_v
+  const at::Tensor dW = -at::matmul(du, mT(S0));
+  const at::Tensor Bk = c.k * (eG * bt), Bv = c.v * bt;
+  const at::Tensor dX = at::matmul(dW, mT(Bk)) + at::matmul(du, mT(Bv));
+  const at::Tensor XT = mT(X);
+  const at::Tensor dBk = at::matmul(XT, dW), dBv = at::matmul(XT, du);
+  const at::Tensor dv = dBv * bt;
+  const at::Tensor kdBk = (c.k * dBk).sum(-1) * c.eG;
+  at::Tensor dbeta = (c.v * dBv).sum(-1) + kdBk;
+  dk = dk + dBk * (eG * bt);
+  dG = dG + c.beta * kdBk;
+  // X = (I + A)⁻¹ with A strictly lower: dA = −Xᵀ dX Xᵀ on the strictly lower triangle
+  const at::Tensor lower = at::ones({kDeltaChunk, kDeltaChunk}, c.G.options().dtype(at::kBool)).tril(-1);
+  const at::Tensor dA = (-at::matmul(at::matmul(XT, dX), XT)).masked_fill(lower.logical_not(), 0);
+  const at::Tensor KkG = at::matmul(c.k, mT(c.k)) * c.Gam;
+  dbeta = dbeta + (dA * KkG).sum(-1);
+  const at::Tensor E = dA * c.Gam * bt;  // gradient of k kᵀ
+  dk = dk + at::matmul(E + mT(E), c.k);
+  const at::Tensor M2 = dA * KkG * bt;  // dA ⊙ A
+  dG = dG + M2.sum(-1) - M2.sum(-2);
+  dG.narrow(-1, kDeltaChunk - 1, 1).add_(dGL.unsqueeze(-1));
+  const at::Tensor dg = dG.flip(-1).cumsum(-1).flip(-1);
+  return {from_chunks(dq, c.T), from_chunks(dk, c.T), from_chunks(dv, c.T), from_chunks(dbeta, c.T),
+          from_chunks(dg, c.T), dh0};
+}
+
+}  // namespace delta_bwd
+
+DeltaGrads gated_delta_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& beta,
+                                const at::Tensor& g, double scale, const at::Tensor& h0, const at::Tensor& d_o,
+                                const at::Tensor& dht) {
+  c10::NoGradGuard ng;
+  const delta_bwd::Chunks c = delta_bwd::make(q, k, v, beta, g, d_o, scale);
+  const int64_t B = q.size(0), H = q.size(2), K = q.size(3), V = v.size(3), N = c.q.size(2);
+  const auto opt = c.q.options();
+  const at::Tensor eye = at::eye(kDeltaChunk, opt);
+  const at::Tensor bt = c.beta.unsqueeze(-1);
+  const at::Tensor A = (at::matmul(c.k, c.k.transpose(-1, -2)) * c.Gam * bt).tril(-1);
+  const at::Tensor X = at::linalg_solve_triangular(eye + A, eye.expand_as(A), /*upper=*/false, /*left=*/true,
+                                                   /*unitriangular=*/true);
+  const at::Tensor W = at::matmul(X, c.k * (c.eG.unsqueeze(-1) * bt)), U = at::matmul(X, c.v * bt);
+  const at::Tensor Kr = c.k * c.er.unsqueeze(-1), Qg = c.q * (c.eG.unsqueeze(-1) * scale);
+  // forward walk: S0 of every chunk and u = U − W S0
+  at::Tensor S0 = at::empty({B, H, N, K, V}, opt), u = at::empty_like(U);
+  at::Tensor S = h0.defined() ? h0.to(opt.dtype()) : at::zeros({B, H, K, V}, opt);
+  for (int64_t n = 0; n < N; ++n) {
+    S0.select(2, n).copy_(S);
+    at::Tensor un = U.select(2, n) - at::matmul(W.select(2, n), S);
+    u.select(2, n).copy_(un);
+    S = S * c.eGL.select(2, n).unsqueeze(-1).unsqueeze(-1) + at::matmul(Kr.select(2, n).transpose(-1, -2), un);
+  }
+  // reverse walk: dS1 of every chunk and du = Pᵀ do + K_r dS1
+  const at::Tensor dvl = delta_bwd::dv_local(c);
+  at::Tensor dS1 = at::empty_like(S0), du = at::empty_like(u);
+  at::Tensor dS = dht.defined() ? dht.to(opt.dtype()) : at::zeros({B, H, K, V}, opt);
+  for (int64_t n = N - 1; n >= 0; --n) {
+    dS1.select(2, n).copy_(dS);
+    at::Tensor dun = dvl.select(2, n) + at::matmul(Kr.select(2, n), dS);
+    du.select(2, n).copy_(dun);
+    dS = dS * c.eGL.select(2, n).unsqueeze(-1).unsqueeze(-1) +
+         at::matmul(Qg.select(2, n).transpose(-1, -2), c.d_o.select(2, n)) -
+         at::matmul(W.select(2, n).transpose(-1, -2), dun);
+  }
+  DeltaGrads r = delta_bwd::grads(c, X, S0, u, dS1, du, h0.defined() ? dS : at::Tensor());
+  auto back = [](const at::Tensor& x, const at::Tensor& like) { return x.defined() ? x.to(like.scalar_type()) : x; };
+  return {back(r.dq, q), back(r.dk, k), back(r.dv, v), back(r.dbeta, beta), back(r.dg, g),
+          h0.defined() ? back(r.dh0, h0) : at::Tensor()};
+}
+
 DeltaResult delta_step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& beta,
                        const at::Tensor& g, double scale, const at::Tensor& S) {
   if (layers::is_half(q)) {
