@@ -35,6 +35,13 @@ int ck_walk_bwd(int fp16, const void* q, const void* d_o, const float* b, const 
                 float scale, int B, int T, int H, int K, int V, void* stream) {
   return guarded([&] { walk_bwd(dtype_of(fp16), q, d_o, b, dht, dhs, dh0, scale, Dims{B, T, H, K, V}, stream); });
 }
+int ck_walk_bwd_delta(int fp16, const void* q, const void* d_o, const void* k, const void* w, const void* dvl,
+                      const float* b, const float* dht, void* dhs, void* du, float* dh0, float scale, int B, int T,
+                      int H, int K, int V, void* stream) {
+  return guarded([&] {
+    walk_bwd_delta(dtype_of(fp16), q, d_o, k, w, dvl, b, dht, dhs, du, dh0, scale, Dims{B, T, H, K, V}, stream);
+  });
+}
 int ck_output(int fp16, const void* q, const void* k, const void* v, const float* b, const void* hs, void* o,
               float scale, int B, int T, int H, int K, int V, void* stream) {
   return guarded([&] { chunk_output(dtype_of(fp16), q, k, v, b, hs, o, scale, Dims{B, T, H, K, V}, stream); });

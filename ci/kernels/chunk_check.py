@@ -144,6 +144,53 @@ def gdn_fwd(q, k, v, g, beta, scale, h0, fused=True):
     return o, ht
 
 
+def gdn_bwd_walk(q, k, w, do, dvl, b, scale, dht):
+    """Reverse walk of the delta rule's state gradient (the sequential part of the GDN backward)."""
+    B, T, H, K, V = dims(q, do)
+    NT = (T + 63) // 64
+    dhs = poison(B, H, NT, K, V, dtype=q.dtype)
+    du = poison(B, T, H, V, dtype=q.dtype)
+    dh0 = poison(B, H, K, V, dtype=torch.float32)
+    call("ck_walk_bwd_delta", fp16(q), p(q), p(do), p(k), p(w), p(dvl), p(b), p(dht), p(dhs), p(du), p(dh0),
+         ctypes.c_float(scale), B, T, H, K, V, stream())
+    return dhs, du, dh0
+
+
+def ref_gdn_bwd_walk(q, k, w, do, dvl, b, scale, dht):
+    """float64: dS ← e^{b_L} dS + (scale e^{b} q)ᵀ do − wᵀ du with du = dvl + e^{b_L − b} (k dS), chunk by chunk."""
+    B, T, H, K, V = dims(q, do)
+    NT = (T + 63) // 64
+    pad = lambda x: torch.cat([x.double(), x.new_zeros(B, NT * 64 - T, *x.shape[2:]).double()], 1)
+    qp, kp, wp, dop, dvp = (pad(x) for x in (q, k, w, do, dvl))
+    bd = b.double()
+    dS = dht.double().clone() if dht is not None else qp.new_zeros(B, H, K, V)
+    dhs, dup = qp.new_zeros(B, H, NT, K, V), torch.zeros_like(dop)
+    for c in reversed(range(NT)):
+        sl = slice(c * 64, c * 64 + 64)
+        bc = bd[:, sl]
+        bL = bc[:, -1:]
+        dhs[:, :, c] = dS
+        du_c = dvp[:, sl] + (bL - bc).exp()[..., None] * torch.einsum("bthk,bhkv->bthv", kp[:, sl], dS)
+        dup[:, sl] = du_c
+        dS = (bL[:, 0].exp()[..., None, None] * dS
+              + torch.einsum("bthk,bthv->bhkv", qp[:, sl] * (scale * bc.exp())[..., None], dop[:, sl])
+              - torch.einsum("bthk,bthv->bhkv", wp[:, sl], du_c))
+    return dhs, dup[:, :T], dS
+
+
+def gdn_bwd_walk_errors(q, k, v, g, beta, scale, dht):
+    """The reverse walk on the kernels' w (delta_prep) against float64, random do and dv_local."""
+    B, T, H, K, V = dims(q, v)
+    b = chunk_cumsum(g, T)
+    w, u = torch.empty_like(q), torch.empty_like(v)
+    call("ck_prep", fp16(q), p(k), p(v), p(beta.float().contiguous()), p(b), p(w), p(u), p(None), B, T, H, K, V,
+         stream())
+    do, dvl = torch.randn_like(v), torch.randn_like(v)
+    dhs, du, dh0 = gdn_bwd_walk(q, k, w, do, dvl, b, scale, dht)
+    rdhs, rdu, rdh0 = ref_gdn_bwd_walk(q, k, w, do, dvl, b, scale, dht)
+    return {"gdn_bwd_dhs": rel(dhs, rdhs), "gdn_bwd_du": rel(du, rdu), "gdn_bwd_dh0": rel(dh0, rdh0)}
+
+
 def ref_sgla(q, k, v, g, scale, h0):
     B, T, H, K = q.shape
     S = h0.clone() if h0 is not None else q.new_zeros(B, H, K, v.shape[-1])
@@ -201,6 +248,12 @@ def sanitize_run():
                             sgla_bwd(q, k, v, g, scale, h0, torch.randn_like(v), torch.randn_like(h0), fwd)))
             outs.update(zip(("gdn_o", "gdn_ht"), gdn_fwd(qd, kd, vd, gd, betad, scale, h0)))
             outs.update(zip(("gdn_o_split", "gdn_ht_split"), gdn_fwd(qd, kd, vd, gd, betad, scale, h0, False)))
+            wd = torch.empty_like(kd)
+            call("ck_prep", 0, p(kd), p(vd), p(betad.float().contiguous()), p(chunk_cumsum(gd, T)), p(wd),
+                 p(torch.empty_like(vd)), p(None), *dims(qd, vd), stream())
+            outs.update(zip(("gdn_bwd_dhs", "gdn_bwd_du", "gdn_bwd_dh0"),
+                            gdn_bwd_walk(qd, kd, wd, torch.randn_like(vd), torch.randn_like(vd), chunk_cumsum(gd, T),
+                                         scale, torch.randn_like(h0))))
             torch.cuda.synchronize()
             bad = [n for n, x in outs.items() if not bool(torch.isfinite(x).all())]
             if bad:
@@ -248,6 +301,8 @@ def check(results, quick=False):
                         o3, ht3 = gdn_fwd(qd, kd, vd, gd, betad.to(dt), scale, h0, fused=False)
                         errs["gdn_o_split"] = rel(o3, o2r)
                         errs["gdn_ht_split"] = rel(ht3, ht2r)
+                        errs.update(gdn_bwd_walk_errors(qd, kd, vd, gd, betad.to(dt), scale,
+                                                        torch.randn_like(h0) if with_h0 else None))
                         lim = {n: thr["o"] if n in ("o", "gdn_o", "o_fused", "gdn_o_split") else thr["ht"] if "ht" in n else thr["grad"]
                                for n in errs}
                         bad = {n: e for n, e in errs.items() if not e <= lim[n]}

@@ -151,13 +151,41 @@ struct GdnTcFn : public torch::autograd::Function<GdnTcFn> {
     }
     return {o, ht};
   }
+  // Explicit backward (delta_chunk.h): delta_prep (w, u and X), the forward walk (states and v_new
+  // per chunk), the reverse walk (state gradients and du per chunk) on the kernels; the rest as
+  // batched products over all chunks (delta_bwd::grads, fp32).
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    const at::Tensor &q = s[0], &k = s[1], &v = s[2], &g = s[3], &beta = s[4];
+    const at::Tensor h0 = h0_in(s[5]);
     const double scale = ctx->saved_data["scale"].toDouble();
-    return recompute_backward(ctx, grads, 7, [scale](const std::vector<at::Tensor>& in) {
-      DeltaResult r = delta_chunked(in[0], in[1], in[2], in[4], in[3], scale, in[5]);
-      return std::make_pair(r.o, r.ht);
-    });
+    c10::cuda::CUDAGuard guard(q.device());
+    const tc::Dims d = dims(q, v);
+    const int64_t NT = tc::num_chunks(d.T);
+    const auto dt = q.scalar_type();
+    auto f32 = q.options().dtype(at::kFloat);
+    at::Tensor d_o = grads[0].defined() ? prep(grads[0], dt) : at::zeros_like(v);
+    at::Tensor dht = grads[1].defined() ? prep(grads[1], at::kFloat) : at::Tensor();
+    at::Tensor b = chunk_cumsum(g);
+    at::Tensor betaf = beta.to(at::kFloat).contiguous();
+    at::Tensor w = at::empty_like(k), u = at::empty_like(v), X = at::empty({d.B, d.H, NT, 64, 64}, f32);
+    tc::delta_prep(dtype_of(q), k.data_ptr(), v.data_ptr(), betaf.data_ptr<float>(), b.data_ptr<float>(),
+                   w.data_ptr(), u.data_ptr(), X.data_ptr<float>(), d, stream());
+    at::Tensor hs = at::empty({d.B, d.H, NT, d.K, d.V}, q.options()), vn = at::empty_like(v);
+    at::Tensor ht = at::empty({d.B, d.H, d.K, d.V}, f32);
+    tc::walk_fwd(dtype_of(q), k.data_ptr(), u.data_ptr(), w.data_ptr(), b.data_ptr<float>(), fptr(h0),
+                 hs.data_ptr(), vn.data_ptr(), ht.data_ptr<float>(), d, stream());
+    const delta_bwd::Chunks c = delta_bwd::make(q, k, v, beta, g, d_o, scale);
+    at::Tensor dvl = prep(delta_bwd::from_chunks(delta_bwd::dv_local(c), d.T), dt);
+    at::Tensor dhs = at::empty_like(hs), du = at::empty_like(v), dh0 = at::empty({d.B, d.H, d.K, d.V}, f32);
+    tc::walk_bwd_delta(dtype_of(q), q.data_ptr(), d_o.data_ptr(), k.data_ptr(), w.data_ptr(), dvl.data_ptr(),
+                       b.data_ptr<float>(), fptr(dht), dhs.data_ptr(), du.data_ptr(), dh0.data_ptr<float>(),
+                       float(scale), d, stream());
+    DeltaGrads r = delta_bwd::grads(c, X, hs.to(at::kFloat), delta_bwd::to_chunks(vn, at::kFloat),
+                                    dhs.to(at::kFloat), delta_bwd::to_chunks(du, at::kFloat), dh0);
+    return {r.dq.to(q.scalar_type()), r.dk.to(k.scalar_type()), r.dv.to(v.scalar_type()), r.dg.to(g.scalar_type()),
+            r.dbeta.to(beta.scalar_type()), h0.defined() ? dh0.to(h0.scalar_type()) : at::Tensor(), at::Tensor()};
   }
 };
 

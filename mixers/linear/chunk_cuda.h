@@ -17,8 +17,8 @@ bool chunk_tc_eligible(const at::Tensor& q, const at::Tensor& k, const at::Tenso
 std::pair<at::Tensor, at::Tensor> simple_gla_tc(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                 const at::Tensor& g, double scale, const at::Tensor& h0);
 
-// gated_delta_rule: forward on the kernels; the backward recomputes through the LibTorch chunked
-// WY path (delta_chunked) and differentiates it.
+// gated_delta_rule: forward on the kernels; the backward runs the explicit chunked backward
+// (gated_delta_backward's algebra) with its two walks on the kernels.
 std::pair<at::Tensor, at::Tensor> gated_delta_rule_tc(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                       const at::Tensor& g, const at::Tensor& beta, double scale,
                                                       const at::Tensor& h0);

@@ -306,6 +306,148 @@ __global__ void __launch_bounds__(K * 2) walk_kernel(WalkArgs a) {
   static_assert(NW * 32 == K * 2, "one warp per 16 state rows");
 }
 
+struct DeltaBwdArgs {
+  const void *q, *d_o, *k, *w, *dvl;
+  const float* b;
+  const float* dht;
+  void* dhs;
+  void* du;
+  float* dh0;
+  float scale;
+  int B, T, H, K, V, NT, Tp;
+};
+
+template <typename T, int K, int BV>
+constexpr size_t delta_bwd_smem() {
+  return sizeof(T) * (2 * (3 * kC * (K + 8) + 2 * kC * (BV + 8)) + K * (BV + 8) + kC * (BV + 8)) +
+         sizeof(float) * 4 * kC;
+}
+
+// Reverse walk of the delta rule's state gradient: one CTA per (b, h, V tile of BV columns), K/16
+// warps, warp w owning rows w·16 … +15 of dS [K × BV] (fp32 fragments for the whole walk). Per chunk,
+// last to first (the next chunk's q, k, w, do, dv_local, b arriving meanwhile):
+//   1. dS (the gradient of the state at the chunk's end) → dhs[c] and, rounded, to shared memory;
+//   2. du = dv_local + e^{b_L − b} ⊙ (k dS), rounded to the input dtype, → du (warps 0–3, 16 rows
+//      each); do ← scale·e^{b} ⊙ do;
+//   3. dS ← e^{b_L} dS + qᵀ do − wᵀ du.
+template <typename T, int K, int BV>
+__global__ void __launch_bounds__(K * 2) delta_walk_bwd_kernel(DeltaBwdArgs a) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int LDK = K + 8, LDV = BV + 8, CT = BV / 16;
+  T* qbuf = reinterpret_cast<T*>(smem);
+  T* kbuf = qbuf + 2 * kC * LDK;
+  T* wbuf = kbuf + 2 * kC * LDK;
+  T* dobuf = wbuf + 2 * kC * LDK;
+  T* dvbuf = dobuf + 2 * kC * LDV;
+  T* sb = dvbuf + 2 * kC * LDV;
+  T* dub = sb + K * LDV;
+  float* rowr = reinterpret_cast<float*>(dub + kC * LDV);  // e^{b_L − b_j}
+  float* rows = rowr + kC;                                 // scale·e^{b_j}
+  float* bbuf = rows + kC;                                 // 2 × 64 cumulative gates
+
+  const int H = a.H, T_ = a.T, V = a.V, NT = a.NT;
+  const int bh = blockIdx.y, bi = bh / H, h = bh % H, v0 = blockIdx.x * BV;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  T* dhs = static_cast<T*>(a.dhs);
+  T* du = static_cast<T*>(a.du);
+
+  Acc S[CT];
+  const size_t sbase = size_t(bh) * K * V + v0;
+#pragma unroll
+  for (int ct = 0; ct < CT; ++ct) {
+    if (a.dht)
+      wmma::load_matrix_sync(S[ct], a.dht + sbase + size_t(warp) * 16 * V + ct * 16, V, wmma::mem_row_major);
+    else
+      wmma::fill_fragment(S[ct], 0.f);
+  }
+  auto issue = [&](int c, int buf) {
+    load_rows<T, K>(qbuf + buf * kC * LDK, static_cast<const T*>(a.q), bi, h, c, T_, H, K, 0);
+    load_rows<T, K>(kbuf + buf * kC * LDK, static_cast<const T*>(a.k), bi, h, c, T_, H, K, 0);
+    load_rows<T, K>(wbuf + buf * kC * LDK, static_cast<const T*>(a.w), bi, h, c, T_, H, K, 0);
+    load_rows<T, BV>(dobuf + buf * kC * LDV, static_cast<const T*>(a.d_o), bi, h, c, T_, H, V, v0);
+    load_rows<T, BV>(dvbuf + buf * kC * LDV, static_cast<const T*>(a.dvl), bi, h, c, T_, H, V, v0);
+    if (threadIdx.x < kC)
+      cp_async4(bbuf + buf * kC + threadIdx.x, a.b + (size_t(bi) * a.Tp + size_t(c) * kC + threadIdx.x) * H + h);
+    cp_async_commit();
+  };
+  issue(NT - 1, 0);
+  for (int n = 0; n < NT; ++n) {
+    const int c = NT - 1 - n, buf = n & 1;
+    if (n + 1 < NT) {
+      issue(c - 1, buf ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const float* bc = bbuf + buf * kC;
+    const float bL = bc[kC - 1];
+    if (threadIdx.x < kC) {
+      const float bj = bc[threadIdx.x];
+      rowr[threadIdx.x] = __expf(bL - bj);
+      rows[threadIdx.x] = a.scale * __expf(bj);
+    }
+    const T* qs = qbuf + buf * kC * LDK;
+    const T* ks = kbuf + buf * kC * LDK;
+    const T* ws = wbuf + buf * kC * LDK;
+    T* dos = dobuf + buf * kC * LDV;
+    const T* dvs = dvbuf + buf * kC * LDV;
+    // 1. dS → dhs[c] and sb
+    T* dhc = dhs + (size_t(bh) * NT + c) * K * V + v0;
+#pragma unroll
+    for (int ct = 0; ct < CT; ++ct)
+#pragma unroll
+      for (int i = 0; i < 8; i += 2) {
+        const int row = warp * 16 + acc_row(i, lane), col = ct * 16 + acc_col(i, lane);
+        store2<T>(dhc + size_t(row) * V + col, S[ct].x[i], S[ct].x[i + 1]);
+        store2<T>(sb + row * LDV + col, S[ct].x[i], S[ct].x[i + 1]);
+      }
+    __syncthreads();
+    // 2. du = dv_local + e^{b_L − b} ⊙ (k dS); dub ← −du
+    if (warp < 4) {
+      Acc P[CT];
+#pragma unroll
+      for (int ct = 0; ct < CT; ++ct) wmma::fill_fragment(P[ct], 0.f);
+#pragma unroll
+      for (int kk = 0; kk < K / 16; ++kk) {
+        ARow<T> fa;
+        wmma::load_matrix_sync(fa, ks + warp * 16 * LDK + kk * 16, LDK);
+#pragma unroll
+        for (int ct = 0; ct < CT; ++ct) {
+          BRow<T> fb;
+          wmma::load_matrix_sync(fb, sb + kk * 16 * LDV + ct * 16, LDV);
+          wmma::mma_sync(P[ct], fa, fb, P[ct]);
+        }
+      }
+#pragma unroll
+      for (int ct = 0; ct < CT; ++ct)
+#pragma unroll
+        for (int i = 0; i < 8; i += 2) {
+          const int row = warp * 16 + acc_row(i, lane), col = ct * 16 + acc_col(i, lane), t = c * kC + row;
+          const float f = rowr[row];
+          const T* e = dvs + row * LDV + col;
+          const float y0 = Ty<T>::f(Ty<T>::from(Ty<T>::f(e[0]) + f * P[ct].x[i]));
+          const float y1 = Ty<T>::f(Ty<T>::from(Ty<T>::f(e[1]) + f * P[ct].x[i + 1]));
+          if (t < T_) store2<T>(du + ((size_t(bi) * T_ + t) * H + h) * V + v0 + col, y0, y1);
+          store2<T>(dub + row * LDV + col, -y0, -y1);
+        }
+    }
+    for (int idx = threadIdx.x; idx < kC * BV / 2; idx += blockDim.x) {
+      const int row = idx / (BV / 2), col = (idx % (BV / 2)) * 2;
+      T* e = dos + row * LDV + col;
+      store2<T>(e, Ty<T>::f(e[0]) * rows[row], Ty<T>::f(e[1]) * rows[row]);
+    }
+    __syncthreads();
+    // 3. dS ← e^{b_L} dS + qᵀ (scale·e^{b} ⊙ do) − wᵀ du
+    state_update<T, CT>(S, __expf(bL), qs + warp * 16, LDK, dos, LDV);
+    mma_span<ACol<T>, BRow<T>>(S, ws + warp * 16, 16 * LDK, LDK, dub, 16 * LDV, 16, LDV, 0, kC / 16);
+    __syncthreads();
+  }
+#pragma unroll
+  for (int ct = 0; ct < CT; ++ct)
+    wmma::store_matrix_sync(a.dh0 + sbase + size_t(warp) * 16 * V + ct * 16, S[ct], V, wmma::mem_row_major);
+}
+
 // Shared pieces of the two forward kernels (output_kernel and fused_fwd_kernel): 8 warps, warp
 // (r, hf) owns output rows r·16 … +15 and column half hf.
 //
@@ -1073,6 +1215,34 @@ void walk_bwd(Dtype dt, const void* q, const void* d_o, const float* b, const fl
   auto s = static_cast<cudaStream_t>(stream);
   by_dtype(dt, [&](auto t) { walk_dispatch<decltype(t), false, true>(a, s); });
   check_launch("walk_bwd");
+}
+
+void walk_bwd_delta(Dtype dt, const void* q, const void* d_o, const void* k, const void* w, const void* dvl,
+                    const float* b, const float* dht, void* dhs, void* du, float* dh0, float scale, Dims d,
+                    void* stream) {
+  check_grid(d);
+  const int NT = num_chunks(d.T);
+  DeltaBwdArgs a{q, d_o, k, w, dvl, b, dht, dhs, du, dh0, scale, d.B, d.T, d.H, d.K, d.V, NT, NT * kC};
+  auto s = static_cast<cudaStream_t>(stream);
+  by_dtype(dt, [&](auto t) {
+    using T = decltype(t);
+    auto go = [&](auto kc, auto bvc) {
+      constexpr int K = decltype(kc)::value, BV = decltype(bvc)::value;
+      constexpr size_t sm = delta_bwd_smem<T, K, BV>();
+      auto kern = delta_walk_bwd_kernel<T, K, BV>;
+      set_smem(kern, sm);
+      kern<<<dim3(d.V / BV, d.B * d.H), K * 2, sm, s>>>(a);
+    };
+    // narrow V tiles when the heads alone do not fill the machine (as the forward walk)
+    const bool narrow = d.B * d.H * (d.V / 64) < 2 * sm_count();
+    auto pk = [&](auto kc) {
+      if (narrow) go(kc, std::integral_constant<int, 32>{});
+      else go(kc, std::integral_constant<int, 64>{});
+    };
+    if (d.K == 64) pk(std::integral_constant<int, 64>{});
+    else pk(std::integral_constant<int, 128>{});
+  });
+  check_launch("walk_bwd_delta");
 }
 
 void chunk_output(Dtype dt, const void* q, const void* k, const void* v, const float* b, const void* hs, void* o,

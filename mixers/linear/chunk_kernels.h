@@ -49,6 +49,15 @@ bool prefer_fused(Dims d);
 void walk_bwd(Dtype dt, const void* q, const void* d_o, const float* b, const float* dht, void* dhs, float* dh0,
               float scale, Dims d, void* stream);
 
+// Reverse walk of the delta rule's state gradient (gated_delta_rule backward), given w (delta_prep)
+// and dvl = Pᵀ do, the part of the gradient of v_new that does not depend on the state
+// (P = scale·(q kᵀ) ⊙ e^{b_i − b_j} ⊙ [j ≤ i]), in the input dtype [B,T,H,V]. dS_NT = dht (null = 0);
+// for c = NT−1 … 0: stores dS_{c+1} into dhs[c], du = dvl + e^{b_L − b} ⊙ (k dS_{c+1}) (rounded to
+// the input dtype) into du, and dS_c = e^{b_L} dS_{c+1} + (scale·e^{b} ⊙ q)ᵀ do − wᵀ du. dh0 ← dS_0.
+void walk_bwd_delta(Dtype dt, const void* q, const void* d_o, const void* k, const void* w, const void* dvl,
+                    const float* b, const float* dht, void* dhs, void* du, float* dh0, float scale, Dims d,
+                    void* stream);
+
 // Output of every chunk, all chunks in parallel:
 // o = scale·(q ⊙ e^{b}) h_c + (scale·(q kᵀ) ⊙ e^{b_i − b_j} ⊙ [j ≤ i]) v.
 void chunk_output(Dtype dt, const void* q, const void* k, const void* v, const float* b, const void* hs, void* o,

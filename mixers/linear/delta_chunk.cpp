@@ -448,6 +448,12 @@ std::vector<CaseDef> cases(const ConfigSpec& s, DeltaGate gate) {
       {"T130_div1", c("H=2,K=8,V=8,gate_div=1"), 1, 130},
       {"scale03_T20", c("H=2,K=8,V=8,scale=0.3,gate_div=16"), 1, 20},
   };
+  if (gate == DeltaGate::Head) {
+    // head dims of the CUDA kernels (K, V ∈ {64, 128}), so the CUDA checks run them
+    out.push_back({"T130_K64V128_B2_div4", c("H=2,K=64,V=128,gate_div=4"), 2, 130});
+    out.push_back({"T77_K128V64_noh0_div16", c("H=1,K=128,V=64,gate_div=16"), 1, 77, 0, {"h0"}});
+    out.push_back({"T64_K128V128_div1", c("H=1,K=128,V=128,gate_div=1"), 1, 64});
+  }
   return out;
 }
 
@@ -490,7 +496,7 @@ OpSpec delta_op_spec(DeltaGate gate) {
     return TensorMap{{"o", r.o}, {"ht", r.ht}};
   };
   // CUDA: gated_delta_rule with bf16 / fp16 inputs and K, V in {64, 128} runs the tensor-core chunk
-  // kernels (forward; the backward differentiates the chunked WY path). Everything else runs the
+  // kernels (forward, and the explicit backward with its walks on kernels). Everything else runs the
   // device-agnostic chunked WY path (cuBLAS on the GPU).
   s.cuda = [gate](const TensorMap& in, const Config& p) {
     check_inputs(in, p, gate);
