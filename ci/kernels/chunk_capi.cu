@@ -42,6 +42,17 @@ int ck_walk_bwd_delta(int fp16, const void* q, const void* d_o, const void* k, c
     walk_bwd_delta(dtype_of(fp16), q, d_o, k, w, dvl, b, dht, dhs, du, dh0, scale, Dims{B, T, H, K, V}, stream);
   });
 }
+int ck_dv_local(int fp16, const void* q, const void* k, const void* d_o, const float* b, void* dvl, float scale, int B,
+                int T, int H, int K, int V, void* stream) {
+  return guarded([&] { delta_dv_local(dtype_of(fp16), q, k, d_o, b, dvl, scale, Dims{B, T, H, K, V}, stream); });
+}
+int ck_wy_bwd(int fp16, const void* k, const void* v, const void* du, const void* hs, const float* x,
+              const float* beta, const float* b, const float* dk_in, void* dk, void* dv, float* dbeta, float* x2,
+              int B, int T, int H, int K, int V, void* stream) {
+  return guarded([&] {
+    delta_wy_bwd(dtype_of(fp16), k, v, du, hs, x, beta, b, dk_in, dk, dv, dbeta, x2, Dims{B, T, H, K, V}, stream);
+  });
+}
 int ck_output(int fp16, const void* q, const void* k, const void* v, const float* b, const void* hs, void* o,
               float scale, int B, int T, int H, int K, int V, void* stream) {
   return guarded([&] { chunk_output(dtype_of(fp16), q, k, v, b, hs, o, scale, Dims{B, T, H, K, V}, stream); });

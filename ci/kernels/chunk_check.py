@@ -114,13 +114,20 @@ def sgla_bwd(q, k, v, g, scale, h0, do, dht, fwd=None):
     z = poison(B, NT, H, dtype=torch.float32)
     call("ck_dqkv", fp16(q), p(q), p(k), p(v), p(do), p(b), p(hs), p(dhs), p(dqf), p(dkf), p(dv), p(y), p(z),
          ctypes.c_float(scale), B, T, H, K, V, stream())
+    return dqf, dkf, dv, decay_grad(q, dqf, k, dkf, y, z), dh0
+
+
+def decay_grad(q, dqf, k, dkf, y, z, x2=None):
+    """dg from chunk_dqkv's pieces: x_i = q_i·dq_i − k_i·dk_i + y_i (+ x2_i), per chunk
+    dg_t = Σ_{i≥t} x_i + Σ_{j<t} y_j + z_c."""
+    B, T, H, _ = q.shape
+    NT = (T + 63) // 64
     x = torch.zeros(B, NT * 64, H, device=q.device, dtype=torch.float32)
     yp = torch.zeros_like(x)
-    x[:, :T] = (q.float() * dqf).sum(-1) - (k.float() * dkf).sum(-1) + y
+    x[:, :T] = (q.float() * dqf).sum(-1) - (k.float() * dkf).sum(-1) + y + (x2 if x2 is not None else 0)
     yp[:, :T] = y
     x, yp = x.view(B, NT, 64, H), yp.view(B, NT, 64, H)
-    dg = (x.flip(2).cumsum(2).flip(2) + yp.cumsum(2) - yp + z[:, :, None, :]).view(B, NT * 64, H)[:, :T]
-    return dqf, dkf, dv, dg, dh0
+    return (x.flip(2).cumsum(2).flip(2) + yp.cumsum(2) - yp + z[:, :, None, :]).view(B, NT * 64, H)[:, :T]
 
 
 def gdn_fwd(q, k, v, g, beta, scale, h0, fused=True):
@@ -154,6 +161,33 @@ def gdn_bwd_walk(q, k, w, do, dvl, b, scale, dht):
     call("ck_walk_bwd_delta", fp16(q), p(q), p(do), p(k), p(w), p(dvl), p(b), p(dht), p(dhs), p(du), p(dh0),
          ctypes.c_float(scale), B, T, H, K, V, stream())
     return dhs, du, dh0
+
+
+def gdn_bwd(q, k, v, g, beta, scale, h0, do, dht):
+    """Gated delta rule backward on the kernels (the pipeline of the op's CUDA path): dq, dk, dv, dg,
+    dbeta, dh0."""
+    B, T, H, K, V = dims(q, v)
+    NT = (T + 63) // 64
+    b = chunk_cumsum(g, T)
+    betaf = beta.float().contiguous()
+    w, u = poison(B, T, H, K, dtype=q.dtype), poison(B, T, H, V, dtype=q.dtype)
+    X = poison(B, H, NT, 64, 64, dtype=torch.float32)
+    call("ck_prep", fp16(q), p(k), p(v), p(betaf), p(b), p(w), p(u), p(X), B, T, H, K, V, stream())
+    hs, vn = poison(B, H, NT, K, V, dtype=q.dtype), poison(B, T, H, V, dtype=q.dtype)
+    ht = poison(B, H, K, V, dtype=torch.float32)
+    call("ck_walk_fwd", fp16(q), p(k), p(u), p(w), p(b), p(h0), p(hs), p(vn), p(ht), B, T, H, K, V, stream())
+    dvl = poison(B, T, H, V, dtype=q.dtype)
+    call("ck_dv_local", fp16(q), p(q), p(k), p(do), p(b), p(dvl), ctypes.c_float(scale), B, T, H, K, V, stream())
+    dhs, du, dh0 = gdn_bwd_walk(q, k, w, do, dvl, b, scale, dht)
+    dqf, dkf = poison(B, T, H, K, dtype=torch.float32), poison(B, T, H, K, dtype=torch.float32)
+    y, z = poison(B, T, H, dtype=torch.float32), poison(B, NT, H, dtype=torch.float32)
+    call("ck_dqkv", fp16(q), p(q), p(k), p(vn), p(do), p(b), p(hs), p(dhs), p(dqf), p(dkf), p(dvl), p(y), p(z),
+         ctypes.c_float(scale), B, T, H, K, V, stream())
+    dk, dv = poison(B, T, H, K, dtype=q.dtype), poison(B, T, H, V, dtype=q.dtype)
+    dbeta, x2 = poison(B, T, H, dtype=torch.float32), poison(B, T, H, dtype=torch.float32)
+    call("ck_wy_bwd", fp16(q), p(k), p(v), p(du), p(hs), p(X), p(betaf), p(b), p(dkf), p(dk), p(dv), p(dbeta),
+         p(x2), B, T, H, K, V, stream())
+    return dqf, dk, dv, decay_grad(q, dqf, k, dkf, y, z, x2), dbeta, dh0
 
 
 def ref_gdn_bwd_walk(q, k, w, do, dvl, b, scale, dht):
@@ -251,6 +285,8 @@ def sanitize_run():
             wd = torch.empty_like(kd)
             call("ck_prep", 0, p(kd), p(vd), p(betad.float().contiguous()), p(chunk_cumsum(gd, T)), p(wd),
                  p(torch.empty_like(vd)), p(None), *dims(qd, vd), stream())
+            outs.update(zip(("gdn_dq", "gdn_dk", "gdn_dv", "gdn_dg", "gdn_dbeta", "gdn_dh0"),
+                            gdn_bwd(qd, kd, vd, gd, betad, scale, h0, torch.randn_like(vd), torch.randn_like(h0))))
             outs.update(zip(("gdn_bwd_dhs", "gdn_bwd_du", "gdn_bwd_dh0"),
                             gdn_bwd_walk(qd, kd, wd, torch.randn_like(vd), torch.randn_like(vd), chunk_cumsum(gd, T),
                                          scale, torch.randn_like(h0))))
@@ -303,6 +339,18 @@ def check(results, quick=False):
                         errs["gdn_ht_split"] = rel(ht3, ht2r)
                         errs.update(gdn_bwd_walk_errors(qd, kd, vd, gd, betad.to(dt), scale,
                                                         torch.randn_like(h0) if with_h0 else None))
+                        # gated delta rule backward against float64 autograd
+                        xg = [x.double().requires_grad_() for x in (qd, kd, vd, gd, betad.to(dt))]
+                        o4, ht4 = ref_gdn(*xg, scale, h0d)
+                        do4 = torch.randn_like(o4)
+                        dht4 = torch.randn_like(ht4) if with_h0 else None
+                        loss = (o4 * do4).sum() + ((ht4 * dht4).sum() if dht4 is not None else 0)
+                        gr = torch.autograd.grad(loss, xg + ([h0d] if h0d is not None else []))
+                        mine = gdn_bwd(qd, kd, vd, gd, betad.to(dt), scale, h0, do4.to(dt),
+                                       dht4.float() if dht4 is not None else None)
+                        for n_, a_, b_ in zip(("gdn_dq", "gdn_dk", "gdn_dv", "gdn_dg", "gdn_dbeta", "gdn_dh0"),
+                                              mine, gr):
+                            errs[n_] = rel(a_, b_)
                         lim = {n: thr["o"] if n in ("o", "gdn_o", "o_fused", "gdn_o_split") else thr["ht"] if "ht" in n else thr["grad"]
                                for n in errs}
                         bad = {n: e for n, e in errs.items() if not e <= lim[n]}
@@ -368,7 +416,8 @@ def timing(out, lengths):
         betaf = a0["beta"].float()
         row["part_prep_ms"] = time_it(lambda a: call("ck_prep", 0, p(a["kn"]), p(a["v"]), p(betaf), p(b0), p(hs0),
                                                      p(o0), p(None), B, T, H, D, D, stream()), one)
-        row["note"] = "ours_*_ms: fused kernel; *_split_ms: walk + output kernels"
+        row["note"] = ("ours_*_ms: fused kernel; *_split_ms: walk + output kernels; ours_sgla_fwdbwd_ms and "
+                       "ours_gdn_bwd_ms: the backward with its forward recomputation")
         row["ours_sgla_fwd_split_ms"] = time_it(lambda a: sgla_fwd(a["q"], a["k"], a["v"], a["g"], sc, None), sets)
         row["ours_sgla_fwd_ms"] = time_it(lambda a: sgla_fused(a["q"], a["k"], a["v"], a["g"], sc, None), sets)
         row["ours_sgla_fwdbwd_ms"] = time_it(
@@ -377,6 +426,8 @@ def timing(out, lengths):
             lambda a: gdn_fwd(a["qn"], a["kn"], a["v"], a["g"], a["beta"], sc, None), sets)
         row["ours_gdn_fwd_split_ms"] = time_it(
             lambda a: gdn_fwd(a["qn"], a["kn"], a["v"], a["g"], a["beta"], sc, None, fused=False), sets)
+        row["ours_gdn_bwd_ms"] = time_it(
+            lambda a: gdn_bwd(a["qn"], a["kn"], a["v"], a["g"], a["beta"], sc, None, a["do"], None), sets)
         if chunk_simple_gla is not None:
             row["fla_sgla_fwd_ms"] = time_it(lambda a: chunk_simple_gla(a["q"], a["k"], a["v"], a["g"]), sets)
             row["fla_gdn_fwd_ms"] = time_it(

@@ -48,6 +48,24 @@ at::Tensor h0_arg(const at::Tensor& h0, const at::Tensor& like) {
 }
 at::Tensor h0_in(const at::Tensor& h0) { return present(h0); }
 
+// Gradient of the log decay g from chunk_dqkv's pieces (chunk_kernels.h), per chunk:
+// x_i = q_i·dq_i − k_i·dk_i + y_i (+ x2_i, the delta rule's direct gradient of the cumulative gates),
+// dg_t = Σ_{i≥t} x_i + Σ_{j<t} y_j + z_c.
+at::Tensor decay_grad(const tc::Dims& d, const at::Tensor& q, const at::Tensor& dqf, const at::Tensor& k,
+                      const at::Tensor& dkf, const at::Tensor& y, const at::Tensor& z, const at::Tensor& x2) {
+  const int64_t NT = tc::num_chunks(d.T);
+  auto f32 = q.options().dtype(at::kFloat);
+  at::Tensor x = at::zeros({d.B, NT * 64, d.H}, f32), yp = at::zeros({d.B, NT * 64, d.H}, f32);
+  at::Tensor xi = (q.to(at::kFloat) * dqf).sum(-1) - (k.to(at::kFloat) * dkf).sum(-1) + y;
+  if (x2.defined()) xi = xi + x2;
+  x.narrow(1, 0, d.T).copy_(xi);
+  yp.narrow(1, 0, d.T).copy_(y);
+  x = x.view({d.B, NT, 64, d.H});
+  yp = yp.view({d.B, NT, 64, d.H});
+  at::Tensor dg = x.flip(2).cumsum(2).flip(2) + (yp.cumsum(2) - yp) + z.unsqueeze(2);
+  return dg.view({d.B, NT * 64, d.H}).narrow(1, 0, d.T);
+}
+
 struct Fwd {
   at::Tensor o, ht, hs, b;
 };
@@ -111,14 +129,7 @@ struct SimpleGlaTcFn : public torch::autograd::Function<SimpleGlaTcFn> {
     tc::chunk_dqkv(dtype_of(q), q.data_ptr(), k.data_ptr(), v.data_ptr(), d_o.data_ptr(), f.b.data_ptr<float>(),
                    f.hs.data_ptr(), dhs.data_ptr(), dqf.data_ptr<float>(), dkf.data_ptr<float>(), dv.data_ptr(),
                    y.data_ptr<float>(), z.data_ptr<float>(), float(scale), d, stream());
-    // Decay gradient, per chunk (chunk_kernels.h): dg_t = Σ_{i≥t} x_i + Σ_{j<t} y_j + z_c.
-    at::Tensor x = at::zeros({d.B, NT * 64, d.H}, f32), yp = at::zeros({d.B, NT * 64, d.H}, f32);
-    x.narrow(1, 0, d.T).copy_((q.to(at::kFloat) * dqf).sum(-1) - (k.to(at::kFloat) * dkf).sum(-1) + y);
-    yp.narrow(1, 0, d.T).copy_(y);
-    x = x.view({d.B, NT, 64, d.H});
-    yp = yp.view({d.B, NT, 64, d.H});
-    at::Tensor dg = x.flip(2).cumsum(2).flip(2) + (yp.cumsum(2) - yp) + z.unsqueeze(2);
-    dg = dg.view({d.B, NT * 64, d.H}).narrow(1, 0, d.T);
+    at::Tensor dg = decay_grad(d, q, dqf, k, dkf, y, z, at::Tensor());
     return {dqf.to(q.scalar_type()), dkf.to(k.scalar_type()), dv, dg.to(g.scalar_type()),
             h0.defined() ? dh0.to(h0.scalar_type()) : at::Tensor(), at::Tensor()};
   }
@@ -151,9 +162,11 @@ struct GdnTcFn : public torch::autograd::Function<GdnTcFn> {
     }
     return {o, ht};
   }
-  // Explicit backward (delta_chunk.h): delta_prep (w, u and X), the forward walk (states and v_new
-  // per chunk), the reverse walk (state gradients and du per chunk) on the kernels; the rest as
-  // batched products over all chunks (delta_bwd::grads, fp32).
+  // Backward on the kernels: delta_prep (w, u and X) and the forward walk (states and v_new per
+  // chunk) recomputed; dv_local = Pᵀ do; the reverse walk (state gradients and du per chunk);
+  // chunk_dqkv with v_new as the values (dq, and the key gradient of the output and state products);
+  // delta_wy_bwd (the rest of dk, dv, dβ and the gates' direct gradient); dg from per-chunk sums.
+  // The algebra is gated_delta_backward's (delta_chunk.h), checked against autograd.
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto s = ctx->get_saved_variables();
@@ -163,29 +176,40 @@ struct GdnTcFn : public torch::autograd::Function<GdnTcFn> {
     c10::cuda::CUDAGuard guard(q.device());
     const tc::Dims d = dims(q, v);
     const int64_t NT = tc::num_chunks(d.T);
-    const auto dt = q.scalar_type();
+    const tc::Dtype dt = dtype_of(q);
     auto f32 = q.options().dtype(at::kFloat);
-    at::Tensor d_o = grads[0].defined() ? prep(grads[0], dt) : at::zeros_like(v);
+    at::Tensor d_o = grads[0].defined() ? prep(grads[0], q.scalar_type()) : at::zeros_like(v);
     at::Tensor dht = grads[1].defined() ? prep(grads[1], at::kFloat) : at::Tensor();
     at::Tensor b = chunk_cumsum(g);
     at::Tensor betaf = beta.to(at::kFloat).contiguous();
     at::Tensor w = at::empty_like(k), u = at::empty_like(v), X = at::empty({d.B, d.H, NT, 64, 64}, f32);
-    tc::delta_prep(dtype_of(q), k.data_ptr(), v.data_ptr(), betaf.data_ptr<float>(), b.data_ptr<float>(),
-                   w.data_ptr(), u.data_ptr(), X.data_ptr<float>(), d, stream());
+    tc::delta_prep(dt, k.data_ptr(), v.data_ptr(), betaf.data_ptr<float>(), b.data_ptr<float>(), w.data_ptr(),
+                   u.data_ptr(), X.data_ptr<float>(), d, stream());
     at::Tensor hs = at::empty({d.B, d.H, NT, d.K, d.V}, q.options()), vn = at::empty_like(v);
     at::Tensor ht = at::empty({d.B, d.H, d.K, d.V}, f32);
-    tc::walk_fwd(dtype_of(q), k.data_ptr(), u.data_ptr(), w.data_ptr(), b.data_ptr<float>(), fptr(h0),
-                 hs.data_ptr(), vn.data_ptr(), ht.data_ptr<float>(), d, stream());
-    const delta_bwd::Chunks c = delta_bwd::make(q, k, v, beta, g, d_o, scale);
-    at::Tensor dvl = prep(delta_bwd::from_chunks(delta_bwd::dv_local(c), d.T), dt);
+    tc::walk_fwd(dt, k.data_ptr(), u.data_ptr(), w.data_ptr(), b.data_ptr<float>(), fptr(h0), hs.data_ptr(),
+                 vn.data_ptr(), ht.data_ptr<float>(), d, stream());
+    at::Tensor dvl = at::empty_like(v);
+    tc::delta_dv_local(dt, q.data_ptr(), k.data_ptr(), d_o.data_ptr(), b.data_ptr<float>(), dvl.data_ptr(),
+                       float(scale), d, stream());
     at::Tensor dhs = at::empty_like(hs), du = at::empty_like(v), dh0 = at::empty({d.B, d.H, d.K, d.V}, f32);
-    tc::walk_bwd_delta(dtype_of(q), q.data_ptr(), d_o.data_ptr(), k.data_ptr(), w.data_ptr(), dvl.data_ptr(),
+    tc::walk_bwd_delta(dt, q.data_ptr(), d_o.data_ptr(), k.data_ptr(), w.data_ptr(), dvl.data_ptr(),
                        b.data_ptr<float>(), fptr(dht), dhs.data_ptr(), du.data_ptr(), dh0.data_ptr<float>(),
                        float(scale), d, stream());
-    DeltaGrads r = delta_bwd::grads(c, X, hs.to(at::kFloat), delta_bwd::to_chunks(vn, at::kFloat),
-                                    dhs.to(at::kFloat), delta_bwd::to_chunks(du, at::kFloat), dh0);
-    return {r.dq.to(q.scalar_type()), r.dk.to(k.scalar_type()), r.dv.to(v.scalar_type()), r.dg.to(g.scalar_type()),
-            r.dbeta.to(beta.scalar_type()), h0.defined() ? dh0.to(h0.scalar_type()) : at::Tensor(), at::Tensor()};
+    at::Tensor dqf = at::empty({d.B, d.T, d.H, d.K}, f32), dkf = at::empty({d.B, d.T, d.H, d.K}, f32);
+    at::Tensor y = at::empty({d.B, d.T, d.H}, f32), z = at::empty({d.B, NT, d.H}, f32);
+    // chunk_dqkv's value gradient is du again (already known): it goes to dvl, no longer needed
+    tc::chunk_dqkv(dt, q.data_ptr(), k.data_ptr(), vn.data_ptr(), d_o.data_ptr(), b.data_ptr<float>(), hs.data_ptr(),
+                   dhs.data_ptr(), dqf.data_ptr<float>(), dkf.data_ptr<float>(), dvl.data_ptr(), y.data_ptr<float>(),
+                   z.data_ptr<float>(), float(scale), d, stream());
+    at::Tensor dk = at::empty_like(k), dv = at::empty_like(v);
+    at::Tensor dbeta = at::empty({d.B, d.T, d.H}, f32), x2 = at::empty({d.B, d.T, d.H}, f32);
+    tc::delta_wy_bwd(dt, k.data_ptr(), v.data_ptr(), du.data_ptr(), hs.data_ptr(), X.data_ptr<float>(),
+                     betaf.data_ptr<float>(), b.data_ptr<float>(), dkf.data_ptr<float>(), dk.data_ptr(), dv.data_ptr(),
+                     dbeta.data_ptr<float>(), x2.data_ptr<float>(), d, stream());
+    at::Tensor dg = decay_grad(d, q, dqf, k, dkf, y, z, x2);
+    return {dqf.to(q.scalar_type()), dk, dv, dg.to(g.scalar_type()), dbeta.to(beta.scalar_type()),
+            h0.defined() ? dh0.to(h0.scalar_type()) : at::Tensor(), at::Tensor()};
   }
 };
 

@@ -1052,6 +1052,290 @@ __global__ void __launch_bounds__(256) prep_kernel(PrepArgs a) {
   lower_product<T, V>(xb, LDB, vs, LDV, static_cast<T*>(a.u), r, hf, lane, c, bi, h, T_, H);
 }
 
+struct DvlArgs {
+  const void *q, *k, *d_o;
+  const float* b;
+  void* dvl;
+  float scale;
+  int B, T, H, K, V, NT, Tp;
+};
+
+template <typename T, int K, int V>
+constexpr size_t dvl_smem() {
+  return sizeof(T) * (2 * kC * (K + 8) + kC * (V + 8) + kC * (kC + 8)) + sizeof(float) * kC;
+}
+
+// dv_local = Pᵀ do for every chunk in parallel (P = scale·(q kᵀ) ⊙ e^{b_i − b_j} ⊙ [j ≤ i]): the part
+// of the delta rule's v_new gradient that does not depend on the state. One CTA per (chunk, b·h),
+// warp (r, hf) owns rows r·16 … +15 and half of the columns.
+template <typename T, int K, int V>
+__global__ void __launch_bounds__(256) dvl_kernel(DvlArgs a) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int LDK = K + 8, LDV = V + 8, LDB = kC + 8, NV = V / 32;
+  T* qs = reinterpret_cast<T*>(smem);
+  T* ks = qs + kC * LDK;
+  T* dos = ks + kC * LDK;
+  T* ab = dos + kC * LDV;
+  float* rowb = reinterpret_cast<float*>(ab + kC * LDB);
+  const int H = a.H, T_ = a.T;
+  const int c = blockIdx.x, bh = blockIdx.y, bi = bh / H, h = bh % H;
+  const int wi = threadIdx.x / 32, lane = threadIdx.x % 32, r = wi & 3, hf = wi >> 2;
+  load_rows<T, K>(qs, static_cast<const T*>(a.q), bi, h, c, T_, H, K, 0);
+  load_rows<T, K>(ks, static_cast<const T*>(a.k), bi, h, c, T_, H, K, 0);
+  cp_async_commit();
+  load_rows<T, V>(dos, static_cast<const T*>(a.d_o), bi, h, c, T_, H, V, 0);
+  cp_async_commit();
+  if (threadIdx.x < kC) rowb[threadIdx.x] = a.b[(size_t(bi) * a.Tp + size_t(c) * kC + threadIdx.x) * H + h];
+  cp_async_wait<1>();
+  __syncthreads();
+  decayed_scores<T, K>(qs, ks, LDK, rowb, a.scale, ab, LDB, r, hf, lane);
+  cp_async_wait<0>();
+  __syncthreads();
+  const int ct0 = hf * NV;
+  Acc P[NV];
+#pragma unroll
+  for (int n = 0; n < NV; ++n) wmma::fill_fragment(P[n], 0.f);
+  mma_span<ACol<T>, BRow<T>>(P, ab + r * 16, 16 * LDB, LDB, dos + ct0 * 16, 16 * LDV, 16, LDV, r, kC / 16);
+  store_chunk_rows<T, NV>(P, static_cast<T*>(a.dvl), bi, h, c, T_, H, V, 0, r, ct0, lane);
+}
+
+struct WyBwdArgs {
+  const void *k, *v, *du, *hs;
+  const float *x, *beta, *b, *dk_in;
+  void *dk, *dv;
+  float *dbeta, *x2;
+  int B, T, H, K, V, NT, Tp;
+};
+
+template <typename T, int K, int V>
+constexpr size_t wy_bwd_smem() {
+  return sizeof(T) * (2 * kC * (K + 8) + 2 * kC * (V + 8) + K * (V + 8) + 4 * kC * (kC + 8)) +
+         sizeof(float) * (kC * (kC + 4) + 7 * kC);
+}
+
+// Row sums of the lane's two rows (r·16 + lane/4 and + 8) of Σ_n P[n] ⊙ Y, Y read from smem [.][ld] at
+// columns col0 + fragment columns; added to out[row] (the two warps of a row both add).
+template <typename T, int N>
+__device__ __forceinline__ void row_dots(const Acc (&P)[N], const T* y, int ld, int col0, int r, int lane,
+                                         float* out) {
+  float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int row = r * 16 + acc_row(i, lane), col = col0 + n * 16 + acc_col(i, lane);
+      const float x = Ty<T>::f(y[row * ld + col]) * P[n].x[i];
+      if (i & 2) s1 += x;
+      else s0 += x;
+    }
+  s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+  s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+  s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+  s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+  if ((lane & 3) == 0) {
+    atomicAdd(out + r * 16 + (lane >> 2), s0);
+    atomicAdd(out + r * 16 + (lane >> 2) + 8, s1);
+  }
+}
+
+// Backward through the delta rule's WY preparation (w = X B_k, u = X B_v with B_k = β e^{b} ⊙ k,
+// B_v = β ⊙ v, X = (I + A)⁻¹, A = tril(diag(β)(k kᵀ ⊙ Γ), −1)), one CTA per (chunk, b·h), 8 warps,
+// warp (r, hf) owning rows r·16 … +15 and half of the columns. Given du (the v_new gradient) and the
+// state S0 entering the chunk (hs), with dw = −du S0ᵀ:
+//   dB_k = Xᵀ dw, dB_v = Xᵀ du, dX = dw B_kᵀ + du B_vᵀ, dA = −Xᵀ dX Xᵀ (strictly lower),
+//   dv = β ⊙ dB_v,  dk = dk_in + β e^{b} ⊙ dB_k + (E + Eᵀ) k  with E = dA ⊙ Γ ⊙ β_row,
+//   dβ = Σ v ⊙ dB_v + e^{b} Σ k ⊙ dB_k + Σ_j dA ⊙ (k kᵀ ⊙ Γ),
+//   x2 = β e^{b} Σ k ⊙ dB_k + rows(M) − columns(M), M = dA ⊙ (k kᵀ ⊙ Γ) ⊙ β_row  (the direct gradient
+//   of the chunk's cumulative gates b; the caller turns it into dg).
+template <typename T, int K, int V>
+__global__ void __launch_bounds__(256) wy_bwd_kernel(WyBwdArgs a) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int LDK = K + 8, LDV = V + 8, LDB = kC + 8, LDA = kC + 4, NK = K / 32, NV = V / 32;
+  T* ks = reinterpret_cast<T*>(smem);
+  T* dws = ks + kC * LDK;
+  T* vs = dws + kC * LDK;
+  T* dus = vs + kC * LDV;
+  T* hsm = dus + kC * LDV;
+  T* xs = hsm + K * LDV;
+  T* dxs = xs + kC * LDB;
+  T* ys = dxs + kC * LDB;
+  T* es = ys + kC * LDB;
+  float* dak = reinterpret_cast<float*>(es + kC * LDB);  // dA ⊙ (k kᵀ ⊙ Γ), strictly lower
+  float* rowb = dak + kC * LDA;
+  float* rowbeta = rowb + kC;
+  float* roweg = rowbeta + kC;  // e^{b}
+  float* kdbk = roweg + kC;     // Σ k ⊙ dB_k per row
+  float* vdbv = kdbk + kC;      // Σ v ⊙ dB_v per row
+  float* rsum = vdbv + kC;      // Σ_j dak_ij
+  float* csum = rsum + kC;      // Σ_i β_i dak_ij
+
+  const int H = a.H, T_ = a.T, NT = a.NT;
+  const int c = blockIdx.x, bh = blockIdx.y, bi = bh / H, h = bh % H;
+  const int wi = threadIdx.x / 32, lane = threadIdx.x % 32, r = wi & 3, hf = wi >> 2;
+  load_rows<T, K>(ks, static_cast<const T*>(a.k), bi, h, c, T_, H, K, 0);
+  load_rows<T, V>(dus, static_cast<const T*>(a.du), bi, h, c, T_, H, V, 0);
+  load_mat<T, K, V>(hsm, static_cast<const T*>(a.hs) + (size_t(bh) * NT + c) * K * V, V);
+  cp_async_commit();
+  load_rows<T, V>(vs, static_cast<const T*>(a.v), bi, h, c, T_, H, V, 0);
+  cp_async_commit();
+  {
+    const float* xg = a.x + (size_t(bh) * NT + c) * kC * kC;
+    for (int idx = threadIdx.x; idx < kC * kC / 4; idx += blockDim.x) {
+      const int i = idx / (kC / 4), j = (idx % (kC / 4)) * 4;
+      const float4 x4 = *reinterpret_cast<const float4*>(xg + i * kC + j);
+      store2<T>(xs + i * LDB + j, x4.x, x4.y);
+      store2<T>(xs + i * LDB + j + 2, x4.z, x4.w);
+    }
+  }
+  if (threadIdx.x < kC) {
+    const int t = c * kC + threadIdx.x;
+    const float bt = a.b[(size_t(bi) * a.Tp + t) * H + h];
+    rowb[threadIdx.x] = bt;
+    rowbeta[threadIdx.x] = t < T_ ? a.beta[(size_t(bi) * T_ + t) * H + h] : 0.f;
+    roweg[threadIdx.x] = __expf(bt);
+    kdbk[threadIdx.x] = 0.f;
+    vdbv[threadIdx.x] = 0.f;
+  }
+  cp_async_wait<1>();
+  __syncthreads();
+  // 1. dw = −du S0ᵀ, rounded into dws
+  {
+    const int ct0 = hf * NK;
+    Acc P[NK];
+#pragma unroll
+    for (int n = 0; n < NK; ++n) wmma::fill_fragment(P[n], 0.f);
+    mma_span<ARow<T>, BCol<T>>(P, dus + r * 16 * LDV, 16, LDV, hsm + ct0 * 16 * LDV, 16, 16 * LDV, LDV, 0, V / 16);
+#pragma unroll
+    for (int n = 0; n < NK; ++n)
+#pragma unroll
+      for (int i = 0; i < 8; i += 2) {
+        const int row = r * 16 + acc_row(i, lane), col = (ct0 + n) * 16 + acc_col(i, lane);
+        store2<T>(dws + row * LDK + col, -P[n].x[i], -P[n].x[i + 1]);
+      }
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  // 2. dB_k = Xᵀ dw (→ the dk accumulators, scaled by β e^{b}), dB_v = Xᵀ du (→ dv = β ⊙ dB_v)
+  const int kc0 = hf * NK;
+  Acc D[NK];
+#pragma unroll
+  for (int n = 0; n < NK; ++n) wmma::fill_fragment(D[n], 0.f);
+  mma_span<ACol<T>, BRow<T>>(D, xs + r * 16, 16 * LDB, LDB, dws + kc0 * 16, 16 * LDK, 16, LDK, r, kC / 16);
+  row_dots<T, NK>(D, ks, LDK, kc0 * 16, r, lane, kdbk);
+  {
+    const int r0 = r * 16 + (lane >> 2);
+    const float f0 = rowbeta[r0] * roweg[r0], f1 = rowbeta[r0 + 8] * roweg[r0 + 8];
+#pragma unroll
+    for (int n = 0; n < NK; ++n)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) D[n].x[i] *= (i & 2) ? f1 : f0;
+  }
+  {
+    const int ct0 = hf * NV;
+    Acc P[NV];
+#pragma unroll
+    for (int n = 0; n < NV; ++n) wmma::fill_fragment(P[n], 0.f);
+    mma_span<ACol<T>, BRow<T>>(P, xs + r * 16, 16 * LDB, LDB, dus + ct0 * 16, 16 * LDV, 16, LDV, r, kC / 16);
+    row_dots<T, NV>(P, vs, LDV, ct0 * 16, r, lane, vdbv);
+    T* dv = static_cast<T*>(a.dv);
+#pragma unroll
+    for (int n = 0; n < NV; ++n)
+#pragma unroll
+      for (int i = 0; i < 8; i += 2) {
+        const int row = r * 16 + acc_row(i, lane), col = (ct0 + n) * 16 + acc_col(i, lane), t = c * kC + row;
+        if (t < T_)
+          store2<T>(dv + ((size_t(bi) * T_ + t) * H + h) * V + col, P[n].x[i] * rowbeta[row],
+                    P[n].x[i + 1] * rowbeta[row]);
+      }
+  }
+  // 3. dX = dw B_kᵀ + du B_vᵀ, i.e. dX_ij = β_j (e^{b_j} (dw kᵀ)_ij + (du vᵀ)_ij), all 16 tiles
+  for (int ct = hf; ct < 4; ct += 2) {
+    Acc p1, p2;
+    tile_xyT(p1, dws, ks, LDK, K, r, ct);
+    tile_xyT(p2, dus, vs, LDV, V, r, ct);
+#pragma unroll
+    for (int i = 0; i < 8; i += 2) {
+      const int row = r * 16 + acc_row(i, lane), col = ct * 16 + acc_col(i, lane);
+      store2<T>(dxs + row * LDB + col, rowbeta[col] * (roweg[col] * p1.x[i] + p2.x[i]),
+                rowbeta[col + 1] * (roweg[col + 1] * p1.x[i + 1] + p2.x[i + 1]));
+    }
+  }
+  __syncthreads();
+  // 4. Y = dX Xᵀ on the lower tiles (the only ones step 5 reads)
+  for (int ct = hf; ct <= r; ct += 2) {
+    Acc y;
+    tile_xyT(y, dxs, xs, LDB, kC, r, ct);
+#pragma unroll
+    for (int i = 0; i < 8; i += 2) {
+      const int row = r * 16 + acc_row(i, lane), col = ct * 16 + acc_col(i, lane);
+      store2<T>(ys + row * LDB + col, y.x[i], y.x[i + 1]);
+    }
+  }
+  __syncthreads();
+  // 5. dA = −Xᵀ Y on the lower tiles, with k kᵀ ⊙ Γ: E = dA ⊙ Γ ⊙ β_row → es, dA ⊙ (k kᵀ ⊙ Γ) → dak
+  for (int ct = hf; ct <= r; ct += 2) {
+    Acc P[1], kk;
+    wmma::fill_fragment(P[0], 0.f);
+    mma_span<ACol<T>, BRow<T>>(P, xs + r * 16, 16 * LDB, LDB, ys + ct * 16, 16 * LDB, 0, LDB, r, kC / 16);
+    tile_xyT(kk, ks, ks, LDK, K, r, ct);
+#pragma unroll
+    for (int i = 0; i < 8; i += 2) {
+      const int row = r * 16 + acc_row(i, lane), col = ct * 16 + acc_col(i, lane);
+      float e[2], m[2];
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const bool in = col + u < row;
+        const float g = in ? __expf(rowb[row] - rowb[col + u]) : 0.f;
+        const float dA = -P[0].x[i + u];
+        e[u] = dA * g * rowbeta[row];
+        m[u] = in ? dA * kk.x[i + u] * g : 0.f;
+      }
+      store2<T>(es + row * LDB + col, e[0], e[1]);
+      dak[row * LDA + col] = m[0];
+      dak[row * LDA + col + 1] = m[1];
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < kC) {
+    const int i = threadIdx.x;
+    float s = 0.f;
+    for (int j = 0; j < i; ++j) s += dak[i * LDA + j];
+    rsum[i] = s;
+  } else if (threadIdx.x < 2 * kC) {
+    const int j = threadIdx.x - kC;
+    float s = 0.f;
+    for (int i = j + 1; i < kC; ++i) s += rowbeta[i] * dak[i * LDA + j];
+    csum[j] = s;
+  }
+  // 6. dk += E k + Eᵀ k; dk = dk_in + accumulators
+  mma_span<ARow<T>, BRow<T>>(D, es + r * 16 * LDB, 16, LDB, ks + kc0 * 16, 16 * LDK, 16, LDK, 0, r + 1);
+  mma_span<ACol<T>, BRow<T>>(D, es + r * 16, 16 * LDB, LDB, ks + kc0 * 16, 16 * LDK, 16, LDK, r, kC / 16);
+  {
+    T* dk = static_cast<T*>(a.dk);
+#pragma unroll
+    for (int n = 0; n < NK; ++n)
+#pragma unroll
+      for (int i = 0; i < 8; i += 2) {
+        const int row = r * 16 + acc_row(i, lane), col = (kc0 + n) * 16 + acc_col(i, lane), t = c * kC + row;
+        if (t < T_) {
+          const size_t g = ((size_t(bi) * T_ + t) * H + h) * K + col;
+          const float2 d0 = *reinterpret_cast<const float2*>(a.dk_in + g);
+          store2<T>(dk + g, D[n].x[i] + d0.x, D[n].x[i + 1] + d0.y);
+        }
+      }
+  }
+  __syncthreads();
+  if (threadIdx.x < kC) {
+    const int i = threadIdx.x, t = c * kC + i;
+    if (t < T_) {
+      const size_t g = (size_t(bi) * T_ + t) * H + h;
+      const float kb = roweg[i] * kdbk[i];
+      a.dbeta[g] = vdbv[i] + kb + rsum[i];
+      a.x2[g] = rowbeta[i] * (kb + rsum[i]) - csum[i];
+    }
+  }
+}
+
 // ------------------------------------------------------------------ launch
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
@@ -1122,6 +1406,18 @@ struct DqkvKernel {
   static constexpr size_t smem() { return dqkv_smem<T, K, V>(); }
   template <typename T, int K, int V>
   static auto kernel() { return dqkv_kernel<T, K, V>; }
+};
+struct DvlKernel {
+  template <typename T, int K, int V>
+  static constexpr size_t smem() { return dvl_smem<T, K, V>(); }
+  template <typename T, int K, int V>
+  static auto kernel() { return dvl_kernel<T, K, V>; }
+};
+struct WyBwdKernel {
+  template <typename T, int K, int V>
+  static constexpr size_t smem() { return wy_bwd_smem<T, K, V>(); }
+  template <typename T, int K, int V>
+  static auto kernel() { return wy_bwd_kernel<T, K, V>; }
 };
 struct PrepKernel {
   template <typename T, int K, int V>
@@ -1277,6 +1573,23 @@ void delta_prep(Dtype dt, const void* k, const void* v, const float* beta, const
   const int NT = num_chunks(d.T);
   PrepArgs a{k, v, beta, b, w, u, x, d.B, d.T, d.H, d.K, d.V, NT, NT * kC};
   launch_per_chunk<PrepKernel>(dt, a, d, NT, stream, "delta_prep");
+}
+
+void delta_dv_local(Dtype dt, const void* q, const void* k, const void* d_o, const float* b, void* dvl, float scale,
+                    Dims d, void* stream) {
+  check_grid(d);
+  const int NT = num_chunks(d.T);
+  DvlArgs a{q, k, d_o, b, dvl, scale, d.B, d.T, d.H, d.K, d.V, NT, NT * kC};
+  launch_per_chunk<DvlKernel>(dt, a, d, NT, stream, "delta_dv_local");
+}
+
+void delta_wy_bwd(Dtype dt, const void* k, const void* v, const void* du, const void* hs, const float* x,
+                  const float* beta, const float* b, const float* dk_in, void* dk, void* dv, float* dbeta, float* x2,
+                  Dims d, void* stream) {
+  check_grid(d);
+  const int NT = num_chunks(d.T);
+  WyBwdArgs a{k, v, du, hs, x, beta, b, dk_in, dk, dv, dbeta, x2, d.B, d.T, d.H, d.K, d.V, NT, NT * kC};
+  launch_per_chunk<WyBwdKernel>(dt, a, d, NT, stream, "delta_wy_bwd");
 }
 
 }  // namespace mixbench::linear::tc

@@ -80,6 +80,21 @@ void chunk_dqkv(Dtype dt, const void* q, const void* k, const void* v, const voi
 void delta_prep(Dtype dt, const void* k, const void* v, const float* beta, const float* b, void* w, void* u, float* x,
                 Dims d, void* stream);
 
+// dvl = Pᵀ do for every chunk in parallel (P as in walk_bwd_delta), in the input dtype [B,T,H,V].
+void delta_dv_local(Dtype dt, const void* q, const void* k, const void* d_o, const float* b, void* dvl, float scale,
+                    Dims d, void* stream);
+
+// Backward through delta_prep for every chunk in parallel, given du (the gradient of v_new, from
+// walk_bwd_delta), the per-chunk states hs (walk_fwd), X (delta_prep's x output) and dk_in (fp32, the
+// key gradient of the output and state-update products, from chunk_dqkv run with v_new as the values):
+// with dw = −du S0ᵀ, dB_k = Xᵀ dw, dB_v = Xᵀ du, dA = −Xᵀ (dw B_kᵀ + du B_vᵀ) Xᵀ (strictly lower),
+//   dk = dk_in + β e^{b} ⊙ dB_k + (E + Eᵀ) k (E = dA ⊙ e^{b_i − b_j} ⊙ β_i), dv = β ⊙ dB_v (input dtype),
+//   dbeta (fp32 [B,T,H]) and x2 (fp32 [B,T,H]), the gradient of the cumulative gates b through
+//   B_k and A (add it to chunk_dqkv's x_i before the per-chunk suffix sums that give dg).
+void delta_wy_bwd(Dtype dt, const void* k, const void* v, const void* du, const void* hs, const float* x,
+                  const float* beta, const float* b, const float* dk_in, void* dk, void* dv, float* dbeta, float* x2,
+                  Dims d, void* stream);
+
 // Throws std::runtime_error naming `what` when the last launch failed.
 void check_launch(const char* what);
 
