@@ -187,10 +187,7 @@ constexpr size_t walk_smem() {
          sizeof(float) * 3 * kC;
 }
 
-// K/16 warps; warp w owns rows w·16 … +15 of the state tile S [K × BV] (BV/16 fragments): rows
-// k0 = blockIdx.z·K … +K−1 of the whole state (a.K rows). Without the delta rule the rows of the state
-// evolve independently, so the key dimension may be split over CTAs (K < a.K) for more parallelism;
-// the delta rule needs all rows in one CTA (K = a.K).
+// K/16 warps; warp w owns rows w·16 … +15 of the state tile S [K × BV] (BV/16 fragments).
 template <typename T, int K, int BV, bool DELTA, bool REV>
 __global__ void __launch_bounds__(K * 2) walk_kernel(WalkArgs a) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -202,8 +199,8 @@ __global__ void __launch_bounds__(K * 2) walk_kernel(WalkArgs a) {
   float* rowf = reinterpret_cast<float*>(sb + (DELTA ? K * LDV : 0));
   float* bbuf = rowf + kC;  // 2 × 64 cumulative gates
 
-  const int H = a.H, T_ = a.T, V = a.V, NT = a.NT, KA = a.K;
-  const int bh = blockIdx.y, bi = bh / H, h = bh % H, v0 = blockIdx.x * BV, k0 = blockIdx.z * K;
+  const int H = a.H, T_ = a.T, V = a.V, NT = a.NT;
+  const int bh = blockIdx.y, bi = bh / H, h = bh % H, v0 = blockIdx.x * BV;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const T* key = static_cast<const T*>(a.key);
   const T* val = static_cast<const T*>(a.val);
@@ -212,7 +209,7 @@ __global__ void __launch_bounds__(K * 2) walk_kernel(WalkArgs a) {
   T* vnew = static_cast<T*>(a.vnew);
 
   Acc S[CT];
-  const size_t sbase = size_t(bh) * KA * V + size_t(k0) * V + v0;
+  const size_t sbase = size_t(bh) * K * V + v0;
 #pragma unroll
   for (int ct = 0; ct < CT; ++ct) {
     if (a.s0)
@@ -222,7 +219,7 @@ __global__ void __launch_bounds__(K * 2) walk_kernel(WalkArgs a) {
   }
 
   auto issue = [&](int c, int buf) {
-    load_rows<T, K>(kbuf + buf * kC * LDK, key, bi, h, c, T_, H, KA, k0);
+    load_rows<T, K>(kbuf + buf * kC * LDK, key, bi, h, c, T_, H, K, 0);
     load_rows<T, BV>(vbuf + buf * kC * LDV, val, bi, h, c, T_, H, V, v0);
     if (DELTA) load_rows<T, K>(wbuf + buf * kC * LDK, wg, bi, h, c, T_, H, K, 0);
     if (threadIdx.x < kC)
@@ -250,7 +247,7 @@ __global__ void __launch_bounds__(K * 2) walk_kernel(WalkArgs a) {
     T* ws = wbuf + buf * kC * LDK;
 
     // 1. the state entering this step goes to hs[c] (and to sb for the delta rule), from registers
-    T* hsc = hs + (size_t(bh) * NT + c) * KA * V + size_t(k0) * V + v0;
+    T* hsc = hs + (size_t(bh) * NT + c) * K * V + v0;
 #pragma unroll
     for (int ct = 0; ct < CT; ++ct)
 #pragma unroll
@@ -1357,20 +1354,14 @@ int sm_count() {
 
 template <typename T, int K, int BV, bool DELTA, bool REV>
 void launch_walk(const WalkArgs& a, cudaStream_t s) {
-  static_assert(!DELTA || K == 128 || K == 64, "the delta rule walks whole states");
   constexpr size_t sm = walk_smem<T, K, BV, DELTA>();
   auto kern = walk_kernel<T, K, BV, DELTA, REV>;
   set_smem(kern, sm);
-  kern<<<dim3(a.V / BV, a.B * a.H, a.K / K), K * 2, sm, s>>>(a);
+  kern<<<dim3(a.V / BV, a.B * a.H), K * 2, sm, s>>>(a);
 }
 template <typename T, int K, bool DELTA, bool REV>
 void walk_bv(const WalkArgs& a, cudaStream_t s) {
-  // Narrow V tiles when the heads alone do not fill the machine (long T, small batch); without the
-  // delta rule, also key tiles of 64 rows when even the narrow V tiles leave SMs with a single CTA.
-  const int n32 = a.B * a.H * (a.V / 32);
-  if constexpr (!DELTA && K == 128) {
-    if (n32 < 2 * sm_count()) return launch_walk<T, 64, 32, DELTA, REV>(a, s);
-  }
+  // Narrow V tiles when the heads alone do not fill the machine (long T, small batch).
   if (a.B * a.H * (a.V / 64) < 2 * sm_count()) launch_walk<T, K, 32, DELTA, REV>(a, s);
   else launch_walk<T, K, 64, DELTA, REV>(a, s);
 }
