@@ -68,8 +68,8 @@ DeltaGrads grads(const Chunks& c, const at::Tensor& X, const at::Tensor& S0, con
 
 // CPU forward for the None and Head gates (delta_rule, gated_delta_rule): the same chunked algorithm
 // (chunk kDeltaChunk) on raw buffers in the input dtype (fp32 / fp64; half precision runs in fp32),
-// one task per (batch, head). Differentiable: the backward recomputes delta_chunked and
-// differentiates it. Other gates, dtypes or devices fall back to delta_chunked.
+// one task per (batch, head). Differentiable: gated_delta_rule's backward is
+// gated_delta_backward; the others recompute delta_chunked and differentiate it. Other gates, dtypes or devices fall back to delta_chunked.
 DeltaResult delta_chunked_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& beta,
                               const at::Tensor& g, double scale, const at::Tensor& h0);
 

@@ -451,6 +451,13 @@ struct DeltaCpuFn : public torch::autograd::Function<DeltaCpuFn> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const double scale = ctx->saved_data["scale"].toDouble();
+    auto s = ctx->get_saved_variables();
+    if (present(s[3]).defined() && s[3].dim() == 3) {
+      // gated_delta_rule: the explicit backward (no autograd graph of the recomputed forward)
+      const at::Tensor h0 = present(s[5]);
+      DeltaGrads r = gated_delta_backward(s[0], s[1], s[2], s[4], s[3], scale, h0, grads[0], grads[1]);
+      return {r.dq, r.dk, r.dv, r.dg, r.dbeta, r.dh0, at::Tensor()};
+    }
     return recompute_backward(ctx, grads, 7, [scale](const std::vector<at::Tensor>& in) {
       DeltaResult r = delta_chunked(in[0], in[1], in[2], in[4], in[3], scale, in[5]);
       return std::make_pair(r.o, r.ht);

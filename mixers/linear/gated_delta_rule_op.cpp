@@ -3,7 +3,7 @@
 // v [B,T,H,V], beta [B,T,H], g [B,T,H] (log space), optional h0 and output ht [B,H,K,V].
 // The scale (default K^-0.5) multiplies q; q and k are used as given (the layers L2-normalize).
 // FP64 reference: reference/delta.cpp. CPU path: the chunked WY/UT form on raw buffers in
-// delta_cpu.cpp (backward through the LibTorch chunked path in delta_chunk.cpp).
+// delta_cpu.cpp (backward: gated_delta_backward in delta_chunk.cpp).
 #include "harness/registry.h"
 #include "mixers/linear/delta_chunk.h"
 
