@@ -14,6 +14,10 @@
 //                so after the loads the warps never wait for each other.
 //   chunk_dqkv   one CTA per (chunk, b·h), 8 warps: A and dA = do vᵀ, then dq, dk, dv as sums of an
 //                inter-chunk product (with h or dh) and an intra-chunk one (with A or dA).
+//   walk_bwd_delta  the reverse walk of the delta rule's state gradient (du per chunk on the way).
+//   delta_dv_local  Pᵀ do per chunk (the state-free part of du).
+//   delta_wy_bwd    one CTA per (chunk, b·h): the backward through w = X B_k, u = X B_v and the
+//                inverse (dk, dv, dβ, the gates' direct gradient), bf16 / fp16 operands.
 //   delta_prep   one CTA per (chunk, b·h): A = β k kᵀ ⊙ decay (strictly lower), X = (I + A)⁻¹ by
 //                forward substitution (each column independent: two lanes per column, no barriers),
 //                then w and u as products with X.
