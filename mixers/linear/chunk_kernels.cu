@@ -172,6 +172,28 @@ __device__ __forceinline__ void state_update(Acc (&S)[N], float decay, const T* 
   mma_span<ACol<T>, BRow<T>>(S, keys, 16 * ldk, ldk, vals, 16 * ldv, 16, ldv, 0, kC / 16);
 }
 
+// P = rows warp·16 … +15 of x [64][ldx] (K columns) times the rounded state tile sb [K][ldv].
+template <typename T, int K, int N>
+__device__ __forceinline__ void rows_times_state(Acc (&P)[N], const T* x, int ldx, const T* sb, int ldv, int warp) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) wmma::fill_fragment(P[n], 0.f);
+  mma_span<ARow<T>, BRow<T>>(P, x + warp * 16 * ldx, 16, ldx, sb, 16 * ldv, 16, ldv, 0, K / 16);
+}
+
+// The warp's state rows (fp32 fragments) rounded to the input dtype into dst (global, ld ldg) and,
+// when sb is not null, into the shared tile sb (ld lds).
+template <typename T, int N>
+__device__ __forceinline__ void store_state(const Acc (&S)[N], T* dst, int ldg, T* sb, int lds, int warp, int lane) {
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+#pragma unroll
+    for (int i = 0; i < 8; i += 2) {
+      const int row = warp * 16 + acc_row(i, lane), col = n * 16 + acc_col(i, lane);
+      store2<T>(dst + size_t(row) * ldg + col, S[n].x[i], S[n].x[i + 1]);
+      if (sb) store2<T>(sb + row * lds + col, S[n].x[i], S[n].x[i + 1]);
+    }
+}
+
 struct WalkArgs {
   const void* key;  // k (forward) or q (backward)
   const void* val;  // v / u (forward) or do (backward)
@@ -252,14 +274,7 @@ __global__ void __launch_bounds__(K * 2) walk_kernel(WalkArgs a) {
 
     // 1. the state entering this step goes to hs[c] (and to sb for the delta rule), from registers
     T* hsc = hs + (size_t(bh) * NT + c) * K * V + v0;
-#pragma unroll
-    for (int ct = 0; ct < CT; ++ct)
-#pragma unroll
-      for (int i = 0; i < 8; i += 2) {
-        const int row = warp * 16 + acc_row(i, lane), col = ct * 16 + acc_col(i, lane);
-        store2<T>(hsc + size_t(row) * V + col, S[ct].x[i], S[ct].x[i + 1]);
-        if (DELTA) store2<T>(sb + row * LDV + col, S[ct].x[i], S[ct].x[i + 1]);
-      }
+    store_state<T, CT>(S, hsc, V, DELTA ? sb : nullptr, LDV, warp, lane);
     __syncthreads();
     // 2. row factors on the values: e^{b_L − b_j} (forward) or scale·e^{b_j} (backward); the delta
     //    rule applies them when it forms v_new (v_new itself is stored unscaled).
@@ -272,19 +287,7 @@ __global__ void __launch_bounds__(K * 2) walk_kernel(WalkArgs a) {
       // 3. v_new = u − w·S for this V tile: warps 0–3 own 16 rows each
       if (warp < 4) {
         Acc P[CT];
-#pragma unroll
-        for (int ct = 0; ct < CT; ++ct) wmma::fill_fragment(P[ct], 0.f);
-#pragma unroll
-        for (int kk = 0; kk < K / 16; ++kk) {
-          ARow<T> fa;
-          wmma::load_matrix_sync(fa, ws + warp * 16 * LDK + kk * 16, LDK);
-#pragma unroll
-          for (int ct = 0; ct < CT; ++ct) {
-            BRow<T> fb;
-            wmma::load_matrix_sync(fb, sb + kk * 16 * LDV + ct * 16, LDV);
-            wmma::mma_sync(P[ct], fa, fb, P[ct]);
-          }
-        }
+        rows_times_state<T, K, CT>(P, ws, LDK, sb, LDV, warp);
 #pragma unroll
         for (int ct = 0; ct < CT; ++ct)
 #pragma unroll
@@ -398,31 +401,12 @@ __global__ void __launch_bounds__(K * 2) delta_walk_bwd_kernel(DeltaBwdArgs a) {
     const T* dvs = dvbuf + buf * kC * LDV;
     // 1. dS → dhs[c] and sb
     T* dhc = dhs + (size_t(bh) * NT + c) * K * V + v0;
-#pragma unroll
-    for (int ct = 0; ct < CT; ++ct)
-#pragma unroll
-      for (int i = 0; i < 8; i += 2) {
-        const int row = warp * 16 + acc_row(i, lane), col = ct * 16 + acc_col(i, lane);
-        store2<T>(dhc + size_t(row) * V + col, S[ct].x[i], S[ct].x[i + 1]);
-        store2<T>(sb + row * LDV + col, S[ct].x[i], S[ct].x[i + 1]);
-      }
+    store_state<T, CT>(S, dhc, V, sb, LDV, warp, lane);
     __syncthreads();
     // 2. du = dv_local + e^{b_L − b} ⊙ (k dS); dub ← −du
     if (warp < 4) {
       Acc P[CT];
-#pragma unroll
-      for (int ct = 0; ct < CT; ++ct) wmma::fill_fragment(P[ct], 0.f);
-#pragma unroll
-      for (int kk = 0; kk < K / 16; ++kk) {
-        ARow<T> fa;
-        wmma::load_matrix_sync(fa, ks + warp * 16 * LDK + kk * 16, LDK);
-#pragma unroll
-        for (int ct = 0; ct < CT; ++ct) {
-          BRow<T> fb;
-          wmma::load_matrix_sync(fb, sb + kk * 16 * LDV + ct * 16, LDV);
-          wmma::mma_sync(P[ct], fa, fb, P[ct]);
-        }
-      }
+      rows_times_state<T, K, CT>(P, ks, LDK, sb, LDV, warp);
 #pragma unroll
       for (int ct = 0; ct < CT; ++ct)
 #pragma unroll
