@@ -766,6 +766,36 @@ __device__ __forceinline__ void lower_product(const T* xb, int ldx, const T* src
     }
 }
 
+// acc += a·b for 16×16 fp32 blocks a, b (row-major, ld ld) on tensor cores: each operand split into
+// tf32 high and low parts, acc += a_lo·b_hi + a_hi·b_lo + a_hi·b_hi (the a_lo·b_lo term is below fp32
+// rounding), two k-steps of 8.
+using TAcc = wmma::fragment<wmma::accumulator, 16, 16, 8, float>;
+using TA = wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major>;
+using TB = wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major>;
+template <typename Frag>
+__device__ __forceinline__ void split_tf32(Frag& hi, Frag& lo) {
+#pragma unroll
+  for (int i = 0; i < hi.num_elements; ++i) {
+    const float x = hi.x[i], h = wmma::__float_to_tf32(x);
+    hi.x[i] = h;
+    lo.x[i] = wmma::__float_to_tf32(x - h);
+  }
+}
+__device__ __forceinline__ void mma_tf32x3(TAcc& acc, const float* a, const float* b, int ld) {
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) {
+    TA ah, al;
+    TB bh, bl;
+    wmma::load_matrix_sync(ah, a + kk * 8, ld);
+    wmma::load_matrix_sync(bh, b + kk * 8 * ld, ld);
+    split_tf32(ah, al);
+    split_tf32(bh, bl);
+    wmma::mma_sync(acc, al, bh, acc);
+    wmma::mma_sync(acc, ah, bl, acc);
+    wmma::mma_sync(acc, ah, bh, acc);
+  }
+}
+
 // One CTA per (chunk, b·h), 8 warps; warp (r = w mod 4, hf = w / 4).
 template <typename T, int K, int V>
 __global__ void __launch_bounds__(256) prep_kernel(PrepArgs a) {
@@ -831,52 +861,26 @@ __global__ void __launch_bounds__(256) prep_kernel(PrepArgs a) {
     }
   }
   __syncthreads();
-  // 2. Block rows R = 1..3: X_RC = −D_R Σ_{C ≤ m < R} A_Rm X_mC for C < R (block rows below R are
-  //    still zero from step 1 and are not read). Y_RC is formed in registers and written over A_RC
-  //    (no longer needed), then X_RC = −D_R Y_RC.
+  // 2. Off-diagonal blocks on tensor cores, block row by block row (R = 1..3):
+  //    X_RC = −D_R Y_RC with Y_RC = Σ_{C ≤ m < R} A_Rm X_mC (block rows below R of X are still zero
+  //    and are not read). Within a block row the blocks C < R are independent: warp C forms one.
+  //    Y_RC goes through the upper block (C, R) of `af`, which is never read otherwise (A_RC itself is
+  //    still read by warps C' < C in the same round). Operands split into tf32 high and low parts
+  //    (three products) keep X within a few fp32 roundings, as the scalar substitution had it.
   for (int R = 1; R < 4; ++R) {
-    constexpr int kMax = 3;
-    float y[kMax];
-    const int n = R * 256;
+    if (wi < R) {
+      const int C = wi;
+      float* yb = af + C * 16 * LDA + R * 16;
+      TAcc y;
+      wmma::fill_fragment(y, 0.f);
+      for (int m = C; m < R; ++m) mma_tf32x3(y, af + R * 16 * LDA + m * 16, xf + m * 16 * LDA + C * 16, LDA);
+      wmma::store_matrix_sync(yb, y, LDA, wmma::mem_row_major);
+      __syncwarp();
+      wmma::fill_fragment(y, 0.f);
+      mma_tf32x3(y, xf + R * 16 * LDA + R * 16, yb, LDA);
 #pragma unroll
-    for (int e = 0; e < kMax; ++e) {
-      const int idx = threadIdx.x + e * 256;
-      y[e] = 0.f;
-      if (idx < n) {
-        const int i = R * 16 + (idx % 256) / 16, j = (idx / 256) * 16 + idx % 16;
-        float acc = 0.f;
-        for (int m = (j / 16) * 16; m < R * 16; ++m) acc += af[i * LDA + m] * xf[m * LDA + j];
-        y[e] = acc;
-      }
-    }
-    __syncthreads();
-#pragma unroll
-    for (int e = 0; e < kMax; ++e) {
-      const int idx = threadIdx.x + e * 256;
-      if (idx < n) {
-        const int i = R * 16 + (idx % 256) / 16, j = (idx / 256) * 16 + idx % 16;
-        af[i * LDA + j] = y[e];
-      }
-    }
-    __syncthreads();
-#pragma unroll
-    for (int e = 0; e < kMax; ++e) {
-      const int idx = threadIdx.x + e * 256;
-      if (idx < n) {
-        const int i = R * 16 + (idx % 256) / 16, j = (idx / 256) * 16 + idx % 16;
-        float acc = 0.f;
-        for (int m = R * 16; m <= i; ++m) acc += xf[i * LDA + m] * af[m * LDA + j];
-        y[e] = -acc;
-      }
-    }
-    __syncthreads();
-#pragma unroll
-    for (int e = 0; e < kMax; ++e) {
-      const int idx = threadIdx.x + e * 256;
-      if (idx < n) {
-        const int i = R * 16 + (idx % 256) / 16, j = (idx / 256) * 16 + idx % 16;
-        xf[i * LDA + j] = y[e];
-      }
+      for (int i = 0; i < y.num_elements; ++i) y.x[i] = -y.x[i];
+      wmma::store_matrix_sync(xf + R * 16 * LDA + C * 16, y, LDA, wmma::mem_row_major);
     }
     __syncthreads();
   }
