@@ -15,8 +15,10 @@
 //   chunk_dqkv   one CTA per (chunk, b·h), 8 warps: A and dA = do vᵀ, then dq, dk, dv as sums of an
 //                inter-chunk product (with h or dh) and an intra-chunk one (with A or dA).
 //   delta_prep   one CTA per (chunk, b·h): A = β k kᵀ ⊙ decay (strictly lower), X = (I + A)⁻¹ by
-//                forward substitution (each column independent: two lanes per column, no barriers),
-//                then w and u as products with X.
+//                blocks of 16: the diagonal blocks by forward substitution in registers (one warp
+//                each, right after its tile of A), the blocks below them one block row at a time
+//                on tensor cores (tf32, split into high and low parts); then w and u as products
+//                with X (rounded to the input dtype, stored over A).
 // Masking is a select before exp (exponents are ≤ 0 wherever they are used). Rows past T are read
 // as zero (cp.async with source size 0) and never stored.
 #include "mixers/linear/chunk_kernels.h"
@@ -744,7 +746,8 @@ struct PrepArgs {
 
 template <typename T, int K, int V>
 constexpr size_t prep_smem() {
-  return sizeof(T) * (kC * (K + 8) + kC * (V + 8) + kC * (kC + 8)) + sizeof(float) * (2 * kC * (kC + 4) + 3 * kC);
+  static_assert(sizeof(T) * (kC + 8) <= sizeof(float) * (kC + 4), "X in the input dtype must fit over A");
+  return sizeof(T) * (kC * (K + 8) + kC * (V + 8)) + sizeof(float) * (2 * kC * (kC + 4) + 3 * kC);
 }
 
 // rows r·16 … +15, columns of half hf, of X·src (X lower triangular: k-steps kk ≤ r), to dst [B,T,H,D].
@@ -766,9 +769,9 @@ __device__ __forceinline__ void lower_product(const T* xb, int ldx, const T* src
     }
 }
 
-// acc += a·b for 16×16 fp32 blocks a, b (row-major, ld ld) on tensor cores: each operand split into
-// tf32 high and low parts, acc += a_lo·b_hi + a_hi·b_lo + a_hi·b_hi (the a_lo·b_lo term is below fp32
-// rounding), two k-steps of 8.
+// hi + lo += a·b for 16×16 fp32 blocks a, b (row-major, ld ld) on tensor cores, two k-steps of 8:
+// each operand split into tf32 high and low parts, hi += a_hi·b_hi, lo += a_lo·b_hi + a_hi·b_lo (the
+// a_lo·b_lo term is below fp32 rounding; two accumulators keep the dependent chains short).
 using TAcc = wmma::fragment<wmma::accumulator, 16, 16, 8, float>;
 using TA = wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major>;
 using TB = wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major>;
@@ -781,7 +784,7 @@ __device__ __forceinline__ void split_tf32(Frag& hi, Frag& lo) {
     lo.x[i] = wmma::__float_to_tf32(x - h);
   }
 }
-__device__ __forceinline__ void mma_tf32x3(TAcc& acc, const float* a, const float* b, int ld) {
+__device__ __forceinline__ void mma_tf32x3(TAcc& hi, TAcc& lo, const float* a, const float* b, int ld) {
 #pragma unroll
   for (int kk = 0; kk < 2; ++kk) {
     TA ah, al;
@@ -790,10 +793,49 @@ __device__ __forceinline__ void mma_tf32x3(TAcc& acc, const float* a, const floa
     wmma::load_matrix_sync(bh, b + kk * 8 * ld, ld);
     split_tf32(ah, al);
     split_tf32(bh, bl);
-    wmma::mma_sync(acc, al, bh, acc);
-    wmma::mma_sync(acc, ah, bl, acc);
-    wmma::mma_sync(acc, ah, bh, acc);
+    wmma::mma_sync(lo, al, bh, lo);
+    wmma::mma_sync(hi, ah, bh, hi);
+    wmma::mma_sync(lo, ah, bl, lo);
   }
+}
+
+// Tile (r, ct) of A = β k kᵀ ⊙ e^{b_i − b_j} into af, zero on and above the diagonal.
+template <typename T>
+__device__ __forceinline__ void prep_tile(float* af, int lda, const T* ks, int ldk, int K, const float* rowb,
+                                          const float* rowbeta, int r, int ct, int lane) {
+  Acc acc;
+  tile_xyT(acc, ks, ks, ldk, K, r, ct);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int row = r * 16 + acc_row(i, lane), col = ct * 16 + acc_col(i, lane);
+    af[row * lda + col] = col < row ? acc.x[i] * rowbeta[row] * __expf(rowb[row] - rowb[col]) : 0.f;
+  }
+}
+
+// D = (I + N)⁻¹ for a strictly lower 16×16 block N at a (row-major, ld lda, rows 16-byte aligned) into
+// d, by forward substitution D_ij = −Σ_{m<i} N_im D_mj (D_jj = 1): lane j mod 16 holds column j in
+// registers, rows of N are read as broadcasts; lanes 16…31 repeat lanes 0…15 and store nothing.
+__device__ __forceinline__ void invert_unit_lower16(const float* a, float* d, int lda, int lane) {
+  const int j = lane & 15;
+  float x[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) x[i] = i == j ? 1.f : 0.f;
+#pragma unroll
+  for (int i = 1; i < 16; ++i) {
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int m4 = 0; m4 < i; m4 += 4) {
+      const float4 n = *reinterpret_cast<const float4*>(a + i * lda + m4);
+      const float nv[4] = {n.x, n.y, n.z, n.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (m4 + e < i) s[e] += nv[e] * x[m4 + e];
+    }
+    if (i > j) x[i] = -((s[0] + s[1]) + (s[2] + s[3]));
+  }
+  if (lane < 16)
+#pragma unroll
+    for (int i = 0; i < 16; ++i) d[i * lda + j] = x[i];
 }
 
 // One CTA per (chunk, b·h), 8 warps; warp (r = w mod 4, hf = w / 4).
@@ -803,8 +845,8 @@ __global__ void __launch_bounds__(256) prep_kernel(PrepArgs a) {
   constexpr int LDK = K + 8, LDV = V + 8, LDA = kC + 4, LDB = kC + 8;
   T* ks = reinterpret_cast<T*>(smem);
   T* vs = ks + kC * LDK;
-  T* xb = vs + kC * LDV;
-  float* af = reinterpret_cast<float*>(xb + kC * LDB);
+  float* af = reinterpret_cast<float*>(vs + kC * LDV);
+  T* xb = reinterpret_cast<T*>(af);  // X in the input dtype, over A once X is formed
   float* xf = af + kC * LDA;
   float* rowb = xf + kC * LDA;
   float* rowbeta = rowb + kC;
@@ -826,38 +868,19 @@ __global__ void __launch_bounds__(256) prep_kernel(PrepArgs a) {
   }
   cp_async_wait<0>();
   __syncthreads();
-  // A = β k kᵀ ⊙ e^{b_i − b_j}, strictly lower, written from registers (upper tiles are never read)
-  for (int ct = hf; ct <= r; ct += 2) {
-    Acc acc;
-    tile_xyT(acc, ks, ks, LDK, K, r, ct);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int row = r * 16 + acc_row(i, lane), col = ct * 16 + acc_col(i, lane);
-      af[row * LDA + col] = col < row ? acc.x[i] * rowbeta[row] * __expf(rowb[row] - rowb[col]) : 0.f;
-    }
-  }
-  __syncthreads();
+  // A = β k kᵀ ⊙ e^{b_i − b_j}, strictly lower, written from registers (upper tiles are never read).
   // X = (I + A)⁻¹, unit lower triangular, by blocks of 16.
-  // 1. Diagonal blocks D_R = (I + A_RR)⁻¹ by forward substitution: X_ij = −A_ij − Σ_{j<m<i} A_im X_mj
-  //    inside the block, on X = I. A column depends only on itself: lanes 4j … 4j+3 own column j
-  //    (m mod 4) and combine with two shuffles per row.
-  for (int idx = threadIdx.x; idx < kC * kC; idx += blockDim.x) {
-    const int i = idx / kC, j = idx % kC;
-    xf[i * LDA + j] = i == j ? 1.f : 0.f;
-  }
-  __syncthreads();
-  {
-    // a warp's 8 columns lie in one block, so the loop bounds are uniform across the warp
-    const int j = threadIdx.x >> 2, part = threadIdx.x & 3, R0 = (j / 16) * 16;
-    for (int i = R0 + 1; i < R0 + 16; ++i) {
-      const bool act = j < i;
-      float s = 0.f;
-      if (act)
-        for (int m = j + 1 + part; m < i; m += 4) s += af[i * LDA + m] * xf[m * LDA + j];
-      s += __shfl_xor_sync(0xffffffffu, s, 1);
-      s += __shfl_xor_sync(0xffffffffu, s, 2);
-      if (part == 0 && act) xf[i * LDA + j] = -af[i * LDA + j] - s;
-      __syncwarp();
+  // 1. Warps 0…3 each form one diagonal tile A_RR and invert it at once (D_R = X_RR, in registers,
+  //    no barrier in between); warps 4…7 meanwhile form the six tiles below the diagonal.
+  if (wi < 4) {
+    prep_tile(af, LDA, ks, LDK, K, rowb, rowbeta, wi, wi, lane);
+    __syncwarp();
+    invert_unit_lower16(af + wi * 16 * LDA + wi * 16, xf + wi * 16 * LDA + wi * 16, LDA, lane);
+  } else {
+    // tiles t = 0…5: (1,0) (2,0) (2,1) (3,0) (3,1) (3,2)
+    for (int t = wi - 4; t < 6; t += 4) {
+      const int tr = t < 1 ? 1 : t < 3 ? 2 : 3;
+      prep_tile(af, LDA, ks, LDK, K, rowb, rowbeta, tr, t - tr * (tr - 1) / 2, lane);
     }
   }
   __syncthreads();
@@ -871,28 +894,34 @@ __global__ void __launch_bounds__(256) prep_kernel(PrepArgs a) {
     if (wi < R) {
       const int C = wi;
       float* yb = af + C * 16 * LDA + R * 16;
-      TAcc y;
+      TAcc y, lo;
       wmma::fill_fragment(y, 0.f);
-      for (int m = C; m < R; ++m) mma_tf32x3(y, af + R * 16 * LDA + m * 16, xf + m * 16 * LDA + C * 16, LDA);
+      wmma::fill_fragment(lo, 0.f);
+      for (int m = C; m < R; ++m) mma_tf32x3(y, lo, af + R * 16 * LDA + m * 16, xf + m * 16 * LDA + C * 16, LDA);
+#pragma unroll
+      for (int i = 0; i < y.num_elements; ++i) y.x[i] += lo.x[i];
       wmma::store_matrix_sync(yb, y, LDA, wmma::mem_row_major);
       __syncwarp();
       wmma::fill_fragment(y, 0.f);
-      mma_tf32x3(y, xf + R * 16 * LDA + R * 16, yb, LDA);
+      wmma::fill_fragment(lo, 0.f);
+      mma_tf32x3(y, lo, xf + R * 16 * LDA + R * 16, yb, LDA);
 #pragma unroll
-      for (int i = 0; i < y.num_elements; ++i) y.x[i] = -y.x[i];
+      for (int i = 0; i < y.num_elements; ++i) y.x[i] = -(y.x[i] + lo.x[i]);
       wmma::store_matrix_sync(xf + R * 16 * LDA + C * 16, y, LDA, wmma::mem_row_major);
     }
     __syncthreads();
   }
   for (int idx = threadIdx.x; idx < kC * kC / 2; idx += blockDim.x) {
     const int i = idx / (kC / 2), j = (idx % (kC / 2)) * 2;
-    store2<T>(xb + i * LDB + j, xf[i * LDA + j], xf[i * LDA + j + 1]);
+    const bool up = (j >> 4) > (i >> 4);
+    store2<T>(xb + i * LDB + j, up ? 0.f : xf[i * LDA + j], up ? 0.f : xf[i * LDA + j + 1]);
   }
   if (a.x) {
     float* xo = a.x + (size_t(bh) * a.NT + c) * kC * kC;
     for (int idx = threadIdx.x; idx < kC * kC / 4; idx += blockDim.x) {
       const int i = idx / (kC / 4), j = (idx % (kC / 4)) * 4;
-      *reinterpret_cast<float4*>(xo + i * kC + j) = *reinterpret_cast<const float4*>(xf + i * LDA + j);
+      *reinterpret_cast<float4*>(xo + i * kC + j) =
+          (j >> 4) > (i >> 4) ? make_float4(0.f, 0.f, 0.f, 0.f) : *reinterpret_cast<const float4*>(xf + i * LDA + j);
     }
   }
   for (int idx = threadIdx.x; idx < kC * K / 2; idx += blockDim.x) {
