@@ -838,6 +838,21 @@ __device__ __forceinline__ void invert_unit_lower16(const float* a, float* d, in
     for (int i = 0; i < 16; ++i) d[i * lda + j] = x[i];
 }
 
+// Row i of the 64 × D block m (ld ld) times f[i], in place, 8 elements per step; threads t of n.
+template <typename T, int D>
+__device__ __forceinline__ void scale_in_place(T* m, int ld, const float* f, int t, int n) {
+  for (int idx = t; idx < kC * D / 8; idx += n) {
+    const int i = idx / (D / 8), col = (idx % (D / 8)) * 8;
+    uint4* p = reinterpret_cast<uint4*>(m + i * ld + col);
+    uint4 raw = *p;
+    T* e = reinterpret_cast<T*>(&raw);
+    const float s = f[i];
+#pragma unroll
+    for (int q = 0; q < 8; q += 2) store2<T>(e + q, Ty<T>::f(e[q]) * s, Ty<T>::f(e[q + 1]) * s);
+    *p = raw;
+  }
+}
+
 // One CTA per (chunk, b·h), 8 warps; warp (r = w mod 4, hf = w / 4).
 template <typename T, int K, int V>
 __global__ void __launch_bounds__(256) prep_kernel(PrepArgs a) {
@@ -908,31 +923,25 @@ __global__ void __launch_bounds__(256) prep_kernel(PrepArgs a) {
 #pragma unroll
       for (int i = 0; i < y.num_elements; ++i) y.x[i] = -(y.x[i] + lo.x[i]);
       wmma::store_matrix_sync(xf + R * 16 * LDA + C * 16, y, LDA, wmma::mem_row_major);
+    } else if (wi >= 4 && R < 3) {
+      // meanwhile warps 4…7 scale the operands of w and u in place: β e^{b} k (k is no longer read
+      // once the tiles of A are formed), β v
+      if (R == 1) scale_in_place<T, K>(ks, LDK, rowk, threadIdx.x - 128, 128);
+      else scale_in_place<T, V>(vs, LDV, rowbeta, threadIdx.x - 128, 128);
     }
     __syncthreads();
   }
-  for (int idx = threadIdx.x; idx < kC * kC / 2; idx += blockDim.x) {
-    const int i = idx / (kC / 2), j = (idx % (kC / 2)) * 2;
-    const bool up = (j >> 4) > (i >> 4);
-    store2<T>(xb + i * LDB + j, up ? 0.f : xf[i * LDA + j], up ? 0.f : xf[i * LDA + j + 1]);
-  }
-  if (a.x) {
-    float* xo = a.x + (size_t(bh) * a.NT + c) * kC * kC;
+  {
+    float* xo = a.x ? a.x + (size_t(bh) * a.NT + c) * kC * kC : nullptr;
     for (int idx = threadIdx.x; idx < kC * kC / 4; idx += blockDim.x) {
       const int i = idx / (kC / 4), j = (idx % (kC / 4)) * 4;
-      *reinterpret_cast<float4*>(xo + i * kC + j) =
-          (j >> 4) > (i >> 4) ? make_float4(0.f, 0.f, 0.f, 0.f) : *reinterpret_cast<const float4*>(xf + i * LDA + j);
+      // blocks above the diagonal are never written in xf
+      const float4 x4 = (j >> 4) > (i >> 4) ? make_float4(0.f, 0.f, 0.f, 0.f)
+                                            : *reinterpret_cast<const float4*>(xf + i * LDA + j);
+      store2<T>(xb + i * LDB + j, x4.x, x4.y);
+      store2<T>(xb + i * LDB + j + 2, x4.z, x4.w);
+      if (xo) *reinterpret_cast<float4*>(xo + i * kC + j) = x4;
     }
-  }
-  for (int idx = threadIdx.x; idx < kC * K / 2; idx += blockDim.x) {
-    const int i = idx / (K / 2), col = (idx % (K / 2)) * 2;
-    T* e = ks + i * LDK + col;
-    store2<T>(e, Ty<T>::f(e[0]) * rowk[i], Ty<T>::f(e[1]) * rowk[i]);
-  }
-  for (int idx = threadIdx.x; idx < kC * V / 2; idx += blockDim.x) {
-    const int i = idx / (V / 2), col = (idx % (V / 2)) * 2;
-    T* e = vs + i * LDV + col;
-    store2<T>(e, Ty<T>::f(e[0]) * rowbeta[i], Ty<T>::f(e[1]) * rowbeta[i]);
   }
   __syncthreads();
   // w = X (β e^{b} k), u = X (β v)
