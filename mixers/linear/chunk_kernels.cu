@@ -750,23 +750,30 @@ constexpr size_t prep_smem() {
   return sizeof(T) * (kC * (K + 8) + kC * (V + 8)) + sizeof(float) * (2 * kC * (kC + 4) + 3 * kC);
 }
 
-// rows r·16 … +15, columns of half hf, of X·src (X lower triangular: k-steps kk ≤ r), to dst [B,T,H,D].
-template <typename T, int D>
-__device__ __forceinline__ void lower_product(const T* xb, int ldx, const T* src, int ld, T* dst, int r, int hf,
-                                              int lane, int c, int bi, int h, int T_, int H) {
-  constexpr int N = D / 32;
-  const int ct0 = hf * N;
-  Acc P[N];
+// Row tiles RA and RB (RA + RB = 3, so every warp has RA + RB + 2 = 5 k-steps), column tiles
+// ct0 … ct0 + D/64 − 1, of X·src (X lower triangular: k-steps kk ≤ r), to dst [B,T,H,D].
+template <typename T, int D, int RA, int RB>
+__device__ __forceinline__ void lower_product(const T* xb, int ldx, const T* src, int ld, T* dst, int ct0, int lane,
+                                              int c, int bi, int h, int T_, int H) {
+  constexpr int N = D / 64;
+  Acc P[2][N];
 #pragma unroll
-  for (int n = 0; n < N; ++n) wmma::fill_fragment(P[n], 0.f);
-  mma_span<ARow<T>, BRow<T>>(P, xb + r * 16 * ldx, 16, ldx, src + ct0 * 16, 16 * ld, 16, ld, 0, r + 1);
+  for (int n = 0; n < N; ++n) {
+    wmma::fill_fragment(P[0][n], 0.f);
+    wmma::fill_fragment(P[1][n], 0.f);
+  }
+  mma_span<ARow<T>, BRow<T>>(P[0], xb + RA * 16 * ldx, 16, ldx, src + ct0 * 16, 16 * ld, 16, ld, 0, RA + 1);
+  mma_span<ARow<T>, BRow<T>>(P[1], xb + RB * 16 * ldx, 16, ldx, src + ct0 * 16, 16 * ld, 16, ld, 0, RB + 1);
 #pragma unroll
-  for (int n = 0; n < N; ++n)
+  for (int q = 0; q < 2; ++q)
 #pragma unroll
-    for (int i = 0; i < 8; i += 2) {
-      const int row = r * 16 + acc_row(i, lane), col = (ct0 + n) * 16 + acc_col(i, lane), t = c * kC + row;
-      if (t < T_) store2<T>(dst + ((size_t(bi) * T_ + t) * H + h) * D + col, P[n].x[i], P[n].x[i + 1]);
-    }
+    for (int n = 0; n < N; ++n)
+#pragma unroll
+      for (int i = 0; i < 8; i += 2) {
+        const int row = (q ? RB : RA) * 16 + acc_row(i, lane), col = (ct0 + n) * 16 + acc_col(i, lane);
+        const int t = c * kC + row;
+        if (t < T_) store2<T>(dst + ((size_t(bi) * T_ + t) * H + h) * D + col, P[q][n].x[i], P[q][n].x[i + 1]);
+      }
 }
 
 // hi + lo += a·b for 16×16 fp32 blocks a, b (row-major, ld ld) on tensor cores, two k-steps of 8:
@@ -869,7 +876,7 @@ __global__ void __launch_bounds__(256) prep_kernel(PrepArgs a) {
 
   const int H = a.H, T_ = a.T;
   const int c = blockIdx.x, bh = blockIdx.y, bi = bh / H, h = bh % H;
-  const int wi = threadIdx.x / 32, lane = threadIdx.x % 32, r = wi & 3, hf = wi >> 2;
+  const int wi = threadIdx.x / 32, lane = threadIdx.x % 32;
   load_rows<T, K>(ks, static_cast<const T*>(a.k), bi, h, c, T_, H, K, 0);
   load_rows<T, V>(vs, static_cast<const T*>(a.v), bi, h, c, T_, H, V, 0);
   cp_async_commit();
@@ -945,8 +952,14 @@ __global__ void __launch_bounds__(256) prep_kernel(PrepArgs a) {
   }
   __syncthreads();
   // w = X (β e^{b} k), u = X (β v)
-  lower_product<T, K>(xb, LDB, ks, LDK, static_cast<T*>(a.w), r, hf, lane, c, bi, h, T_, H);
-  lower_product<T, V>(xb, LDB, vs, LDV, static_cast<T*>(a.u), r, hf, lane, c, bi, h, T_, H);
+  // (warp pairs of row tiles {0, 3} or {1, 2}, a quarter of the columns each: equal work)
+  if (wi & 1) {
+    lower_product<T, K, 1, 2>(xb, LDB, ks, LDK, static_cast<T*>(a.w), (wi >> 1) * (K / 64), lane, c, bi, h, T_, H);
+    lower_product<T, V, 1, 2>(xb, LDB, vs, LDV, static_cast<T*>(a.u), (wi >> 1) * (V / 64), lane, c, bi, h, T_, H);
+  } else {
+    lower_product<T, K, 0, 3>(xb, LDB, ks, LDK, static_cast<T*>(a.w), (wi >> 1) * (K / 64), lane, c, bi, h, T_, H);
+    lower_product<T, V, 0, 3>(xb, LDB, vs, LDV, static_cast<T*>(a.u), (wi >> 1) * (V / 64), lane, c, bi, h, T_, H);
+  }
 }
 
 // ------------------------------------------------------------------ launch
