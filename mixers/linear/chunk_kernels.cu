@@ -806,6 +806,13 @@ __device__ __forceinline__ void mma_tf32x3(TAcc& hi, TAcc& lo, const float* a, c
   }
 }
 
+// m = f·(hi + lo), a 16×16 fp32 block (row-major, ld ld).
+__device__ __forceinline__ void store_sum(float* m, TAcc& hi, const TAcc& lo, float f, int ld) {
+#pragma unroll
+  for (int i = 0; i < hi.num_elements; ++i) hi.x[i] = f * (hi.x[i] + lo.x[i]);
+  wmma::store_matrix_sync(m, hi, ld, wmma::mem_row_major);
+}
+
 // Tile (r, ct) of A = β k kᵀ ⊙ e^{b_i − b_j} into af, zero on and above the diagonal.
 template <typename T>
 __device__ __forceinline__ void prep_tile(float* af, int lda, const T* ks, int ldk, int K, const float* rowb,
@@ -906,35 +913,53 @@ __global__ void __launch_bounds__(256) prep_kernel(PrepArgs a) {
     }
   }
   __syncthreads();
-  // 2. Off-diagonal blocks on tensor cores, block row by block row (R = 1..3):
-  //    X_RC = −D_R Y_RC with Y_RC = Σ_{C ≤ m < R} A_Rm X_mC (block rows below R of X are still zero
-  //    and are not read). Within a block row the blocks C < R are independent: warp C forms one.
-  //    Y_RC goes through the upper block (C, R) of `af`, which is never read otherwise (A_RC itself is
-  //    still read by warps C' < C in the same round). Operands split into tf32 high and low parts
-  //    (three products) keep X within a few fp32 roundings, as the scalar substitution had it.
-  for (int R = 1; R < 4; ++R) {
-    if (wi < R) {
-      const int C = wi;
-      float* yb = af + C * 16 * LDA + R * 16;
-      TAcc y, lo;
-      wmma::fill_fragment(y, 0.f);
+  // 2. Off-diagonal blocks on tensor cores, as halves of 32: with X_top = [D_0 0; X_10 D_1] and
+  //    X_bot = [D_2 0; X_32 D_3], X_10 = −D_1 A_10 D_0, X_32 = −D_3 A_32 D_2 and the lower left
+  //    half −X_bot (A_BL X_top), A_BL X_top = [A_20 D_0 + A_21 X_10, A_21 D_1; A_30 D_0 + A_31 X_10,
+  //    A_31 D_1]. Four rounds of at most two block products per warp; the intermediate blocks live in
+  //    the upper blocks of `af`, which are never read otherwise. Operands split into tf32 high and low
+  //    parts (three products) keep X within a few fp32 roundings.
+  {
+    auto blk = [&](float* m, int r, int cc) { return m + r * 16 * LDA + cc * 16; };
+    // scratch S(s), s = 0…5: Q_10 = A_10 D_0, Q_32 = A_32 D_2, U_20 = A_20 D_0, U_21 = A_21 D_1,
+    // U_30 = A_30 D_0, U_31 = A_31 D_1, at upper blocks (0,1) (0,2) (0,3) (1,2) (1,3) (2,3)
+    auto S = [&](int s) { return blk(af, (0x211000 >> (4 * s)) & 15, (0x332321 >> (4 * s)) & 15); };
+    TAcc hi, lo;
+    if (wi < 6) {
+      const int ar = (0x332231 >> (4 * wi)) & 15, ac = (0x101020 >> (4 * wi)) & 15;
+      wmma::fill_fragment(hi, 0.f);
       wmma::fill_fragment(lo, 0.f);
-      for (int m = C; m < R; ++m) mma_tf32x3(y, lo, af + R * 16 * LDA + m * 16, xf + m * 16 * LDA + C * 16, LDA);
-#pragma unroll
-      for (int i = 0; i < y.num_elements; ++i) y.x[i] += lo.x[i];
-      wmma::store_matrix_sync(yb, y, LDA, wmma::mem_row_major);
-      __syncwarp();
-      wmma::fill_fragment(y, 0.f);
+      mma_tf32x3(hi, lo, blk(af, ar, ac), blk(xf, ac, ac), LDA);
+      store_sum(S(wi), hi, lo, 1.f, LDA);
+    }
+    __syncthreads();
+    if (wi < 2) {  // X_10 = −D_1 Q_10, X_32 = −D_3 Q_32
+      const int R = 1 + 2 * wi;
+      wmma::fill_fragment(hi, 0.f);
       wmma::fill_fragment(lo, 0.f);
-      mma_tf32x3(y, lo, xf + R * 16 * LDA + R * 16, yb, LDA);
-#pragma unroll
-      for (int i = 0; i < y.num_elements; ++i) y.x[i] = -(y.x[i] + lo.x[i]);
-      wmma::store_matrix_sync(xf + R * 16 * LDA + C * 16, y, LDA, wmma::mem_row_major);
-    } else if (wi >= 4 && R < 3) {
-      // meanwhile warps 4…7 scale the operands of w and u in place: β e^{b} k (k is no longer read
-      // once the tiles of A are formed), β v
-      if (R == 1) scale_in_place<T, K>(ks, LDK, rowk, threadIdx.x - 128, 128);
-      else scale_in_place<T, V>(vs, LDV, rowbeta, threadIdx.x - 128, 128);
+      mma_tf32x3(hi, lo, blk(xf, R, R), S(wi), LDA);
+      store_sum(blk(xf, R, R - 1), hi, lo, -1.f, LDA);
+    } else {  // meanwhile: β e^{b} k (k is no longer read once the tiles of A are formed)
+      scale_in_place<T, K>(ks, LDK, rowk, threadIdx.x - 64, 192);
+    }
+    __syncthreads();
+    if (wi < 2) {  // U_20 += A_21 X_10, U_30 += A_31 X_10
+      float* u = S(2 + 2 * wi);
+      wmma::load_matrix_sync(hi, u, LDA, wmma::mem_row_major);
+      wmma::fill_fragment(lo, 0.f);
+      mma_tf32x3(hi, lo, blk(af, 2 + wi, 1), blk(xf, 1, 0), LDA);
+      store_sum(u, hi, lo, 1.f, LDA);
+    } else {  // β v
+      scale_in_place<T, V>(vs, LDV, rowbeta, threadIdx.x - 64, 192);
+    }
+    __syncthreads();
+    if (wi < 4) {  // X_2C = −D_2 M_2C, X_3C = −(X_32 M_2C + D_3 M_3C)
+      const int R = 2 + (wi >> 1), C = wi & 1;
+      wmma::fill_fragment(hi, 0.f);
+      wmma::fill_fragment(lo, 0.f);
+      if (R == 3) mma_tf32x3(hi, lo, blk(xf, 3, 2), S(2 + C), LDA);
+      mma_tf32x3(hi, lo, blk(xf, R, R), S(2 * R - 2 + C), LDA);
+      store_sum(blk(xf, R, C), hi, lo, -1.f, LDA);
     }
     __syncthreads();
   }
