@@ -16,9 +16,9 @@
 //                inter-chunk product (with h or dh) and an intra-chunk one (with A or dA).
 //   delta_prep   one CTA per (chunk, b·h): A = β k kᵀ ⊙ decay (strictly lower), X = (I + A)⁻¹ by
 //                blocks of 16: the diagonal blocks by forward substitution in registers (one warp
-//                each, right after its tile of A), the blocks below them one block row at a time
-//                on tensor cores (tf32, split into high and low parts); then w and u as products
-//                with X (rounded to the input dtype, stored over A).
+//                each, right after its tile of A), the blocks below them as halves of 32 in four
+//                rounds on tensor cores (tf32, split into high and low parts); then w and u as
+//                products with X (rounded to the input dtype, stored over A).
 // Masking is a select before exp (exponents are ≤ 0 wherever they are used). Rows past T are read
 // as zero (cp.async with source size 0) and never stored.
 #include "mixers/linear/chunk_kernels.h"
@@ -867,7 +867,7 @@ __device__ __forceinline__ void scale_in_place(T* m, int ld, const float* f, int
   }
 }
 
-// One CTA per (chunk, b·h), 8 warps; warp (r = w mod 4, hf = w / 4).
+// One CTA per (chunk, b·h), 8 warps.
 template <typename T, int K, int V>
 __global__ void __launch_bounds__(256) prep_kernel(PrepArgs a) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -897,7 +897,8 @@ __global__ void __launch_bounds__(256) prep_kernel(PrepArgs a) {
   }
   cp_async_wait<0>();
   __syncthreads();
-  // A = β k kᵀ ⊙ e^{b_i − b_j}, strictly lower, written from registers (upper tiles are never read).
+  // A = β k kᵀ ⊙ e^{b_i − b_j}, strictly lower, written from registers (the tiles above the diagonal
+  // are never formed: step 2 keeps its intermediate blocks there).
   // X = (I + A)⁻¹, unit lower triangular, by blocks of 16.
   // 1. Warps 0…3 each form one diagonal tile A_RR and invert it at once (D_R = X_RR, in registers,
   //    no barrier in between); warps 4…7 meanwhile form the six tiles below the diagonal.
