@@ -2,7 +2,8 @@
 
 Builds them into a shared library with nvcc, then through ctypes:
   * checks simple_gla forward + backward (o, ht, dq, dk, dv, dg, dh0) and the gated delta rule
-    forward (o, ht) against float64 per-token recurrences (autograd for the gradients) on small
+    forward (o, ht) against float64 per-token recurrences (autograd for the gradients), and the
+    delta rule's per-chunk inverse X = (I + A)^-1 against float64, on small
     shapes: K, V in {64, 128}, T in {1, 63, 64, 65, 200}, with and without h0 / dht, bf16 and fp16,
     outputs poisoned with NaN before each call;
   * times the forwards (and our simple_gla backward) at B*T = 64K, H = 16, K = V = 128, bf16, next
@@ -225,6 +226,35 @@ def gdn_bwd_walk_errors(q, k, v, g, beta, scale, dht):
     return {"gdn_bwd_dhs": rel(dhs, rdhs), "gdn_bwd_du": rel(du, rdu), "gdn_bwd_dh0": rel(dh0, rdh0)}
 
 
+def gdn_x(k, v, g, beta):
+    """X = (I + A)^-1 of every chunk, fp32 [B,H,NT,64,64], as delta_prep writes it for the backward."""
+    B, T, H, K, V = dims(k, v)
+    NT = (T + 63) // 64
+    b = chunk_cumsum(g, T)
+    w = poison(B, T, H, K, dtype=k.dtype)
+    u = poison(B, T, H, V, dtype=k.dtype)
+    x = poison(B, H, NT, 64, 64, dtype=torch.float32)
+    betaf = beta.float().contiguous()
+    call("ck_prep", fp16(k), p(k), p(v), p(betaf), p(b), p(w), p(u), p(x), B, T, H, K, V, stream())
+    return x
+
+
+def ref_x(k, g, beta):
+    """float64 X = (I + A)^-1 per chunk, A = tril(beta_i (k_i . k_j) e^{b_i - b_j}, -1); rows past T are zero."""
+    B, T, H, K = k.shape
+    NT = (T + 63) // 64
+    b = chunk_cumsum(g, T).double().view(B, NT, 64, H).permute(0, 3, 1, 2)
+    kp = torch.zeros(B, NT * 64, H, K, device=k.device, dtype=torch.float64)
+    bp = torch.zeros(B, NT * 64, H, device=k.device, dtype=torch.float64)
+    kp[:, :T], bp[:, :T] = k.double(), beta.double()
+    kc = kp.view(B, NT, 64, H, K).permute(0, 3, 1, 2, 4)
+    bc = bp.view(B, NT, 64, H).permute(0, 3, 1, 2)
+    decay = (b[..., :, None] - b[..., None, :]).clamp(max=0).exp()
+    A = (bc[..., None] * (kc @ kc.transpose(-1, -2)) * decay).tril(-1)
+    eye = torch.eye(64, device=k.device, dtype=torch.float64).expand_as(A)
+    return torch.linalg.solve_triangular(eye + A, eye, upper=False, unitriangular=True)
+
+
 def ref_sgla(q, k, v, g, scale, h0):
     B, T, H, K = q.shape
     S = h0.clone() if h0 is not None else q.new_zeros(B, H, K, v.shape[-1])
@@ -290,6 +320,7 @@ def sanitize_run():
             outs.update(zip(("gdn_bwd_dhs", "gdn_bwd_du", "gdn_bwd_dh0"),
                             gdn_bwd_walk(qd, kd, wd, torch.randn_like(vd), torch.randn_like(vd), chunk_cumsum(gd, T),
                                          scale, torch.randn_like(h0))))
+            outs["gdn_x"] = gdn_x(kd, vd, gd, betad)
             torch.cuda.synchronize()
             bad = [n for n, x in outs.items() if not bool(torch.isfinite(x).all())]
             if bad:
@@ -351,7 +382,8 @@ def check(results, quick=False):
                         for n_, a_, b_ in zip(("gdn_dq", "gdn_dk", "gdn_dv", "gdn_dg", "gdn_dbeta", "gdn_dh0"),
                                               mine, gr):
                             errs[n_] = rel(a_, b_)
-                        lim = {n: thr["o"] if n in ("o", "gdn_o", "o_fused", "gdn_o_split") else thr["ht"] if "ht" in n else thr["grad"]
+                        errs["gdn_x"] = rel(gdn_x(kd, vd, gd, betad.to(dt)), ref_x(kd, gd, betad.to(dt)))
+                        lim = {n: thr["o"] if n in ("o", "gdn_o", "o_fused", "gdn_o_split", "gdn_x") else thr["ht"] if "ht" in n else thr["grad"]
                                for n in errs}
                         bad = {n: e for n, e in errs.items() if not e <= lim[n]}
                         ok &= not bad

@@ -19,8 +19,10 @@
 //   delta_wy_bwd    one CTA per (chunk, b·h): the backward through w = X B_k, u = X B_v and the
 //                inverse (dk, dv, dβ, the gates' direct gradient), bf16 / fp16 operands.
 //   delta_prep   one CTA per (chunk, b·h): A = β k kᵀ ⊙ decay (strictly lower), X = (I + A)⁻¹ by
-//                forward substitution (each column independent: two lanes per column, no barriers),
-//                then w and u as products with X.
+//                blocks of 16: the diagonal blocks by forward substitution in registers (one warp
+//                each, right after its tile of A), the blocks below them as halves of 32 in four
+//                rounds on tensor cores (tf32, split into high and low parts); then w and u as
+//                products with X (rounded to the input dtype, stored over A).
 // Masking is a select before exp (exponents are ≤ 0 wherever they are used). Rows past T are read
 // as zero (cp.async with source size 0) and never stored.
 #include "mixers/linear/chunk_kernels.h"
@@ -874,37 +876,136 @@ struct PrepArgs {
 
 template <typename T, int K, int V>
 constexpr size_t prep_smem() {
-  return sizeof(T) * (kC * (K + 8) + kC * (V + 8) + kC * (kC + 8)) + sizeof(float) * (2 * kC * (kC + 4) + 3 * kC);
+  static_assert(sizeof(T) * (kC + 8) <= sizeof(float) * (kC + 4), "X in the input dtype must fit over A");
+  return sizeof(T) * (kC * (K + 8) + kC * (V + 8)) + sizeof(float) * (2 * kC * (kC + 4) + 3 * kC);
 }
 
-// rows r·16 … +15, columns of half hf, of X·src (X lower triangular: k-steps kk ≤ r), to dst [B,T,H,D].
-template <typename T, int D>
-__device__ __forceinline__ void lower_product(const T* xb, int ldx, const T* src, int ld, T* dst, int r, int hf,
-                                              int lane, int c, int bi, int h, int T_, int H) {
-  constexpr int N = D / 32;
-  const int ct0 = hf * N;
-  Acc P[N];
+// Row tiles RA and RB (RA + RB = 3, so every warp has RA + RB + 2 = 5 k-steps), column tiles
+// ct0 … ct0 + D/64 − 1, of X·src (X lower triangular: k-steps kk ≤ r), to dst [B,T,H,D].
+template <typename T, int D, int RA, int RB>
+__device__ __forceinline__ void lower_product(const T* xb, int ldx, const T* src, int ld, T* dst, int ct0, int lane,
+                                              int c, int bi, int h, int T_, int H) {
+  constexpr int N = D / 64;
+  Acc P[2][N];
 #pragma unroll
-  for (int n = 0; n < N; ++n) wmma::fill_fragment(P[n], 0.f);
-  mma_span<ARow<T>, BRow<T>>(P, xb + r * 16 * ldx, 16, ldx, src + ct0 * 16, 16 * ld, 16, ld, 0, r + 1);
+  for (int n = 0; n < N; ++n) {
+    wmma::fill_fragment(P[0][n], 0.f);
+    wmma::fill_fragment(P[1][n], 0.f);
+  }
+  mma_span<ARow<T>, BRow<T>>(P[0], xb + RA * 16 * ldx, 16, ldx, src + ct0 * 16, 16 * ld, 16, ld, 0, RA + 1);
+  mma_span<ARow<T>, BRow<T>>(P[1], xb + RB * 16 * ldx, 16, ldx, src + ct0 * 16, 16 * ld, 16, ld, 0, RB + 1);
 #pragma unroll
-  for (int n = 0; n < N; ++n)
+  for (int q = 0; q < 2; ++q)
 #pragma unroll
-    for (int i = 0; i < 8; i += 2) {
-      const int row = r * 16 + acc_row(i, lane), col = (ct0 + n) * 16 + acc_col(i, lane), t = c * kC + row;
-      if (t < T_) store2<T>(dst + ((size_t(bi) * T_ + t) * H + h) * D + col, P[n].x[i], P[n].x[i + 1]);
+    for (int n = 0; n < N; ++n)
+#pragma unroll
+      for (int i = 0; i < 8; i += 2) {
+        const int row = (q ? RB : RA) * 16 + acc_row(i, lane), col = (ct0 + n) * 16 + acc_col(i, lane);
+        const int t = c * kC + row;
+        if (t < T_) store2<T>(dst + ((size_t(bi) * T_ + t) * H + h) * D + col, P[q][n].x[i], P[q][n].x[i + 1]);
+      }
+}
+
+// hi + lo += a·b for 16×16 fp32 blocks a, b (row-major, ld ld) on tensor cores, two k-steps of 8:
+// each operand split into tf32 high and low parts, hi += a_hi·b_hi, lo += a_lo·b_hi + a_hi·b_lo (the
+// a_lo·b_lo term is below fp32 rounding; two accumulators keep the dependent chains short).
+using TAcc = wmma::fragment<wmma::accumulator, 16, 16, 8, float>;
+using TA = wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major>;
+using TB = wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major>;
+template <typename Frag>
+__device__ __forceinline__ void split_tf32(Frag& hi, Frag& lo) {
+#pragma unroll
+  for (int i = 0; i < hi.num_elements; ++i) {
+    const float x = hi.x[i], h = wmma::__float_to_tf32(x);
+    hi.x[i] = h;
+    lo.x[i] = wmma::__float_to_tf32(x - h);
+  }
+}
+__device__ __forceinline__ void mma_tf32x3(TAcc& hi, TAcc& lo, const float* a, const float* b, int ld) {
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) {
+    TA ah, al;
+    TB bh, bl;
+    wmma::load_matrix_sync(ah, a + kk * 8, ld);
+    wmma::load_matrix_sync(bh, b + kk * 8 * ld, ld);
+    split_tf32(ah, al);
+    split_tf32(bh, bl);
+    wmma::mma_sync(lo, al, bh, lo);
+    wmma::mma_sync(hi, ah, bh, hi);
+    wmma::mma_sync(lo, ah, bl, lo);
+  }
+}
+
+// m = f·(hi + lo), a 16×16 fp32 block (row-major, ld ld).
+__device__ __forceinline__ void store_sum(float* m, TAcc& hi, const TAcc& lo, float f, int ld) {
+#pragma unroll
+  for (int i = 0; i < hi.num_elements; ++i) hi.x[i] = f * (hi.x[i] + lo.x[i]);
+  wmma::store_matrix_sync(m, hi, ld, wmma::mem_row_major);
+}
+
+// Tile (r, ct) of A = β k kᵀ ⊙ e^{b_i − b_j} into af, zero on and above the diagonal.
+template <typename T>
+__device__ __forceinline__ void prep_tile(float* af, int lda, const T* ks, int ldk, int K, const float* rowb,
+                                          const float* rowbeta, int r, int ct, int lane) {
+  Acc acc;
+  tile_xyT(acc, ks, ks, ldk, K, r, ct);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int row = r * 16 + acc_row(i, lane), col = ct * 16 + acc_col(i, lane);
+    af[row * lda + col] = col < row ? acc.x[i] * rowbeta[row] * __expf(rowb[row] - rowb[col]) : 0.f;
+  }
+}
+
+// D = (I + N)⁻¹ for a strictly lower 16×16 block N at a (row-major, ld lda, rows 16-byte aligned) into
+// d, by forward substitution D_ij = −Σ_{m<i} N_im D_mj (D_jj = 1): lane j mod 16 holds column j in
+// registers, rows of N are read as broadcasts; lanes 16…31 repeat lanes 0…15 and store nothing.
+__device__ __forceinline__ void invert_unit_lower16(const float* a, float* d, int lda, int lane) {
+  const int j = lane & 15;
+  float x[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) x[i] = i == j ? 1.f : 0.f;
+#pragma unroll
+  for (int i = 1; i < 16; ++i) {
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int m4 = 0; m4 < i; m4 += 4) {
+      const float4 n = *reinterpret_cast<const float4*>(a + i * lda + m4);
+      const float nv[4] = {n.x, n.y, n.z, n.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (m4 + e < i) s[e] += nv[e] * x[m4 + e];
     }
+    if (i > j) x[i] = -((s[0] + s[1]) + (s[2] + s[3]));
+  }
+  if (lane < 16)
+#pragma unroll
+    for (int i = 0; i < 16; ++i) d[i * lda + j] = x[i];
 }
 
-// One CTA per (chunk, b·h), 8 warps; warp (r = w mod 4, hf = w / 4).
+// Row i of the 64 × D block m (ld ld) times f[i], in place, 8 elements per step; threads t of n.
+template <typename T, int D>
+__device__ __forceinline__ void scale_in_place(T* m, int ld, const float* f, int t, int n) {
+  for (int idx = t; idx < kC * D / 8; idx += n) {
+    const int i = idx / (D / 8), col = (idx % (D / 8)) * 8;
+    uint4* p = reinterpret_cast<uint4*>(m + i * ld + col);
+    uint4 raw = *p;
+    T* e = reinterpret_cast<T*>(&raw);
+    const float s = f[i];
+#pragma unroll
+    for (int q = 0; q < 8; q += 2) store2<T>(e + q, Ty<T>::f(e[q]) * s, Ty<T>::f(e[q + 1]) * s);
+    *p = raw;
+  }
+}
+
+// One CTA per (chunk, b·h), 8 warps.
 template <typename T, int K, int V>
 __global__ void __launch_bounds__(256) prep_kernel(PrepArgs a) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int LDK = K + 8, LDV = V + 8, LDA = kC + 4, LDB = kC + 8;
   T* ks = reinterpret_cast<T*>(smem);
   T* vs = ks + kC * LDK;
-  T* xb = vs + kC * LDV;
-  float* af = reinterpret_cast<float*>(xb + kC * LDB);
+  float* af = reinterpret_cast<float*>(vs + kC * LDV);
+  T* xb = reinterpret_cast<T*>(af);  // X in the input dtype, over A once X is formed
   float* xf = af + kC * LDA;
   float* rowb = xf + kC * LDA;
   float* rowbeta = rowb + kC;
@@ -912,7 +1013,7 @@ __global__ void __launch_bounds__(256) prep_kernel(PrepArgs a) {
 
   const int H = a.H, T_ = a.T;
   const int c = blockIdx.x, bh = blockIdx.y, bi = bh / H, h = bh % H;
-  const int wi = threadIdx.x / 32, lane = threadIdx.x % 32, r = wi & 3, hf = wi >> 2;
+  const int wi = threadIdx.x / 32, lane = threadIdx.x % 32;
   load_rows<T, K>(ks, static_cast<const T*>(a.k), bi, h, c, T_, H, K, 0);
   load_rows<T, V>(vs, static_cast<const T*>(a.v), bi, h, c, T_, H, V, 0);
   cp_async_commit();
@@ -926,115 +1027,95 @@ __global__ void __launch_bounds__(256) prep_kernel(PrepArgs a) {
   }
   cp_async_wait<0>();
   __syncthreads();
-  // A = β k kᵀ ⊙ e^{b_i − b_j}, strictly lower, written from registers (upper tiles are never read)
-  for (int ct = hf; ct <= r; ct += 2) {
-    Acc acc;
-    tile_xyT(acc, ks, ks, LDK, K, r, ct);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int row = r * 16 + acc_row(i, lane), col = ct * 16 + acc_col(i, lane);
-      af[row * LDA + col] = col < row ? acc.x[i] * rowbeta[row] * __expf(rowb[row] - rowb[col]) : 0.f;
-    }
-  }
-  __syncthreads();
+  // A = β k kᵀ ⊙ e^{b_i − b_j}, strictly lower, written from registers (the tiles above the diagonal
+  // are never formed: step 2 keeps its intermediate blocks there).
   // X = (I + A)⁻¹, unit lower triangular, by blocks of 16.
-  // 1. Diagonal blocks D_R = (I + A_RR)⁻¹ by forward substitution: X_ij = −A_ij − Σ_{j<m<i} A_im X_mj
-  //    inside the block, on X = I. A column depends only on itself: lanes 4j … 4j+3 own column j
-  //    (m mod 4) and combine with two shuffles per row.
-  for (int idx = threadIdx.x; idx < kC * kC; idx += blockDim.x) {
-    const int i = idx / kC, j = idx % kC;
-    xf[i * LDA + j] = i == j ? 1.f : 0.f;
+  // 1. Warps 0…3 each form one diagonal tile A_RR and invert it at once (D_R = X_RR, in registers,
+  //    no barrier in between); warps 4…7 meanwhile form the six tiles below the diagonal.
+  if (wi < 4) {
+    prep_tile(af, LDA, ks, LDK, K, rowb, rowbeta, wi, wi, lane);
+    __syncwarp();
+    invert_unit_lower16(af + wi * 16 * LDA + wi * 16, xf + wi * 16 * LDA + wi * 16, LDA, lane);
+  } else {
+    // tiles t = 0…5: (1,0) (2,0) (2,1) (3,0) (3,1) (3,2)
+    for (int t = wi - 4; t < 6; t += 4) {
+      const int tr = t < 1 ? 1 : t < 3 ? 2 : 3;
+      prep_tile(af, LDA, ks, LDK, K, rowb, rowbeta, tr, t - tr * (tr - 1) / 2, lane);
+    }
   }
   __syncthreads();
+  // 2. Off-diagonal blocks on tensor cores, as halves of 32: with X_top = [D_0 0; X_10 D_1] and
+  //    X_bot = [D_2 0; X_32 D_3], X_10 = −D_1 A_10 D_0, X_32 = −D_3 A_32 D_2 and the lower left
+  //    half −X_bot (A_BL X_top), A_BL X_top = [A_20 D_0 + A_21 X_10, A_21 D_1; A_30 D_0 + A_31 X_10,
+  //    A_31 D_1]. Four rounds of at most two block products per warp; the intermediate blocks live in
+  //    the upper blocks of `af`, which are never read otherwise. Operands split into tf32 high and low
+  //    parts (three products) keep X within a few fp32 roundings.
   {
-    // a warp's 8 columns lie in one block, so the loop bounds are uniform across the warp
-    const int j = threadIdx.x >> 2, part = threadIdx.x & 3, R0 = (j / 16) * 16;
-    for (int i = R0 + 1; i < R0 + 16; ++i) {
-      const bool act = j < i;
-      float s = 0.f;
-      if (act)
-        for (int m = j + 1 + part; m < i; m += 4) s += af[i * LDA + m] * xf[m * LDA + j];
-      s += __shfl_xor_sync(0xffffffffu, s, 1);
-      s += __shfl_xor_sync(0xffffffffu, s, 2);
-      if (part == 0 && act) xf[i * LDA + j] = -af[i * LDA + j] - s;
-      __syncwarp();
-    }
-  }
-  __syncthreads();
-  // 2. Block rows R = 1..3: X_RC = −D_R Σ_{C ≤ m < R} A_Rm X_mC for C < R (block rows below R are
-  //    still zero from step 1 and are not read). Y_RC is formed in registers and written over A_RC
-  //    (no longer needed), then X_RC = −D_R Y_RC.
-  for (int R = 1; R < 4; ++R) {
-    constexpr int kMax = 3;
-    float y[kMax];
-    const int n = R * 256;
-#pragma unroll
-    for (int e = 0; e < kMax; ++e) {
-      const int idx = threadIdx.x + e * 256;
-      y[e] = 0.f;
-      if (idx < n) {
-        const int i = R * 16 + (idx % 256) / 16, j = (idx / 256) * 16 + idx % 16;
-        float acc = 0.f;
-        for (int m = (j / 16) * 16; m < R * 16; ++m) acc += af[i * LDA + m] * xf[m * LDA + j];
-        y[e] = acc;
-      }
+    auto blk = [&](float* m, int r, int cc) { return m + r * 16 * LDA + cc * 16; };
+    // scratch S(s), s = 0…5: Q_10 = A_10 D_0, Q_32 = A_32 D_2, U_20 = A_20 D_0, U_21 = A_21 D_1,
+    // U_30 = A_30 D_0, U_31 = A_31 D_1, at upper blocks (0,1) (0,2) (0,3) (1,2) (1,3) (2,3)
+    auto S = [&](int s) { return blk(af, (0x211000 >> (4 * s)) & 15, (0x332321 >> (4 * s)) & 15); };
+    TAcc hi, lo;
+    if (wi < 6) {
+      const int ar = (0x332231 >> (4 * wi)) & 15, ac = (0x101020 >> (4 * wi)) & 15;
+      wmma::fill_fragment(hi, 0.f);
+      wmma::fill_fragment(lo, 0.f);
+      mma_tf32x3(hi, lo, blk(af, ar, ac), blk(xf, ac, ac), LDA);
+      store_sum(S(wi), hi, lo, 1.f, LDA);
     }
     __syncthreads();
-#pragma unroll
-    for (int e = 0; e < kMax; ++e) {
-      const int idx = threadIdx.x + e * 256;
-      if (idx < n) {
-        const int i = R * 16 + (idx % 256) / 16, j = (idx / 256) * 16 + idx % 16;
-        af[i * LDA + j] = y[e];
-      }
+    if (wi < 2) {  // X_10 = −D_1 Q_10, X_32 = −D_3 Q_32
+      const int R = 1 + 2 * wi;
+      wmma::fill_fragment(hi, 0.f);
+      wmma::fill_fragment(lo, 0.f);
+      mma_tf32x3(hi, lo, blk(xf, R, R), S(wi), LDA);
+      store_sum(blk(xf, R, R - 1), hi, lo, -1.f, LDA);
+    } else {  // meanwhile: β e^{b} k (k is no longer read once the tiles of A are formed)
+      scale_in_place<T, K>(ks, LDK, rowk, threadIdx.x - 64, 192);
     }
     __syncthreads();
-#pragma unroll
-    for (int e = 0; e < kMax; ++e) {
-      const int idx = threadIdx.x + e * 256;
-      if (idx < n) {
-        const int i = R * 16 + (idx % 256) / 16, j = (idx / 256) * 16 + idx % 16;
-        float acc = 0.f;
-        for (int m = R * 16; m <= i; ++m) acc += xf[i * LDA + m] * af[m * LDA + j];
-        y[e] = -acc;
-      }
+    if (wi < 2) {  // U_20 += A_21 X_10, U_30 += A_31 X_10
+      float* u = S(2 + 2 * wi);
+      wmma::load_matrix_sync(hi, u, LDA, wmma::mem_row_major);
+      wmma::fill_fragment(lo, 0.f);
+      mma_tf32x3(hi, lo, blk(af, 2 + wi, 1), blk(xf, 1, 0), LDA);
+      store_sum(u, hi, lo, 1.f, LDA);
+    } else {  // β v
+      scale_in_place<T, V>(vs, LDV, rowbeta, threadIdx.x - 64, 192);
     }
     __syncthreads();
-#pragma unroll
-    for (int e = 0; e < kMax; ++e) {
-      const int idx = threadIdx.x + e * 256;
-      if (idx < n) {
-        const int i = R * 16 + (idx % 256) / 16, j = (idx / 256) * 16 + idx % 16;
-        xf[i * LDA + j] = y[e];
-      }
+    if (wi < 4) {  // X_2C = −D_2 M_2C, X_3C = −(X_32 M_2C + D_3 M_3C)
+      const int R = 2 + (wi >> 1), C = wi & 1;
+      wmma::fill_fragment(hi, 0.f);
+      wmma::fill_fragment(lo, 0.f);
+      if (R == 3) mma_tf32x3(hi, lo, blk(xf, 3, 2), S(2 + C), LDA);
+      mma_tf32x3(hi, lo, blk(xf, R, R), S(2 * R - 2 + C), LDA);
+      store_sum(blk(xf, R, C), hi, lo, -1.f, LDA);
     }
     __syncthreads();
   }
-  for (int idx = threadIdx.x; idx < kC * kC / 2; idx += blockDim.x) {
-    const int i = idx / (kC / 2), j = (idx % (kC / 2)) * 2;
-    store2<T>(xb + i * LDB + j, xf[i * LDA + j], xf[i * LDA + j + 1]);
-  }
-  if (a.x) {
-    float* xo = a.x + (size_t(bh) * a.NT + c) * kC * kC;
+  {
+    float* xo = a.x ? a.x + (size_t(bh) * a.NT + c) * kC * kC : nullptr;
     for (int idx = threadIdx.x; idx < kC * kC / 4; idx += blockDim.x) {
       const int i = idx / (kC / 4), j = (idx % (kC / 4)) * 4;
-      *reinterpret_cast<float4*>(xo + i * kC + j) = *reinterpret_cast<const float4*>(xf + i * LDA + j);
+      // blocks above the diagonal are never written in xf
+      const float4 x4 = (j >> 4) > (i >> 4) ? make_float4(0.f, 0.f, 0.f, 0.f)
+                                            : *reinterpret_cast<const float4*>(xf + i * LDA + j);
+      store2<T>(xb + i * LDB + j, x4.x, x4.y);
+      store2<T>(xb + i * LDB + j + 2, x4.z, x4.w);
+      if (xo) *reinterpret_cast<float4*>(xo + i * kC + j) = x4;
     }
-  }
-  for (int idx = threadIdx.x; idx < kC * K / 2; idx += blockDim.x) {
-    const int i = idx / (K / 2), col = (idx % (K / 2)) * 2;
-    T* e = ks + i * LDK + col;
-    store2<T>(e, Ty<T>::f(e[0]) * rowk[i], Ty<T>::f(e[1]) * rowk[i]);
-  }
-  for (int idx = threadIdx.x; idx < kC * V / 2; idx += blockDim.x) {
-    const int i = idx / (V / 2), col = (idx % (V / 2)) * 2;
-    T* e = vs + i * LDV + col;
-    store2<T>(e, Ty<T>::f(e[0]) * rowbeta[i], Ty<T>::f(e[1]) * rowbeta[i]);
   }
   __syncthreads();
   // w = X (β e^{b} k), u = X (β v)
-  lower_product<T, K>(xb, LDB, ks, LDK, static_cast<T*>(a.w), r, hf, lane, c, bi, h, T_, H);
-  lower_product<T, V>(xb, LDB, vs, LDV, static_cast<T*>(a.u), r, hf, lane, c, bi, h, T_, H);
+  // (warp pairs of row tiles {0, 3} or {1, 2}, a quarter of the columns each: equal work)
+  if (wi & 1) {
+    lower_product<T, K, 1, 2>(xb, LDB, ks, LDK, static_cast<T*>(a.w), (wi >> 1) * (K / 64), lane, c, bi, h, T_, H);
+    lower_product<T, V, 1, 2>(xb, LDB, vs, LDV, static_cast<T*>(a.u), (wi >> 1) * (V / 64), lane, c, bi, h, T_, H);
+  } else {
+    lower_product<T, K, 0, 3>(xb, LDB, ks, LDK, static_cast<T*>(a.w), (wi >> 1) * (K / 64), lane, c, bi, h, T_, H);
+    lower_product<T, V, 0, 3>(xb, LDB, vs, LDV, static_cast<T*>(a.u), (wi >> 1) * (V / 64), lane, c, bi, h, T_, H);
+  }
 }
 
 struct DvlArgs {
