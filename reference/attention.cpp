@@ -7,7 +7,7 @@ namespace mixbench::reference {
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                      int64_t window, double logit_scale_a) {
-  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Hkv = k.size(2);
+  const int64_t T = q.size(1), H = q.size(2), Hkv = k.size(2);
   const int64_t G = H / Hkv;
   // Expand KV heads so that query head h reads KV head h / G.
   at::Tensor ke = k.repeat_interleave(G, 2);  // [B,T,H,D]
@@ -60,7 +60,7 @@ at::Tensor project(const at::Tensor& x, const at::Tensor& w) { return (x.unsquee
 }  // namespace
 
 NanochatQKV nanochat_qkv(const at::Tensor& x, const at::Tensor& ve, const AttnLayerWeights& w, int64_t n_head,
-                         int64_t n_kv_head, int64_t head_dim, double rope_base) {
+                         int64_t n_kv_head, int64_t head_dim, double rope_base, bool use_rope) {
   const int64_t B = x.size(0), T = x.size(1);
   at::Tensor q = project(x, w.c_q).view({B, T, n_head, head_dim});
   at::Tensor k = project(x, w.c_k).view({B, T, n_kv_head, head_dim});
@@ -69,18 +69,22 @@ NanochatQKV nanochat_qkv(const at::Tensor& x, const at::Tensor& ve, const AttnLa
     at::Tensor gate = 3.0 * at::sigmoid(project(x.slice(-1, 0, w.ve_gate.size(1)), w.ve_gate));  // [B,T,Hkv]
     v = v + gate.unsqueeze(-1) * ve.view({B, T, n_kv_head, head_dim});
   }
-  q = rms(rope(q, rope_base)) * 1.2;
-  k = rms(rope(k, rope_base)) * 1.2;
-  return {q, k, v};
+  if (use_rope) {
+    q = rope(q, rope_base);
+    k = rope(k, rope_base);
+  }
+  return {rms(q) * 1.2, rms(k) * 1.2, v};
 }
 
 at::Tensor nanochat_attention_layer(const at::Tensor& x, const at::Tensor& ve, const AttnLayerWeights& w,
                                     int64_t n_head, int64_t n_kv_head, int64_t head_dim, int64_t window,
-                                    double rope_base, double logit_scale_a) {
+                                    double rope_base, double logit_scale_a, bool use_rope) {
   const int64_t B = x.size(0), T = x.size(1);
-  NanochatQKV qkv = nanochat_qkv(x, ve, w, n_head, n_kv_head, head_dim, rope_base);
-  at::Tensor y = attention(qkv.q, qkv.k, qkv.v, 1.0 / std::sqrt(double(head_dim)), window, logit_scale_a);
-  return project(y.reshape({B, T, n_head * head_dim}), w.c_proj);
+  NanochatQKV qkv = nanochat_qkv(x, ve, w, n_head, n_kv_head, head_dim, rope_base, use_rope);
+  at::Tensor y = attention(qkv.q, qkv.k, qkv.v, 1.0 / std::sqrt(double(head_dim)), window, logit_scale_a)
+                     .reshape({B, T, n_head * head_dim});
+  if (w.c_gate.defined()) y = y * at::sigmoid(project(x, w.c_gate));
+  return project(y, w.c_proj);
 }
 
 }  // namespace mixbench::reference

@@ -17,16 +17,19 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 // sign), QK RMSNorm, ×1.2, attention, output projection.
 struct AttnLayerWeights {
   at::Tensor c_q, c_k, c_v, c_proj, ve_gate;  // ve_gate undefined when the layer has no VE
+  at::Tensor c_gate;                          // output gate [H·dh, d] (HypeNet), undefined = none
 };
 // The layer's q, k, v up to the attention call (projections, VE gate, RoPE, QK RMSNorm, ×1.2):
 // q [B,T,H,dh], k/v [B,T,Hkv,dh]. Layers that replace only the attention reuse it.
 struct NanochatQKV {
   at::Tensor q, k, v;
 };
+// rope = false: NoPE (HypeNet's attention layers).
 NanochatQKV nanochat_qkv(const at::Tensor& x, const at::Tensor& ve, const AttnLayerWeights& w, int64_t n_head,
-                         int64_t n_kv_head, int64_t head_dim, double rope_base);
+                         int64_t n_kv_head, int64_t head_dim, double rope_base, bool rope = true);
+// The whole layer; with w.c_gate the attention output is multiplied by sigmoid(x c_gateᵀ) before c_proj.
 at::Tensor nanochat_attention_layer(const at::Tensor& x, const at::Tensor& ve, const AttnLayerWeights& w,
                                     int64_t n_head, int64_t n_kv_head, int64_t head_dim, int64_t window,
-                                    double rope_base, double logit_scale_a);
+                                    double rope_base, double logit_scale_a, bool rope = true);
 
 }  // namespace mixbench::reference

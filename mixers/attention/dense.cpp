@@ -5,6 +5,10 @@
 //   dense       SSSL pattern, last layer long           (nanochat's default, the FLOP anchor)
 //   mqa         dense_full with one KV head
 //   gqa         dense_full with H/2 KV heads
+// Options for HypeNet's attention layers (off by default): rope=false (NoPE), out_gate (the
+// attention output times sigmoid(x W_gᵀ), W_g [H·dh, d], before c_proj), and the logit scale
+// s_t = log_a(t + a) at inference only (logit_scale_train=false: applied when the layer is not
+// training, LayerCtx::step < 0).
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
@@ -57,6 +61,7 @@ std::vector<ParamDef> params(const Config& c, const LayerCtx& ctx) {
       {"c_proj", {D, H * dh}, ParamGroup::TransformerMatrix, true, "const", 0.0, 0},
   };
   if (has_ve(ctx)) p.push_back({"ve_gate", {Hkv, kVeGateChannels}, ParamGroup::TransformerMatrix, true, "uniform", 0.0, 0.02});
+  if (c.b("out_gate")) p.push_back({"c_gate", {H * dh, D}, ParamGroup::TransformerMatrix, true, "uniform", -s, s});
   return p;
 }
 
@@ -68,13 +73,18 @@ TensorMap make_inputs(const Config& c, const LayerCtx& ctx, int64_t B, int64_t T
   return in;
 }
 
+// The logit scale base in effect: 0 (off) while training when the scale is for inference only.
+double logit_scale_in_effect(const Config& c, const LayerCtx& ctx) {
+  return (c.b("logit_scale_train") || ctx.step < 0) ? c.f("logit_scale_a") : 0.0;
+}
+
 TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx& ctx) {
   AttnDims d = attn_dims(c);
   reference::AttnLayerWeights w{in.at("c_q"), in.at("c_k"), in.at("c_v"), in.at("c_proj"),
-                                in.get_or("ve_gate", at::Tensor())};
+                                in.get_or("ve_gate", at::Tensor()), in.get_or("c_gate", at::Tensor())};
   return {{"y", reference::nanochat_attention_layer(in.at("x"), in.get_or("ve", at::Tensor()), w, d.m.n_head,
                                                      d.n_kv_head, d.m.head_dim, layer_window(c, ctx),
-                                                     c.f("rope_base"), c.f("logit_scale_a"))}};
+                                                     c.f("rope_base"), logit_scale_in_effect(c, ctx), c.b("rope"))}};
 }
 
 struct Qkv {
@@ -91,25 +101,32 @@ Qkv project(const TensorMap& in, const Config& c, const AttnDims& d, int64_t off
     at::Tensor gate = 3.0 * at::sigmoid(at::linear(x.slice(-1, 0, kVeGateChannels), in.at("ve_gate")));
     v = v + gate.unsqueeze(-1) * in.at("ve").view({B, T, Hkv, dh});
   }
-  q = layers::rms_norm(layers::rope(q, c.f("rope_base"), offset)) * 1.2;
-  k = layers::rms_norm(layers::rope(k, c.f("rope_base"), offset)) * 1.2;
-  return {q, k, v};
+  if (c.b("rope")) {
+    q = layers::rope(q, c.f("rope_base"), offset);
+    k = layers::rope(k, c.f("rope_base"), offset);
+  }
+  return {layers::rms_norm(q) * 1.2, layers::rms_norm(k) * 1.2, v};
+}
+
+// The attention output o [B,T,H,dh] through the optional output gate and c_proj.
+at::Tensor out_proj(const at::Tensor& o, const TensorMap& in, const Config& c, const AttnDims& d) {
+  const at::Tensor& x = in.at("x");
+  at::Tensor y = o.reshape({x.size(0), x.size(1), d.m.n_head * d.m.head_dim});
+  if (c.b("out_gate")) y = y * at::sigmoid(at::linear(x, in.at("c_gate")));
+  return at::linear(y, in.at("c_proj"));
 }
 
 at::Tensor attend(const Qkv& p, const Config& c, const LayerCtx& ctx, const AttnDims& d, Backend backend) {
   Config op;
   op.set("scale", 1.0 / std::sqrt(double(d.m.head_dim)));
   op.set("window", layer_window(c, ctx));
-  op.set("logit_scale_a", c.f("logit_scale_a"));
+  op.set("logit_scale_a", logit_scale_in_effect(c, ctx));
   return call_op("attention", backend, {{"q", p.q}, {"k", p.k}, {"v", p.v}}, op).at("o");
 }
 
 TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Backend backend) {
   AttnDims d = attn_dims(c);
-  const at::Tensor& x = in.at("x");
-  const int64_t B = x.size(0), T = x.size(1);
-  at::Tensor y = attend(project(in, c, d, 0), c, ctx, d, backend);
-  return {{"y", at::linear(y.reshape({B, T, d.m.n_head * d.m.head_dim}), in.at("c_proj"))}};
+  return {{"y", out_proj(attend(project(in, c, d, 0), c, ctx, d, backend), in, c, d)}};
 }
 
 // Keeps the keys a later query can see: all of them (full layers) or the last `window`.
@@ -121,8 +138,7 @@ at::Tensor keep_visible(const at::Tensor& kv, int64_t window) {
 // Decode cache: "pos", "k" [B,Tc,Hkv,dh], "v" [B,Tc,Hkv,dh] (post RoPE/norm, as the op sees them).
 TensorMap prefill(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx& ctx, Backend backend) {
   AttnDims d = attn_dims(c);
-  const at::Tensor& x = in.at("x");
-  const int64_t B = x.size(0), T = x.size(1);
+  const int64_t T = in.at("x").size(1);
   Qkv p = project(in, c, d, 0);
   at::Tensor y = attend(p, c, ctx, d, backend);
   const int64_t w = layer_window(c, ctx);
@@ -130,7 +146,7 @@ TensorMap prefill(const TensorMap& in, TensorMap& cache, const Config& c, const 
   set_cache_pos(cache, T);
   cache.set("k", keep_visible(p.k, w).contiguous());
   cache.set("v", keep_visible(p.v, w).contiguous());
-  return {{"y", at::linear(y.reshape({B, T, d.m.n_head * d.m.head_dim}), in.at("c_proj"))}};
+  return {{"y", out_proj(y, in, c, d)}};
 }
 
 // One token at position pos: q attends to the cached keys plus its own (the last `window` of them
@@ -153,18 +169,18 @@ TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const L
   set_cache_pos(cache, pos + 1);
   const bool half = layers::is_half(x);
   at::Tensor q = half ? layers::f32(p.q) : p.q;
-  const double a = c.f("logit_scale_a");
+  const double a = logit_scale_in_effect(c, ctx);
   if (a > 0) q = q * layers::logit_scale(1, a, pos).to(q.options()).view({1, 1, 1, 1});
   at::Tensor Kf = half ? layers::f32(K) : K, Vf = half ? layers::f32(V) : V;
   at::Tensor qh = q.reshape({B, Hkv, G, dh});
   at::Tensor scores = at::matmul(qh, Kf.permute({0, 2, 3, 1})) * (1.0 / std::sqrt(double(dh)));  // [B,Hkv,G,Tc]
   at::Tensor o = at::matmul(at::softmax(scores, -1), Vf.transpose(1, 2));                        // [B,Hkv,G,dh]
-  o = o.reshape({B, 1, H * dh}).to(x.scalar_type());
-  return {{"y", at::linear(o, in.at("c_proj"))}};
+  return {{"y", out_proj(o.to(x.scalar_type()), in, c, d)}};
 }
 
 // Per-token cost of one layer at length T (see LayerCost):
-//   matmul params N_l = d·H·dh + 2·d·Hkv·dh + H·dh·d (+ 12·Hkv for the VE gate)
+//   matmul params N_l = d·H·dh + 2·d·Hkv·dh + H·dh·d (+ 12·Hkv for the VE gate, + H·dh·d for the
+//   output gate)
 //   fwd   = 2·N_l + 4·H·dh·v̄(T, w), v̄ = mean visible keys per query (exact causal pairs)
 //   nanochat training core term = 12·H·dh·min(left, T), left = w − 1 (T for full): no causal halving
 //   decode at context c = 2·N_l + 4·H·dh·min(c, left)
@@ -174,7 +190,8 @@ LayerCost account(const Config& c, const LayerCtx& ctx, const CostQuery& q) {
   const int64_t D = d.m.d_model, H = d.m.n_head, Hkv = d.n_kv_head, dh = d.m.head_dim;
   const int64_t w = layer_window(c, ctx);
   LayerCost lc;
-  int64_t n = D * H * dh + 2 * D * Hkv * dh + H * dh * D + (has_ve(ctx) ? kVeGateChannels * Hkv : 0);
+  int64_t n = D * H * dh + 2 * D * Hkv * dh + H * dh * D + (has_ve(ctx) ? kVeGateChannels * Hkv : 0) +
+              (c.b("out_gate") ? H * dh * D : 0);
   lc.params.transformer_matrices = n;
   lc.params.matmul = n;
   const int64_t left = w > 0 ? w - 1 : q.T;
@@ -201,6 +218,9 @@ std::vector<CaseDef> cases_for(const ConfigSpec& spec, const std::string& patter
       {"layer3_last_ve_T29", base, 1, 29, 3},
       {"layer2_T70", base, 1, 70, 2},
       {"layer1_logit_scale", base.with("logit_scale_a", 4.0), 2, 33, 1},
+      {"layer0_nope_gate_B2_T33", base.with("rope", false).with("out_gate", true), 2, 33, 0},
+      {"layer1_hype_T40", base.with("rope", false).with("out_gate", true).with("logit_scale_a", 4.0)
+                              .with("logit_scale_train", false), 1, 40, 1},
   };
   return out;
 }
@@ -218,6 +238,9 @@ MethodSpec attention_method(const std::string& name, const std::string& summary,
       .i("kv_ratio", kv_ratio, "query heads per KV head; 0 = one KV head (MQA)", 0)
       .f("rope_base", 100000.0, "RoPE base", 1.0)
       .f("logit_scale_a", 0.0, "HypeNet logit scale base a; 0 = off", 0.0)
+      .b("logit_scale_train", true, "apply the logit scale in training too (false: inference only, as HypeNet)")
+      .b("rope", true, "RoPE on q and k (false: NoPE, HypeNet's attention layers)")
+      .b("out_gate", false, "output gate sigmoid(x W_g) on the attention output before c_proj (HypeNet)")
       .rule([](const Config& c) {
         const std::string& p = c.s("window_pattern");
         if (p.empty() || p.find_first_not_of("SL") != std::string::npos)

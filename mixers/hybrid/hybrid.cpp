@@ -6,8 +6,8 @@
 //
 // Config: the union of the backbone fields, the hybrid's own knobs and every component's fields.
 // Two components declaring the same field with a different type or default is a registration
-// error; unknown keys are refused as for any method; each component's own rules run on its
-// layers' configs.
+// error unless the hybrid declares that field itself (then its default holds for every layer);
+// unknown keys are refused as for any method; each component's own rules run on its layers' configs.
 //
 // Layouts (layer i 1-based, N = n_layer):
 //   gdn_hybrid       full attention (dense_full) iff i % 4 == 0, else GDN: 3 GDN then 1 full,
@@ -20,8 +20,11 @@
 //                    visible keys including the query. The attention method keeps nanochat's
 //                    rule that the model's last layer attends fully, so at even N the last layer
 //                    is full attention.
-// Not registered: kda_hybrid (needs MLA), hypenet (needs NoPE and an output gate in the
-// attention layer).
+//   hypenet          HypeNet (HyPE): Lightning layers with RoPE, and at i % 4 == 0 full attention
+//                    with NoPE, QK-norm (nanochat's), an output gate and the inference-time logit
+//                    scale s_t = log_a(t + a), a = hype_logit_a (300: the from-scratch setting). RoPE
+//                    base 10000 for the Lightning layers (the attention layers use none).
+// Not registered: kda_hybrid (needs MLA).
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
@@ -42,6 +45,7 @@ struct HybridDesc {
   LayoutFn layout;
   ConfigSpec own;             // the hybrid's own knobs (added to the union)
   std::string case_config;    // extra fields of the conformance cases (small blocks etc.)
+  int64_t case_min_T = 1;     // the shortest conformance case
 };
 
 // The method and config of layer ctx.layer.
@@ -111,7 +115,7 @@ void complete(MethodSpec& m, const HybridDesc& desc) {
       if (!have) {
         add_field(spec, f);
         owner[f.name] = cname;
-      } else if (have->def != f.def) {
+      } else if (have->def != f.def && !(owner[f.name] == m.name && have->def.index() == f.def.index())) {
         throw std::logic_error(fmt::format("hybrid {}: {} and {} disagree on config field '{}' (type or default)", m.name,
                                            owner[f.name], cname, f.name));
       }
@@ -149,10 +153,11 @@ void complete(MethodSpec& m, const HybridDesc& desc) {
   }
   // Model-level conformance cases (the suite runs a hybrid as a whole model).
   const std::string extra = desc.case_config;
-  m.cases = [spec, extra]() {
+  const int64_t t0 = desc.case_min_T;
+  m.cases = [spec, extra, t0]() {
     Config base = spec.parse("n_layer=4,d_model=64,head_dim=16,seq_len=64,vocab=64" + (extra.empty() ? "" : "," + extra));
     return std::vector<CaseDef>{
-        {"model_n4_T1", base, 1, 1, 0},
+        {fmt::format("model_n4_T{}", t0), base, 1, t0, 0},
         {"model_n4_B2_T21", base, 2, 21, 0},
         {"model_n5_T37", base.with("n_layer", int64_t(5)), 1, 37, 0},
     };
@@ -265,11 +270,36 @@ HybridDesc gdn_hybrid_swa() {
   return d;
 }
 
+HybridDesc hypenet() {
+  HybridDesc d;
+  d.name = "hypenet";
+  d.summary = "HypeNet: Lightning (RoPE) with 1 in 4 layers full attention (NoPE, output gate, inference logit scale)";
+  d.citation = "HypeNet / HALO (HyPE, Sec. 5, Eqs. 11, 17-19); methods.md §6 (seed 000)";
+  d.own.f("hype_logit_a", 300.0, "base a of the attention layers' inference logit scale s_t = log_a(t + a)", 1.0 + 1e-9)
+      .f("rope_base", 10000.0, "RoPE base of the Lightning layers (the attention layers use NoPE)", 1.0);
+  d.layout = [](const Config& c) {
+    const int64_t N = c.i("n_layer");
+    const std::string attn =
+        fmt::format("rope=false,out_gate=true,logit_scale_train=false,logit_scale_a={}", c.f("hype_logit_a"));
+    std::vector<LayerChoice> out;
+    for (int64_t i = 1; i <= N; ++i)
+      out.push_back(i % 4 == 0 ? LayerChoice{"dense_full", attn} : LayerChoice{"lightning", ""});
+    return out;
+  };
+  // A single token makes a Lightning layer's output independent of the size of q·k (the output
+  // RMSNorm of a multiple of v), so its q/k gradients are rounding noise there: the Lightning
+  // layer's own cases start at T = 2, and so do these. The attention options (NoPE, gate, a small
+  // logit-scale base) are checked at layer level by dense_full's cases; the model runs a = 300.
+  d.case_min_T = 2;
+  return d;
+}
+
 MIXBENCH_REGISTER(make_hybrid(gdn_hybrid()));
 MIXBENCH_REGISTER(make_hybrid(deltanet_hybrid()));
 MIXBENCH_REGISTER(make_hybrid(qsa_hybrid()));
 MIXBENCH_REGISTER(make_hybrid(moba_hybrid()));
 MIXBENCH_REGISTER(make_hybrid(gdn_hybrid_swa()));
+MIXBENCH_REGISTER(make_hybrid(hypenet()));
 
 }  // namespace
 }  // namespace mixbench
