@@ -174,6 +174,19 @@ __device__ __forceinline__ void state_update(Acc (&S)[N], float decay, const T* 
   mma_span<ACol<T>, BRow<T>>(S, keys, 16 * ldk, ldk, vals, 16 * ldv, 16, ldv, 0, kC / 16);
 }
 
+// The warp's state rows (warp·16 … +15, N fragments of 16 columns) from s0 + base (fp32, ld ld), or
+// zero when s0 is null.
+template <int N>
+__device__ __forceinline__ void init_state(Acc (&S)[N], const float* s0, size_t base, int ld, int warp) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    if (s0)
+      wmma::load_matrix_sync(S[n], s0 + base + size_t(warp) * 16 * ld + n * 16, ld, wmma::mem_row_major);
+    else
+      wmma::fill_fragment(S[n], 0.f);
+  }
+}
+
 // P = rows warp·16 … +15 of x [64][ldx] (K columns) times the rounded state tile sb [K][ldv].
 template <typename T, int K, int N>
 __device__ __forceinline__ void rows_times_state(Acc (&P)[N], const T* x, int ldx, const T* sb, int ldv, int warp) {
@@ -238,13 +251,7 @@ __global__ void __launch_bounds__(K * 2) walk_kernel(WalkArgs a) {
 
   Acc S[CT];
   const size_t sbase = size_t(bh) * K * V + v0;
-#pragma unroll
-  for (int ct = 0; ct < CT; ++ct) {
-    if (a.s0)
-      wmma::load_matrix_sync(S[ct], a.s0 + sbase + size_t(warp) * 16 * V + ct * 16, V, wmma::mem_row_major);
-    else
-      wmma::fill_fragment(S[ct], 0.f);
-  }
+  init_state<CT>(S, a.s0, sbase, V, warp);
 
   auto issue = [&](int c, int buf) {
     load_rows<T, K>(kbuf + buf * kC * LDK, key, bi, h, c, T_, H, K, 0);
@@ -362,13 +369,7 @@ __global__ void __launch_bounds__(K * 2) delta_walk_bwd_kernel(DeltaBwdArgs a) {
 
   Acc S[CT];
   const size_t sbase = size_t(bh) * K * V + v0;
-#pragma unroll
-  for (int ct = 0; ct < CT; ++ct) {
-    if (a.dht)
-      wmma::load_matrix_sync(S[ct], a.dht + sbase + size_t(warp) * 16 * V + ct * 16, V, wmma::mem_row_major);
-    else
-      wmma::fill_fragment(S[ct], 0.f);
-  }
+  init_state<CT>(S, a.dht, sbase, V, warp);
   auto issue = [&](int c, int buf) {
     load_rows<T, K>(qbuf + buf * kC * LDK, static_cast<const T*>(a.q), bi, h, c, T_, H, K, 0);
     load_rows<T, K>(kbuf + buf * kC * LDK, static_cast<const T*>(a.k), bi, h, c, T_, H, K, 0);
@@ -1455,36 +1456,19 @@ void by_kv(int K, int V, F&& f) {
 
 // The per-chunk kernels (one CTA of 256 threads per chunk and b·h), instantiated for the dtype and
 // head dims at hand.
-struct OutKernel {
-  template <typename T, int K, int V>
-  static constexpr size_t smem() { return out_smem<T, K, V>(); }
-  template <typename T, int K, int V>
-  static auto kernel() { return output_kernel<T, K, V>; }
-};
-struct DqkvKernel {
-  template <typename T, int K, int V>
-  static constexpr size_t smem() { return dqkv_smem<T, K, V>(); }
-  template <typename T, int K, int V>
-  static auto kernel() { return dqkv_kernel<T, K, V>; }
-};
-struct DvlKernel {
-  template <typename T, int K, int V>
-  static constexpr size_t smem() { return dvl_smem<T, K, V>(); }
-  template <typename T, int K, int V>
-  static auto kernel() { return dvl_kernel<T, K, V>; }
-};
-struct WyBwdKernel {
-  template <typename T, int K, int V>
-  static constexpr size_t smem() { return wy_bwd_smem<T, K, V>(); }
-  template <typename T, int K, int V>
-  static auto kernel() { return wy_bwd_kernel<T, K, V>; }
-};
-struct PrepKernel {
-  template <typename T, int K, int V>
-  static constexpr size_t smem() { return prep_smem<T, K, V>(); }
-  template <typename T, int K, int V>
-  static auto kernel() { return prep_kernel<T, K, V>; }
-};
+#define MIXBENCH_PER_CHUNK_KERNEL(NAME, KERNEL, SMEM)               \
+  struct NAME {                                                      \
+    template <typename T, int K, int V>                              \
+    static constexpr size_t smem() { return SMEM<T, K, V>(); }       \
+    template <typename T, int K, int V>                              \
+    static auto kernel() { return KERNEL<T, K, V>; }                 \
+  };
+MIXBENCH_PER_CHUNK_KERNEL(OutKernel, output_kernel, out_smem)
+MIXBENCH_PER_CHUNK_KERNEL(DqkvKernel, dqkv_kernel, dqkv_smem)
+MIXBENCH_PER_CHUNK_KERNEL(DvlKernel, dvl_kernel, dvl_smem)
+MIXBENCH_PER_CHUNK_KERNEL(WyBwdKernel, wy_bwd_kernel, wy_bwd_smem)
+MIXBENCH_PER_CHUNK_KERNEL(PrepKernel, prep_kernel, prep_smem)
+#undef MIXBENCH_PER_CHUNK_KERNEL
 template <typename Kern, typename Args>
 void launch_per_chunk(Dtype dt, const Args& a, const Dims& d, int NT, void* stream, const char* what) {
   auto s = static_cast<cudaStream_t>(stream);
