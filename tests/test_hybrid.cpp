@@ -29,8 +29,8 @@ using Json = nlohmann::json;
 
 namespace {
 
-const std::vector<std::string> kHybrids = {"gdn_hybrid",  "deltanet_hybrid", "qsa_hybrid",
-                                           "moba_hybrid", "gdn_hybrid_swa",  "hypenet"};
+const std::vector<std::string> kHybrids = {"gdn_hybrid",     "deltanet_hybrid", "qsa_hybrid", "moba_hybrid",
+                                           "gdn_hybrid_swa", "hypenet",         "kda_hybrid"};
 
 fs::path hybrid_tmp() {
   static fs::path d = [] {
@@ -59,6 +59,8 @@ std::string letters(const std::vector<std::string>& v) {
     else if (n == "qsa") s += 'Q';
     else if (n == "moba") s += 'M';
     else if (n == "lightning") s += 'L';
+    else if (n == "kda") s += 'K';
+    else if (n == "mla") s += 'X';
     else s += '?';
   }
   return s;
@@ -75,6 +77,7 @@ TEST(Hybrid, LayoutsFollowTheSpec) {
       {"moba_hybrid", {{4, "MAAA"}, {6, "MMMAAA"}, {8, "MMMMMAAA"}, {12, "MMMMMMMMMAAA"}}},
       {"gdn_hybrid_swa", {{4, "GAGA"}, {6, "GAGAGA"}, {8, "GAGAGAGA"}, {12, "GAGAGAGAGAGA"}}},
       {"hypenet", {{4, "LLLA"}, {6, "LLLALL"}, {8, "LLLALLLA"}, {12, "LLLALLLALLLA"}}},
+      {"kda_hybrid", {{4, "KKKX"}, {6, "KKKXKK"}, {8, "KKKXKKKX"}, {12, "KKKXKKKXKKKX"}}},
   };
   for (const auto& [name, by_n] : want)
     for (const auto& [n, s] : by_n) EXPECT_EQ(letters(layout_of(name, n)), s) << name << " n_layer=" << n;
@@ -148,6 +151,66 @@ TEST(Hybrid, HypeNetAttentionOptions) {
   EXPECT_LT(rel(run(inf, in, -1), run(always, in, -1)), 1e-14);
   EXPECT_GT(rel(run(inf, in, -1), run(base, in, -1)), 1e-6);
   EXPECT_GT(rel(run(always, in, 3), run(base, in, 3)), 1e-6);
+}
+
+// MLA: FP64/FP32 conformance (layer, finite differences, absorbed decode against the forward); the
+// decode cache holds the KV latent and the rotary key only, as the accountant bills; without RoPE
+// the last query is blind to the order of the keys before it; kda_hybrid's MLA layers are NoPE.
+TEST(Hybrid, MlaCachesLatentsAndKdaHybridUsesItWithoutRope) {
+  for (const char* dtype : {"fp64", "fp32"}) {
+    ConformanceOptions opt;
+    opt.methods = {"mla"};
+    opt.dtype = dtype;
+    ConformanceSummary s;
+    Json r = run_conformance(opt, s);
+    EXPECT_EQ(s.failed, 0) << dtype;
+    EXPECT_EQ(s.errors, 0) << dtype;
+    EXPECT_GE(s.passed, 10) << dtype;
+  }
+  const MethodSpec& m = Registry::get().method("mla");
+  const Config cfg = m.config.parse("n_layer=4,d_model=64,head_dim=16,seq_len=64,vocab=64,mla_kv_latent=24,mla_rope_dim=8");
+  const LayerCtx ctx{1, 4, -1};
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(uint64_t(9));
+  const auto o = at::TensorOptions().dtype(at::kDouble);
+  TensorMap in{{"x", at::randn({2, 10, 64}, gen, o)}};
+  for (const ParamDef& p : m.params(cfg, ctx)) in.set(p.name, at::randn(p.shape, gen, o) * 0.2);
+  TensorMap cache;
+  m.prefill(in, cache, cfg, ctx, Backend::CPU);
+  EXPECT_FALSE(cache.has("k"));
+  EXPECT_FALSE(cache.has("v"));
+  ASSERT_TRUE(cache.has("ckv"));
+  ASSERT_TRUE(cache.has("kr"));
+  EXPECT_TRUE(cache.at("ckv").sizes().equals({2, 10, 24}));
+  EXPECT_TRUE(cache.at("kr").sizes().equals({2, 10, 8}));
+  EXPECT_DOUBLE_EQ(m.account(cfg, ctx, CostQuery{64, 64, 2}).cache_bytes_per_token, (24 + 8) * 2.0);
+  auto last = [&](const Config& c, const at::Tensor& x) {
+    TensorMap t = in;
+    t.set("x", x);
+    return m.forward(t, c, ctx, Backend::CPU).at("y").select(1, 9);
+  };
+  at::Tensor xs = in.at("x").clone();
+  xs.select(1, 2).copy_(in.at("x").select(1, 5));
+  xs.select(1, 5).copy_(in.at("x").select(1, 2));
+  auto rel = [](const at::Tensor& a, const at::Tensor& b) { return (a - b).norm().item<double>() / b.norm().item<double>(); };
+  const Config nope = cfg.with("mla_rope_dim", int64_t(0));
+  EXPECT_LT(rel(last(nope, xs), last(nope, in.at("x"))), 1e-12);
+  EXPECT_GT(rel(last(cfg, xs), last(cfg, in.at("x"))), 1e-6);
+  EXPECT_THROW(m.config.parse("mla_rope_dim=3"), InputError);
+  const MethodSpec& h = Registry::get().method("kda_hybrid");
+  for (const auto& l : layer_methods(h, h.config.parse("n_layer=8")))
+    if (l.method->name == "mla") EXPECT_EQ(l.cfg.i("mla_rope_dim"), 0);
+  // accountant audit: built parameters and counted forward FLOPs, with and without RoPE, and the
+  // HypeNet attention options
+  for (const auto& [method, extra] : std::vector<std::pair<std::string, std::string>>{
+           {"mla", ""}, {"mla", ",mla_rope_dim=0"}, {"hypenet", ",n_layer=4"}}) {
+    fs::path out = hybrid_tmp() / "acct.json";
+    ASSERT_EQ(run_cli({"account", "--method", method, "--config",
+                       "n_layer=2,d_model=128,head_dim=32,vocab=256,seq_len=64" + extra, "--audit", "--out", out.string()}),
+              0);
+    Json r = Json::parse(read_file(out.string()));
+    EXPECT_TRUE(r["results"][0]["audit"]["params_match"].get<bool>()) << method << extra;
+    EXPECT_LT(r["results"][0]["audit"]["fwd_flops_rel_diff"].get<double>(), 1e-6) << method << extra;
+  }
 }
 
 TEST(Hybrid, SwaLayersHaveTheFixedWindow) {

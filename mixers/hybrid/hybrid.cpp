@@ -24,7 +24,7 @@
 //                    with NoPE, QK-norm (nanochat's), an output gate and the inference-time logit
 //                    scale s_t = log_a(t + a), a = hype_logit_a (300: the from-scratch setting). RoPE
 //                    base 10000 for the Lightning layers (the attention layers use none).
-// Not registered: kda_hybrid (needs MLA).
+//   kda_hybrid       MLA without RoPE (mla_rope_dim=0) iff i % 4 == 0, else KDA (Kimi Linear's 3:1).
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
@@ -270,6 +270,14 @@ HybridDesc gdn_hybrid_swa() {
   return d;
 }
 
+HybridDesc kda_hybrid() {
+  HybridDesc d = two_way_hybrid("kda_hybrid", "3 KDA then 1 MLA without RoPE, repeating (layer i MLA iff i % 4 == 0)",
+                                "Kimi Linear (KDA with NoPE MLA, 3:1); methods.md §6", "mla", "kda",
+                                [](int64_t i, int64_t) { return i % 4 == 0; }, "");
+  d.layout = two_way("mla", "mla_rope_dim=0", "kda", [](int64_t i, int64_t) { return i % 4 == 0; });
+  return d;
+}
+
 HybridDesc hypenet() {
   HybridDesc d;
   d.name = "hypenet";
@@ -300,6 +308,7 @@ MIXBENCH_REGISTER(make_hybrid(qsa_hybrid()));
 MIXBENCH_REGISTER(make_hybrid(moba_hybrid()));
 MIXBENCH_REGISTER(make_hybrid(gdn_hybrid_swa()));
 MIXBENCH_REGISTER(make_hybrid(hypenet()));
+MIXBENCH_REGISTER(make_hybrid(kda_hybrid()));
 
 }  // namespace
 }  // namespace mixbench
