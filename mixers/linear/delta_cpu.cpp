@@ -486,23 +486,12 @@ DeltaResult delta_chunked_cpu(const at::Tensor& q, const at::Tensor& k, const at
 }
 
 namespace {
-struct GlaCpuFn : public torch::autograd::Function<GlaCpuFn> {
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
-                                                const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
-                                                const at::Tensor& h0, double scale) {
-    ctx->saved_data["scale"] = scale;
-    ctx->save_for_backward({q, k, v, g, h0});
-    DeltaResult r = delta_fwd_cpu(q, k, v, at::Tensor(), g, scale, present(h0), kGlaChunk);
-    return {r.o, r.ht};
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const double scale = ctx->saved_data["scale"].toDouble();
-    return recompute_backward(ctx, grads, 6, [scale](const std::vector<at::Tensor>& in) {
-      return gla_chunked(in[0], in[1], in[2], in[3], scale, in[4]);
-    });
-  }
-};
+// The per-key-gate chunk kernel without the delta rule, as a GatedFwd.
+std::pair<at::Tensor, at::Tensor> gla_fwd_raw(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                              const at::Tensor& g, double scale, const at::Tensor& h0) {
+  DeltaResult r = delta_fwd_cpu(q, k, v, at::Tensor(), g, scale, h0, kGlaChunk);
+  return {r.o, r.ht};
+}
 }  // namespace
 
 std::pair<at::Tensor, at::Tensor> gla_chunked_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -513,13 +502,7 @@ std::pair<at::Tensor, at::Tensor> gla_chunked_cpu(const at::Tensor& q, const at:
     return {o.to(q.scalar_type()), ht};
   }
   if (!(g.dim() == 4 && raw_cpu_inputs({&q, &k, &v, &g, &h0}))) return gla_chunked(q, k, v, g, scale, h0);
-  if (!grad_needed({&q, &k, &v, &g, &h0})) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    DeltaResult r = delta_fwd_cpu(q, k, v, at::Tensor(), g, scale, h0, kGlaChunk);
-    return {r.o, r.ht};
-  }
-  auto r = GlaCpuFn::apply(q, k, v, g, h0.defined() ? h0 : at::empty({0}, q.options()), scale);
-  return {r[0], r[1]};
+  return raw_forward_chunked_backward(q, k, v, g, scale, h0, gla_fwd_raw, gla_chunked);
 }
 
 }  // namespace mixbench::linear

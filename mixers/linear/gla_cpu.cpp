@@ -193,23 +193,6 @@ std::pair<at::Tensor, at::Tensor> simple_gla_fwd_cpu(const at::Tensor& q0, const
   return {o, ht};
 }
 
-struct SimpleGlaCpuFn : public torch::autograd::Function<SimpleGlaCpuFn> {
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
-                                                const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
-                                                const at::Tensor& h0, double scale) {
-    ctx->saved_data["scale"] = scale;
-    ctx->save_for_backward({q, k, v, g, h0});
-    auto [o, ht] = simple_gla_fwd_cpu(q, k, v, g, scale, present(h0));
-    return {o, ht};
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const double scale = ctx->saved_data["scale"].toDouble();
-    return recompute_backward(ctx, grads, 6, [scale](const std::vector<at::Tensor>& in) {
-      return simple_gla_chunked(in[0], in[1], in[2], in[3], scale, in[4]);
-    });
-  }
-};
 
 }  // namespace
 
@@ -222,13 +205,7 @@ std::pair<at::Tensor, at::Tensor> simple_gla_chunked_cpu(const at::Tensor& q, co
   }
   if (!(q.dim() == 4 && g.dim() == 3 && raw_cpu_inputs({&q, &k, &v, &g, &h0})))
     return simple_gla_chunked(q, k, v, g, scale, h0);
-  if (!grad_needed({&q, &k, &v, &g, &h0})) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return simple_gla_fwd_cpu(q, k, v, g, scale, h0);
-  }
-  // The autograd function takes defined tensors only: an absent h0 travels as an empty tensor.
-  auto r = SimpleGlaCpuFn::apply(q, k, v, g, h0.defined() ? h0 : at::empty({0}, q.options()), scale);
-  return {r[0], r[1]};
+  return raw_forward_chunked_backward(q, k, v, g, scale, h0, simple_gla_fwd_cpu, simple_gla_chunked);
 }
 
 }  // namespace mixbench::linear

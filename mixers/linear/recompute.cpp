@@ -33,6 +33,42 @@ std::vector<at::Tensor> recompute_backward(torch::autograd::AutogradContext* ctx
   return out;
 }
 
+namespace {
+// The two functions travel in the context as integers (saved_data holds IValues).
+struct RawGatedFn : public torch::autograd::Function<RawGatedFn> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
+                                                const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                                                const at::Tensor& h0, double scale, int64_t raw, int64_t chunked) {
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["chunked"] = chunked;
+    ctx->save_for_backward({q, k, v, g, h0});
+    auto [o, ht] = reinterpret_cast<GatedFwd>(raw)(q, k, v, g, scale, present(h0));
+    return {o, ht};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const auto chunked = reinterpret_cast<GatedFwd>(ctx->saved_data["chunked"].toInt());
+    return recompute_backward(ctx, grads, 8, [scale, chunked](const std::vector<at::Tensor>& in) {
+      return chunked(in[0], in[1], in[2], in[3], scale, in[4]);
+    });
+  }
+};
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> raw_forward_chunked_backward(const at::Tensor& q, const at::Tensor& k,
+                                                               const at::Tensor& v, const at::Tensor& g, double scale,
+                                                               const at::Tensor& h0, GatedFwd raw, GatedFwd chunked) {
+  if (!grad_needed({&q, &k, &v, &g, &h0})) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return raw(q, k, v, g, scale, h0);
+  }
+  // The autograd function takes defined tensors only: an absent h0 travels as an empty tensor.
+  auto r = RawGatedFn::apply(q, k, v, g, h0.defined() ? h0 : at::empty({0}, q.options()), scale,
+                             reinterpret_cast<int64_t>(raw), reinterpret_cast<int64_t>(chunked));
+  return {r[0], r[1]};
+}
+
 bool grad_needed(std::initializer_list<const at::Tensor*> ts) {
   if (!at::GradMode::is_enabled()) return false;
   for (const at::Tensor* t : ts)

@@ -43,6 +43,16 @@ using ChunkedFn = std::function<std::pair<at::Tensor, at::Tensor>(const std::vec
 std::vector<at::Tensor> recompute_backward(torch::autograd::AutogradContext* ctx, const std::vector<at::Tensor>& grads,
                                            size_t n_args, const ChunkedFn& chunked);
 
+// A gated linear-attention forward (q, k, v, g, scale, h0) -> (o, ht); h0 may be undefined.
+using GatedFwd = std::pair<at::Tensor, at::Tensor> (*)(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                       const at::Tensor& g, double scale, const at::Tensor& h0);
+
+// Runs `raw` (a kernel that records no graph); when autograd records through the inputs, inside an
+// autograd function whose backward recomputes `chunked` and differentiates it (recompute_backward).
+std::pair<at::Tensor, at::Tensor> raw_forward_chunked_backward(const at::Tensor& q, const at::Tensor& k,
+                                                               const at::Tensor& v, const at::Tensor& g, double scale,
+                                                               const at::Tensor& h0, GatedFwd raw, GatedFwd chunked);
+
 // Prefetch the rows [first, first + n) of a chunk (row i at row0 + i·H of each [rows, D] input):
 // the rows are strided by H·D, and the hardware prefetcher does not cross pages.
 template <typename scalar_t>
