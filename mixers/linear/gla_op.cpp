@@ -17,6 +17,7 @@
 #include "mixers/common/layers.h"
 #include "harness/errors.h"
 #include "harness/registry.h"
+#include "mixers/linear/gated_op_spec.h"
 #include "mixers/linear/gla_ops.h"
 #include "reference/gla.h"
 
@@ -95,6 +96,40 @@ std::pair<at::Tensor, at::Tensor> gla_step(const at::Tensor& q, const at::Tensor
   return {o, S};
 }
 
+
+ConfigSpec gated_op_params() {
+  ConfigSpec s;
+  s.f("scale", 0.0, "query scale; 0 = K^-0.5", 0.0)
+      .i("H", 2, "heads (case shape)", 1)
+      .i("K", 16, "key head dim (case shape)", 1)
+      .i("V", 16, "value head dim (case shape)", 1)
+      .f("gate_div", 1.0, "case inputs: g = logsigmoid(randn)/gate_div", 1e-6);
+  return s;
+}
+
+TensorMap gated_op_inputs(const Config& c, int64_t B, int64_t T, at::Generator& gen, bool per_key) {
+  auto o = at::TensorOptions().dtype(at::kDouble);
+  const int64_t H = c.i("H"), K = c.i("K"), V = c.i("V");
+  at::Tensor q = at::randn({B, T, H, K}, gen, o), k = at::randn({B, T, H, K}, gen, o), v = at::randn({B, T, H, V}, gen, o);
+  at::Tensor g = per_key ? at::randn({B, T, H, K}, gen, o) : at::randn({B, T, H}, gen, o);
+  return {{"q", q}, {"k", k}, {"v", v}, {"g", at::log_sigmoid(g) / c.f("gate_div")}, {"h0", at::randn({B, H, K, V}, gen, o)}};
+}
+
+std::vector<CaseDef> gated_op_cases() {
+  ConfigSpec s = gated_op_params();
+  auto c = [&](const std::string& kv) { return s.parse(kv); };
+  return {
+      {"T1", c("H=2,K=8,V=8"), 1, 1},
+      {"T1_noh0", c("H=2,K=8,V=8"), 1, 1, 0, {"h0"}},
+      {"T37_B2_div1", c("H=2,K=16,V=16,gate_div=1"), 2, 37},
+      {"T37_noh0_div4", c("H=2,K=16,V=16,gate_div=4"), 1, 37, 0, {"h0"}},
+      {"T70_KneV_div16", c("H=2,K=16,V=24,gate_div=16"), 2, 70},
+      {"T130_div1_noh0", c("H=3,K=8,V=12,gate_div=1"), 1, 130, 0, {"h0"}},
+      {"T130_B2_div16_scale", c("H=2,K=12,V=8,gate_div=16,scale=0.5"), 2, 130},
+      {"T64_div4", c("H=1,K=8,V=8,gate_div=4"), 1, 64},
+  };
+}
+
 }  // namespace linear
 
 namespace {
@@ -136,39 +171,9 @@ TensorMap cpu_fn(const TensorMap& in, const Config& p) {
 }
 
 TensorMap make_inputs(const Config& c, int64_t B, int64_t T, at::Generator& gen) {
-  auto o = at::TensorOptions().dtype(at::kDouble);
-  const int64_t H = c.i("H"), K = c.i("K"), V = c.i("V");
-  return {{"q", at::randn({B, T, H, K}, gen, o)},
-          {"k", at::randn({B, T, H, K}, gen, o)},
-          {"v", at::randn({B, T, H, V}, gen, o)},
-          {"g", at::log_sigmoid(at::randn({B, T, H, K}, gen, o)) / c.f("gate_div")},
-          {"h0", at::randn({B, H, K, V}, gen, o)}};
+  return linear::gated_op_inputs(c, B, T, gen, /*per_key=*/true);
 }
 
-ConfigSpec params_spec() {
-  ConfigSpec s;
-  s.f("scale", 0.0, "query scale; 0 = K^-0.5", 0.0)
-      .i("H", 2, "heads (case shape)", 1)
-      .i("K", 16, "key head dim (case shape)", 1)
-      .i("V", 16, "value head dim (case shape)", 1)
-      .f("gate_div", 1.0, "case inputs: g = logsigmoid(randn)/gate_div", 1e-6);
-  return s;
-}
-
-std::vector<CaseDef> cases() {
-  ConfigSpec s = params_spec();
-  auto c = [&](const std::string& kv) { return s.parse(kv); };
-  return {
-      {"T1", c("H=2,K=8,V=8"), 1, 1},
-      {"T1_noh0", c("H=2,K=8,V=8"), 1, 1, 0, {"h0"}},
-      {"T37_B2_div1", c("H=2,K=16,V=16,gate_div=1"), 2, 37},
-      {"T37_noh0_div4", c("H=2,K=16,V=16,gate_div=4"), 1, 37, 0, {"h0"}},
-      {"T70_KneV_div16", c("H=2,K=16,V=24,gate_div=16"), 2, 70},
-      {"T130_div1_noh0", c("H=3,K=8,V=12,gate_div=1"), 1, 130, 0, {"h0"}},
-      {"T130_B2_div16_scale", c("H=2,K=12,V=8,gate_div=16,scale=0.5"), 2, 130},
-      {"T64_div4", c("H=1,K=8,V=8,gate_div=4"), 1, 64},
-  };
-}
 
 OpSpec make_spec() {
   OpSpec s;
@@ -176,7 +181,7 @@ OpSpec make_spec() {
   s.family = "linear";
   s.summary = "gated linear attention with a log decay per key channel: S = diag(exp g) S + k vᵀ";
   s.citation = "Yang et al. 2024 (GLA); fla-org/flash-linear-attention fla/ops/gla";
-  s.params = params_spec();
+  s.params = linear::gated_op_params();
   s.inputs = {{"q"}, {"k"}, {"v"}, {"g"}, {"h0", true, true}};
   s.outputs = {"o", "ht"};
   s.make_inputs = make_inputs;
@@ -184,7 +189,7 @@ OpSpec make_spec() {
   s.cpu = cpu_fn;
   // The chunked path is device-agnostic LibTorch: on the GPU it runs through cuBLAS batched matmuls.
   s.cuda = cpu_fn;
-  s.cases = cases;
+  s.cases = linear::gated_op_cases;
   s.check_inputs = check_inputs;
   s.invariants = [](const TensorMap& in, const Config& p, Backend b, at::ScalarType dt) {
     check_inputs(in, p);

@@ -20,6 +20,7 @@
 #include "harness/errors.h"
 #include "harness/metrics.h"
 #include "harness/registry.h"
+#include "mixers/linear/gated_op_spec.h"
 #include "mixers/linear/chunk_cuda.h"
 #include "mixers/linear/gla_ops.h"
 #include "mixers/linear/recompute.h"
@@ -286,43 +287,19 @@ TensorMap cuda_fn(const TensorMap& in, const Config& p) {
 }
 
 TensorMap make_inputs(const Config& c, int64_t B, int64_t T, at::Generator& gen) {
-  auto o = at::TensorOptions().dtype(at::kDouble);
-  const int64_t H = c.i("H"), K = c.i("K"), V = c.i("V");
-  return {{"q", at::randn({B, T, H, K}, gen, o)},
-          {"k", at::randn({B, T, H, K}, gen, o)},
-          {"v", at::randn({B, T, H, V}, gen, o)},
-          {"g", at::log_sigmoid(at::randn({B, T, H}, gen, o)) / c.f("gate_div")},
-          {"h0", at::randn({B, H, K, V}, gen, o)}};
-}
-
-ConfigSpec params_spec() {
-  ConfigSpec s;
-  s.f("scale", 0.0, "query scale; 0 = K^-0.5", 0.0)
-      .i("H", 2, "heads (case shape)", 1)
-      .i("K", 16, "key head dim (case shape)", 1)
-      .i("V", 16, "value head dim (case shape)", 1)
-      .f("gate_div", 1.0, "case inputs: g = logsigmoid(randn)/gate_div", 1e-6);
-  return s;
+  return linear::gated_op_inputs(c, B, T, gen, /*per_key=*/false);
 }
 
 std::vector<CaseDef> cases() {
-  ConfigSpec s = params_spec();
+  std::vector<CaseDef> out = linear::gated_op_cases();
+  ConfigSpec s = linear::gated_op_params();
   auto c = [&](const std::string& kv) { return s.parse(kv); };
-  return {
-      {"T1", c("H=2,K=8,V=8"), 1, 1},
-      {"T1_noh0", c("H=2,K=8,V=8"), 1, 1, 0, {"h0"}},
-      {"T37_B2_div1", c("H=2,K=16,V=16,gate_div=1"), 2, 37},
-      {"T37_noh0_div4", c("H=2,K=16,V=16,gate_div=4"), 1, 37, 0, {"h0"}},
-      {"T70_KneV_div16", c("H=2,K=16,V=24,gate_div=16"), 2, 70},
-      {"T130_div1_noh0", c("H=3,K=8,V=12,gate_div=1"), 1, 130, 0, {"h0"}},
-      {"T130_B2_div16_scale", c("H=2,K=12,V=8,gate_div=16,scale=0.5"), 2, 130},
-      {"T64_div4", c("H=1,K=8,V=8,gate_div=4"), 1, 64},
-      // head sizes the CUDA kernel takes (K, V in {64, 128}): tail chunks, no h0, one exact chunk
-      {"T130_K64V128_B2_div4", c("H=2,K=64,V=128,gate_div=4"), 2, 130},
-      {"T77_K128V64_noh0_div16", c("H=1,K=128,V=64,gate_div=16"), 1, 77, 0, {"h0"}},
-      {"T64_K128V128_div1", c("H=1,K=128,V=128,gate_div=1"), 1, 64},
-      {"T3_K64V64_div1", c("H=2,K=64,V=64,gate_div=1"), 1, 3},
-  };
+  // head sizes the CUDA kernel takes (K, V in {64, 128}): tail chunks, no h0, one exact chunk
+  out.push_back({"T130_K64V128_B2_div4", c("H=2,K=64,V=128,gate_div=4"), 2, 130});
+  out.push_back({"T77_K128V64_noh0_div16", c("H=1,K=128,V=64,gate_div=16"), 1, 77, 0, {"h0"}});
+  out.push_back({"T64_K128V128_div1", c("H=1,K=128,V=128,gate_div=1"), 1, 64});
+  out.push_back({"T3_K64V64_div1", c("H=2,K=64,V=64,gate_div=1"), 1, 3});
+  return out;
 }
 
 OpSpec make_spec() {
@@ -331,7 +308,7 @@ OpSpec make_spec() {
   s.family = "linear";
   s.summary = "gated linear attention with a scalar log decay per head: S = exp(g) S + k vᵀ, o = Sᵀ(scale·q)";
   s.citation = "fla-org/flash-linear-attention fla/ops/simple_gla; RetNet (Sun et al. 2023)";
-  s.params = params_spec();
+  s.params = linear::gated_op_params();
   s.inputs = {{"q"}, {"k"}, {"v"}, {"g"}, {"h0", true, true}};
   s.outputs = {"o", "ht"};
   s.make_inputs = make_inputs;
