@@ -167,6 +167,40 @@ int64_t delta_ve_dim(const Config& c, const LayerCtx& ctx) {
   return delta_has_ve(ctx) ? d.H * d.V : 0;
 }
 
+MethodSpec delta_method(const DeltaMethodDesc& desc) {
+  MethodSpec m;
+#if defined(MIXBENCH_WITH_CUDA)
+  m.has_cuda = true;  // device-agnostic LibTorch layer over a CUDA-registered op
+#endif
+  m.name = desc.name;
+  m.family = "linear";
+  m.summary = desc.summary;
+  m.citation = desc.citation;
+  m.config = delta_method_config();
+  if (desc.gate_offset) add_gate_offset_knob(m.config);
+  m.ops = {desc.op};
+  m.params = desc.params;
+  m.make_inputs = delta_make_inputs;
+  m.reference = desc.reference;
+  const DeltaRunFn run = desc.run;
+  m.forward = [run](const TensorMap& in, const Config& c, const LayerCtx&, Backend b) {
+    return run(in, c, b, nullptr, false);
+  };
+  m.prefill = [run](const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx&, Backend b) {
+    cache = TensorMap();
+    return run(in, c, b, &cache, false);
+  };
+  m.decode = [run](const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx&, Backend b) {
+    return run(in, c, b, &cache, true);
+  };
+  ConfigSpec spec = m.config;
+  const std::string extra = desc.case_extra;
+  m.cases = [spec, extra]() { return delta_cases(spec, extra); };
+  m.account = desc.account;
+  m.ve_dim = delta_ve_dim;
+  return m;
+}
+
 double delta_conv_flops(const DeltaDims& d) { return 2.0 * double(d.W) * double(2 * d.H * d.K + d.H * d.V); }
 
 double delta_uncounted_flops(const DeltaDims& d, int64_t T) {

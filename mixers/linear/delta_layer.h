@@ -65,6 +65,22 @@ std::vector<CaseDef> delta_cases(const ConfigSpec& spec, const std::string& extr
 void add_gate_offset_knob(ConfigSpec& spec);
 int64_t delta_ve_dim(const Config& c, const LayerCtx& ctx);
 
+// A delta-family layer's body: forward (cache null), prefill (cache set, decode false) or one
+// decode step (decode true).
+using DeltaRunFn = TensorMap (*)(const TensorMap& in, const Config& c, Backend backend, TensorMap* cache, bool decode);
+struct DeltaMethodDesc {
+  std::string name, summary, citation, op;
+  DeltaRunFn run;
+  std::function<std::vector<ParamDef>(const Config&, const LayerCtx&)> params;
+  std::function<TensorMap(const TensorMap&, const Config&, const LayerCtx&)> reference;
+  std::function<LayerCost(const Config&, const LayerCtx&, const CostQuery&)> account;
+  bool gate_offset = false;  // add_gate_offset_knob
+  std::string case_extra;    // extra config of the conformance cases
+};
+// The MethodSpec of a delta-family layer (family linear, delta_method_config, the shared inputs,
+// cases and VE rule; forward / prefill / decode through `run`).
+MethodSpec delta_method(const DeltaMethodDesc& desc);
+
 // FLOPs per token that FlopCounter cannot see in a delta layer's forward at length T: the short
 // convolutions (2·W·(2HK + HV)) and the chunk's triangular solve. The audit adds them to the
 // counter's number before comparing with the accountant's fwd_flops.

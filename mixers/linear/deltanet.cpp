@@ -41,17 +41,6 @@ TensorMap run(const TensorMap& in, const Config& c, Backend backend, TensorMap* 
   return {{"y", at::linear(o.reshape({B, T, d.H * d.V}), in.at("o_proj"))}};
 }
 
-TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx&, Backend backend) {
-  return run(in, c, backend, nullptr, false);
-}
-TensorMap prefill(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx&, Backend backend) {
-  cache = TensorMap();
-  return run(in, c, backend, &cache, false);
-}
-TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx&, Backend backend) {
-  return run(in, c, backend, &cache, true);
-}
-
 // Parameters: matmul N = d(2HK + HV) [q,k,v] + dH [b] + HVd [o] (+ 12H VE gate);
 // conv W(2HK + HV); scalars V (gain). FLOPs: see delta_account.
 LayerCost account(const Config& c, const LayerCtx& ctx, const CostQuery& q) {
@@ -68,27 +57,9 @@ TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx&) {
 }
 
 MethodSpec make_spec() {
-  MethodSpec m;
-#if defined(MIXBENCH_WITH_CUDA)
-  m.has_cuda = true;  // device-agnostic LibTorch layer over a CUDA-registered op
-#endif
-  m.name = "deltanet";
-  m.family = "linear";
-  m.summary = "DeltaNet: short convs + SiLU, L2-norm q/k, sigmoid β, delta rule, per-head RMSNorm output";
-  m.citation = "Schlag et al. 2021; Yang et al. 2024 (Parallelizing Linear Transformers with the Delta Rule); fla/layers/delta_net.py";
-  m.config = delta_method_config();
-  m.ops = {"delta_rule"};
-  m.params = params;
-  m.make_inputs = delta_make_inputs;
-  m.reference = reference_fn;
-  m.forward = forward;
-  m.prefill = prefill;
-  m.decode = decode;
-  ConfigSpec spec = m.config;
-  m.cases = [spec]() { return delta_cases(spec); };
-  m.account = account;
-  m.ve_dim = delta_ve_dim;
-  return m;
+  return delta_method({"deltanet", "DeltaNet: short convs + SiLU, L2-norm q/k, sigmoid β, delta rule, per-head RMSNorm output",
+                       "Schlag et al. 2021; Yang et al. 2024 (Parallelizing Linear Transformers with the Delta Rule); fla/layers/delta_net.py",
+                       "delta_rule", run, params, reference_fn, account, false, ""});
 }
 
 MIXBENCH_REGISTER(make_spec());

@@ -54,17 +54,6 @@ TensorMap run(const TensorMap& in, const Config& c, Backend backend, TensorMap* 
   return {{"y", at::linear(o.reshape({B, T, d.H * d.V}), in.at("o_proj"))}};
 }
 
-TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx&, Backend backend) {
-  return run(in, c, backend, nullptr, false);
-}
-TensorMap prefill(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx&, Backend backend) {
-  cache = TensorMap();
-  return run(in, c, backend, &cache, false);
-}
-TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx&, Backend backend) {
-  return run(in, c, backend, &cache, true);
-}
-
 // Parameters: matmul N = d(2HK + HV) [q,k,v] + dH [b] + dH [a] + dHV [g] + HVd [o] (+ 12H VE gate);
 // conv W(2HK + HV); scalars V (gain) + 2H (A_log, dt_bias). FLOPs: see delta_account.
 LayerCost account(const Config& c, const LayerCtx& ctx, const CostQuery& q) {
@@ -81,28 +70,9 @@ TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx&) {
 }
 
 MethodSpec make_spec() {
-  MethodSpec m;
-#if defined(MIXBENCH_WITH_CUDA)
-  m.has_cuda = true;  // device-agnostic LibTorch layer over a CUDA-registered op
-#endif
-  m.name = "gdn";
-  m.family = "linear";
-  m.summary = "Gated DeltaNet: short convs, L2-norm q/k, per-head decay, delta rule, gated RMSNorm output";
-  m.citation = "Yang, Kautz, Hatamizadeh 2025 (Gated Delta Networks); fla/layers/gated_deltanet.py";
-  m.config = delta_method_config();
-  add_gate_offset_knob(m.config);
-  m.ops = {"gated_delta_rule"};
-  m.params = params;
-  m.make_inputs = delta_make_inputs;
-  m.reference = reference_fn;
-  m.forward = forward;
-  m.prefill = prefill;
-  m.decode = decode;
-  ConfigSpec spec = m.config;
-  m.cases = [spec]() { return delta_cases(spec, "gate_bias_offset=-5"); };
-  m.account = account;
-  m.ve_dim = delta_ve_dim;
-  return m;
+  return delta_method({"gdn", "Gated DeltaNet: short convs, L2-norm q/k, per-head decay, delta rule, gated RMSNorm output",
+                       "Yang, Kautz, Hatamizadeh 2025 (Gated Delta Networks); fla/layers/gated_deltanet.py",
+                       "gated_delta_rule", run, params, reference_fn, account, true, "gate_bias_offset=-5"});
 }
 
 MIXBENCH_REGISTER(make_spec());

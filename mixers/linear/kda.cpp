@@ -58,17 +58,6 @@ TensorMap run(const TensorMap& in, const Config& c, Backend backend, TensorMap* 
   return {{"y", at::linear(o.reshape({B, T, d.H * d.V}), in.at("o_proj"))}};
 }
 
-TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx&, Backend backend) {
-  return run(in, c, backend, nullptr, false);
-}
-TensorMap prefill(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx&, Backend backend) {
-  cache = TensorMap();
-  return run(in, c, backend, &cache, false);
-}
-TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx&, Backend backend) {
-  return run(in, c, backend, &cache, true);
-}
-
 // Parameters: matmul N = d(2HK + HV) [q,k,v] + dH [b] + dV + V·HK [f] + dV + V·HV [g_out] + HVd [o]
 // (+ 12H VE gate); conv W(2HK + HV); scalars V (gain) + HV (g_out bias) + H (A_log) + HK (dt_bias).
 LayerCost account(const Config& c, const LayerCtx& ctx, const CostQuery& q) {
@@ -86,32 +75,13 @@ TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx&) {
 }
 
 MethodSpec make_spec() {
-  MethodSpec m;
-#if defined(MIXBENCH_WITH_CUDA)
-  m.has_cuda = true;  // device-agnostic LibTorch layer over a CUDA-registered op
-#endif
-  m.name = "kda";
-  m.family = "linear";
-  m.summary = "Kimi Delta Attention: short convs, L2-norm q/k, per-key-dim low-rank decay, delta rule, sigmoid-gated RMSNorm";
-  m.citation = "Kimi Team 2025 (Kimi Linear); fla/layers/kda.py";
-  m.config = delta_method_config();
-  add_gate_offset_knob(m.config);
-  m.ops = {"kda"};
-  m.params = params;
-  m.make_inputs = delta_make_inputs;
-  m.reference = reference_fn;
-  m.forward = forward;
-  m.prefill = prefill;
-  m.decode = decode;
-  ConfigSpec spec = m.config;
   // Cases: gate offset −5 (see add_gate_offset_knob) and norm_eps 1e-2: with fla's 1e-5, a head
   // whose output is near zero sits where the RMSNorm is extremely curved, and the reference's
   // finite-difference check (eps 1e-5, threshold 1e-6) fails on truncation error in one case
   // (layer1_ve_B2_T37, grad_q_proj 2.8e-6) although the optimized path agrees with the reference.
-  m.cases = [spec]() { return delta_cases(spec, "gate_bias_offset=-5,norm_eps=1e-2"); };
-  m.account = account;
-  m.ve_dim = delta_ve_dim;
-  return m;
+  return delta_method({"kda", "Kimi Delta Attention: short convs, L2-norm q/k, per-key-dim low-rank decay, delta rule, sigmoid-gated RMSNorm",
+                       "Kimi Team 2025 (Kimi Linear); fla/layers/kda.py",
+                       "kda", run, params, reference_fn, account, true, "gate_bias_offset=-5,norm_eps=1e-2"});
 }
 
 MIXBENCH_REGISTER(make_spec());
