@@ -15,6 +15,9 @@ mkdir -p "$OUT"
 rc=0
 timeout "$LIMIT" $M sweep --mode decode --preset gpu-d12 --methods dense_full,gdn,gdn_hybrid,lightning,retnet \
     --lengths 1k,4k,16k,64k,128k --batch 1,2,4,8 --reps 5 --warmup 2 --out "$OUT/sweep_decode_d12.json" || rc=1
+# the other hybrids and MLA (latent KV cache), fewer points
+timeout "$LIMIT" $M sweep --mode decode --preset gpu-d12 --methods dense_full,mla,hypenet,kda_hybrid,gdn_hybrid_swa \
+    --lengths 1k,16k,64k --batch 1,8 --reps 3 --warmup 1 --out "$OUT/sweep_decode_hybrids_d12.json" || rc=1
 timeout "$LIMIT" $M sweep --mode prefill --preset gpu-d12 --methods dense_full,gdn,gdn_hybrid,lightning \
     --lengths 64k,128k,256k,512k --batch 1 --reps 2 --warmup 1 --out "$OUT/sweep_prefill_long_d12.json" || rc=1
 for f in "$OUT"/sweep_*.json; do
