@@ -130,11 +130,6 @@ at::Tensor pos_tensor(int64_t n, int64_t step, const at::Device& dev) {
   return at::arange(n, at::TensorOptions().dtype(at::kDouble).device(dev)) * double(step);
 }
 
-int64_t ve_dim_of(const Config& c, const LayerCtx& ctx) {
-  Dims d = dims(c);
-  return has_ve(ctx) ? d.Hkv * d.dh : 0;
-}
-
 reference::BlockLayerWeights ref_weights(const TensorMap& in) {
   reference::BlockLayerWeights w;
   for (const char* n : {"c_q", "c_k", "c_v", "c_proj"}) w.t[n] = in.at(n);
@@ -316,7 +311,7 @@ MethodSpec qsa_spec() {
   ConfigSpec spec = m.config;
   m.cases = [spec]() { return qsa_cases(spec); };
   m.account = qsa_account;
-  m.ve_dim = ve_dim_of;
+  m.ve_dim = sparse_layer::ve_dim;
   return m;
 }
 
@@ -446,7 +441,7 @@ MethodSpec nsa_spec() {
   ConfigSpec spec = m.config;
   m.cases = [spec]() { return nsa_cases(spec); };
   m.account = nsa_account;
-  m.ve_dim = ve_dim_of;
+  m.ve_dim = sparse_layer::ve_dim;
   return m;
 }
 
@@ -581,7 +576,7 @@ MethodSpec seer_spec() {
   ConfigSpec spec = m.config;
   m.cases = [spec]() { return seer_cases(spec); };
   m.account = seer_account;
-  m.ve_dim = ve_dim_of;
+  m.ve_dim = sparse_layer::ve_dim;
   return m;
 }
 

@@ -220,10 +220,7 @@ MethodSpec make_spec() {
   ConfigSpec spec = m.config;
   m.cases = [spec]() { return cases(spec); };
   m.account = account;
-  m.ve_dim = [](const Config& c, const LayerCtx& ctx) -> int64_t {
-    Dims d = dims(c);
-    return has_ve(ctx) ? d.Hkv * d.dh : 0;
-  };
+  m.ve_dim = sparse_layer::ve_dim;
   return m;
 }
 

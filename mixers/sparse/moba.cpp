@@ -35,6 +35,11 @@ Dims dims(const Config& c) {
 
 bool has_ve(const LayerCtx& ctx) { return ctx.layer % 2 == (ctx.n_layer - 1) % 2; }
 
+int64_t ve_dim(const Config& c, const LayerCtx& ctx) {
+  const Dims d = dims(c);
+  return has_ve(ctx) ? d.Hkv * d.dh : 0;
+}
+
 std::vector<ParamDef> attention_params(const Config& c, const LayerCtx& ctx) {
   Dims d = dims(c);
   const double s = std::sqrt(3.0) / std::sqrt(double(d.D));
@@ -218,10 +223,7 @@ MethodSpec make_spec() {
   ConfigSpec spec = m.config;
   m.cases = [spec]() { return cases(spec); };
   m.account = account;
-  m.ve_dim = [](const Config& c, const LayerCtx& ctx) -> int64_t {
-    Dims d = dims(c);
-    return has_ve(ctx) ? d.Hkv * d.dh : 0;
-  };
+  m.ve_dim = sparse_layer::ve_dim;
   return m;
 }
 

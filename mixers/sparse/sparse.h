@@ -38,6 +38,7 @@ struct Dims {
 };
 Dims dims(const Config& c);                     // kv_ratio: query heads per KV head, 0 = one KV head
 bool has_ve(const LayerCtx& ctx);
+int64_t ve_dim(const Config& c, const LayerCtx& ctx);  // Hkv·dh on value-embedding layers, else 0
 std::vector<ParamDef> attention_params(const Config& c, const LayerCtx& ctx);  // c_q, c_k, c_v, c_proj (+ ve_gate)
 int64_t attention_matmul_params(const Config& c, const LayerCtx& ctx);
 TensorMap make_layer_inputs(const Config& c, const LayerCtx& ctx, int64_t B, int64_t T, at::Generator& gen);
