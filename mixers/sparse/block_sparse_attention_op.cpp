@@ -178,19 +178,7 @@ std::vector<std::pair<std::string, double>> dense_equivalence(const TensorMap& i
   at::Tensor last = (at::arange(NQ, lo) * qb + (qb - 1)).clamp_max(T - 1).view({NQ, 1});
   at::Tensor all = blk.expand({NQ, NB}).masked_fill(blk * bs > last, -1).view({1, 1, NQ, NB}).expand({B, Hkv, NQ, NB});
   TensorMap full{{"q", q}, {"k", in.at("k")}, {"v", in.at("v")}, {"block_indices", all.contiguous()}};
-  Config pf = p.with("topk", NB);
-  const OpSpec& attn = Registry::get().op("attention");
-  Config pa = attn.params.defaults().with("scale", resolve_scale(p, q.size(3)));
-  TensorMap to_dt;
-  for (const auto& [n, t] : full) to_dt.set(n, at::isFloatingType(t.scalar_type()) ? t.to(dt) : t);
-  auto rel = [](const at::Tensor& ref, const at::Tensor& x) {
-    at::Tensor r = ref.to(at::kDouble), d = r - x.to(at::kDouble);
-    return d.pow(2).mean().sqrt().item<double>() / (r.pow(2).mean().sqrt().item<double>() + 1e-8);
-  };
-  at::Tensor dense = attn.reference(full, pa).at("o");
-  at::Tensor ref = reference_fn(full, pf).at("o");
-  at::Tensor opt = call_op("block_sparse_attention", b == Backend::Reference ? Backend::CPU : b, to_dt, pf).at("o");
-  return {{"dense_equivalence/reference", rel(dense, ref)}, {"dense_equivalence/optimized", rel(dense, opt)}};
+  return dense_equivalence_of("block_sparse_attention", full, p.with("topk", NB), resolve_scale(p, q.size(3)), b, dt);
 }
 
 OpSpec make_spec() {

@@ -68,6 +68,13 @@ inline bool full_attention_warmup(const Config& c, const LayerCtx& ctx) {
 // would flip near-tied keys and round the index_add accumulations.
 TensorMap run_in_fp32(const OpFn& fn, const TensorMap& in, const Config& p);
 
+// Invariant of the sparse ops: with every causal key (or block) selected (`full`: the op's inputs,
+// `pf`: its params), the op's FP64 reference and its optimized path (inputs in dtype dt) equal dense
+// causal attention (the attention op's reference) with the same scale. Defined in sparse_attention_op.cpp.
+std::vector<std::pair<std::string, double>> dense_equivalence_of(const std::string& op, const TensorMap& full,
+                                                                 const Config& pf, double scale, Backend b,
+                                                                 at::ScalarType dt);
+
 // Every key s ≤ t selected, −1 elsewhere: [B,T,T] int64 on `like`'s device.
 at::Tensor causal_full_indices(int64_t B, int64_t T, const at::Tensor& like);
 

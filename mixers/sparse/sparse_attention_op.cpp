@@ -157,19 +157,7 @@ std::vector<std::pair<std::string, double>> dense_equivalence(const TensorMap& i
   const at::Tensor& q = in.at("q");
   const int64_t B = q.size(0), T = q.size(1);
   TensorMap full{{"q", q}, {"k", in.at("k")}, {"v", in.at("v")}, {"indices", causal_full_indices(B, T, q)}};
-  Config pf = p.with("topk", T);
-  const OpSpec& attn = Registry::get().op("attention");
-  Config pa = attn.params.defaults().with("scale", resolve_scale(p, q.size(3)));
-  TensorMap to_dt;
-  for (const auto& [n, t] : full) to_dt.set(n, at::isFloatingType(t.scalar_type()) ? t.to(dt) : t);
-  auto rel = [](const at::Tensor& ref, const at::Tensor& x) {
-    at::Tensor r = ref.to(at::kDouble), d = r - x.to(at::kDouble);
-    return d.pow(2).mean().sqrt().item<double>() / (r.pow(2).mean().sqrt().item<double>() + 1e-8);
-  };
-  at::Tensor dense = attn.reference(full, pa).at("o");
-  at::Tensor ref = reference_fn(full, pf).at("o");
-  at::Tensor opt = call_op("sparse_attention", b == Backend::Reference ? Backend::CPU : b, to_dt, pf).at("o");
-  return {{"dense_equivalence/reference", rel(dense, ref)}, {"dense_equivalence/optimized", rel(dense, opt)}};
+  return dense_equivalence_of("sparse_attention", full, p.with("topk", T), resolve_scale(p, q.size(3)), b, dt);
 }
 
 OpSpec make_spec() {
@@ -193,6 +181,23 @@ OpSpec make_spec() {
 }
 
 }  // namespace
+
+std::vector<std::pair<std::string, double>> dense_equivalence_of(const std::string& op, const TensorMap& full,
+                                                                 const Config& pf, double scale, Backend b,
+                                                                 at::ScalarType dt) {
+  const OpSpec& attn = Registry::get().op("attention");
+  Config pa = attn.params.defaults().with("scale", scale);
+  TensorMap to_dt;
+  for (const auto& [n, t] : full) to_dt.set(n, at::isFloatingType(t.scalar_type()) ? t.to(dt) : t);
+  auto rel = [](const at::Tensor& ref, const at::Tensor& x) {
+    at::Tensor r = ref.to(at::kDouble), d = r - x.to(at::kDouble);
+    return d.pow(2).mean().sqrt().item<double>() / (r.pow(2).mean().sqrt().item<double>() + 1e-8);
+  };
+  at::Tensor dense = attn.reference(full, pa).at("o");
+  at::Tensor ref = Registry::get().op(op).reference(full, pf).at("o");
+  at::Tensor opt = call_op(op, b == Backend::Reference ? Backend::CPU : b, to_dt, pf).at("o");
+  return {{"dense_equivalence/reference", rel(dense, ref)}, {"dense_equivalence/optimized", rel(dense, opt)}};
+}
 
 at::Tensor causal_full_indices(int64_t B, int64_t T, const at::Tensor& like) {
   auto o = at::TensorOptions().dtype(at::kLong).device(like.device());
