@@ -75,13 +75,10 @@ TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx&) {
 }
 
 MethodSpec make_spec() {
-  // Cases: gate offset −5 (see add_gate_offset_knob) and norm_eps 1e-2: with fla's 1e-5, a head
-  // whose output is near zero sits where the RMSNorm is extremely curved, and the reference's
-  // finite-difference check (eps 1e-5, threshold 1e-6) fails on truncation error in one case
-  // (layer1_ve_B2_T37, grad_q_proj 2.8e-6) although the optimized path agrees with the reference.
+  // Cases: gate offset −5 (see add_gate_offset_knob), fla's norm_eps.
   return delta_method({"kda", "Kimi Delta Attention: short convs, L2-norm q/k, per-key-dim low-rank decay, delta rule, sigmoid-gated RMSNorm",
                        "Kimi Team 2025 (Kimi Linear); fla/layers/kda.py",
-                       "kda", run, params, reference_fn, account, true, "gate_bias_offset=-5,norm_eps=1e-2"});
+                       "kda", run, params, reference_fn, account, true, "gate_bias_offset=-5"});
 }
 
 MIXBENCH_REGISTER(make_spec());
