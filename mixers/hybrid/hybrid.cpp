@@ -273,7 +273,7 @@ HybridDesc gdn_hybrid_swa() {
 HybridDesc kda_hybrid() {
   HybridDesc d = two_way_hybrid("kda_hybrid", "3 KDA then 1 MLA without RoPE, repeating (layer i MLA iff i % 4 == 0)",
                                 "Kimi Linear (KDA with NoPE MLA, 3:1); methods.md §6", "mla", "kda",
-                                [](int64_t i, int64_t) { return i % 4 == 0; }, "");
+                                [](int64_t i, int64_t) { return i % 4 == 0; }, "gate_bias_offset=-5");
   d.layout = two_way("mla", "mla_rope_dim=0", "kda", [](int64_t i, int64_t) { return i % 4 == 0; });
   return d;
 }
