@@ -28,25 +28,28 @@
 namespace mixbench::linear {
 
 namespace {
+// [B,T,H,D] → [B,H,N,C,D] and [B,T,H] → [B,H,N,C] in chunks of C, zero-padded at the end.
+at::Tensor to_chunks(const at::Tensor& x, int64_t C) {
+  const int64_t B = x.size(0), T = x.size(1), H = x.size(2), N = (T + C - 1) / C, pad = N * C - T;
+  at::Tensor t = x.transpose(1, 2);
+  if (x.dim() == 4) {
+    if (pad) t = at::constant_pad_nd(t, {0, 0, 0, pad});
+    return t.reshape({B, H, N, C, x.size(3)});
+  }
+  if (pad) t = at::constant_pad_nd(t, {0, pad});
+  return t.reshape({B, H, N, C});
+}
+
 // One block (the whole algorithm above on tokens [B,L,...], fp32 or fp64), state h0 entering it.
 DeltaResult delta_chunked_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& beta,
                                 const at::Tensor& g, double scale, const at::Tensor& h0, int64_t chunk) {
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
   const DeltaGate gate = !g.defined() ? DeltaGate::None : (g.dim() == 3 ? DeltaGate::Head : DeltaGate::Key);
-  const int64_t C = std::min(chunk, T), N = (T + C - 1) / C, Tp = N * C, pad = Tp - T;
-  // [B,T,H,D] -> [B,H,N,C,D] and [B,T,H] -> [B,H,N,C], zero-padded at the end. Padded tokens have
-  // k = 0, β = 0, g = 0: they write nothing and decay nothing, so the final state is exact.
-  auto chunk4 = [&](const at::Tensor& x) {
-    at::Tensor t = x.transpose(1, 2);
-    if (pad) t = at::constant_pad_nd(t, {0, 0, 0, pad});
-    return t.reshape({B, H, N, C, x.size(3)});
-  };
-  auto chunk3 = [&](const at::Tensor& x) {
-    at::Tensor t = x.transpose(1, 2);
-    if (pad) t = at::constant_pad_nd(t, {0, pad});
-    return t.reshape({B, H, N, C});
-  };
-  const at::Tensor qc = chunk4(q) * scale, kc = chunk4(k), vc = chunk4(v), bc = chunk3(beta).unsqueeze(-1);
+  const int64_t C = std::min(chunk, T), N = (T + C - 1) / C, Tp = N * C;
+  // Chunk layout, zero-padded at the end. Padded tokens have k = 0, β = 0, g = 0: they write
+  // nothing and decay nothing, so the final state is exact.
+  auto chunked = [C](const at::Tensor& x) { return to_chunks(x, C); };
+  const at::Tensor qc = chunked(q) * scale, kc = chunked(k), vc = chunked(v), bc = chunked(beta).unsqueeze(-1);
   const at::Tensor upper = at::ones({C, C}, q.options().dtype(at::kBool)).triu(1);  // j > t
   const at::Tensor kT = kc.transpose(-1, -2);
   at::Tensor A, P, Kg, Qg, Kr, last;
@@ -57,7 +60,7 @@ DeltaResult delta_chunked_block(const at::Tensor& q, const at::Tensor& k, const 
       Kg = kc, Qg = qc, Kr = kc;
       break;
     case DeltaGate::Head: {
-      at::Tensor G = chunk3(g).cumsum(-1);                           // [B,H,N,C]
+      at::Tensor G = chunked(g).cumsum(-1);                           // [B,H,N,C]
       at::Tensor D = G.unsqueeze(-1) - G.unsqueeze(-2);              // G_t − G_j
       at::Tensor Gam = D.masked_fill(upper, -INFINITY).exp();        // exactly 0 above the diagonal
       A = at::matmul(kc, kT) * Gam;
@@ -70,7 +73,7 @@ DeltaResult delta_chunked_block(const at::Tensor& q, const at::Tensor& k, const 
       break;
     }
     case DeltaGate::Key: {
-      at::Tensor G = chunk4(g).cumsum(-2);                           // [B,H,N,C,K]
+      at::Tensor G = chunked(g).cumsum(-2);                           // [B,H,N,C,K]
       at::Tensor D = G.unsqueeze(-2) - G.unsqueeze(-3);              // [B,H,N,C_t,C_j,K]
       at::Tensor up3 = upper.unsqueeze(-1);
       at::Tensor E = D.masked_fill(up3, 0).exp().masked_fill(up3, 0);
@@ -152,19 +155,17 @@ DeltaResult delta_chunked(const at::Tensor& q, const at::Tensor& k, const at::Te
 // Given du and dS1 from the reverse walk, every input gradient follows by the chain rule through
 // these products; G receives a gradient from each e^{±G} factor and is turned into dg by a reverse
 // cumulative sum inside the chunk (G_t = Σ_{s ≤ t} g_s).
-namespace delta_bwd {
+namespace {
 
-at::Tensor to_chunks(const at::Tensor& x, at::ScalarType dt) {
-  const int64_t B = x.size(0), T = x.size(1), H = x.size(2), N = (T + kDeltaChunk - 1) / kDeltaChunk;
-  const int64_t pad = N * kDeltaChunk - T;
-  at::Tensor t = x.to(dt).transpose(1, 2);  // [B,H,T,...]
-  if (x.dim() == 4) {
-    if (pad) t = at::constant_pad_nd(t, {0, 0, 0, pad});
-    return t.reshape({B, H, N, kDeltaChunk, x.size(3)});
-  }
-  if (pad) t = at::constant_pad_nd(t, {0, pad});
-  return t.reshape({B, H, N, kDeltaChunk});
-}
+// The inputs in chunk layout (chunks of kDeltaChunk), compute dtype (fp64 for fp64 inputs, else
+// fp32): q, k [B,H,N,C,K], v, d_o [B,H,N,C,V], beta and G (cumulative log decay inside the chunk)
+// [B,H,N,C], with eG = e^{G}, er = e^{G_C − G} [B,H,N,C], eGL = e^{G_C} [B,H,N], Gam = Γ [B,H,N,C,C]
+// (0 above the diagonal).
+struct Chunks {
+  at::Tensor q, k, v, d_o, beta, G, eG, er, eGL, Gam;
+  double scale = 1;
+  int64_t T = 0;
+};
 
 at::Tensor from_chunks(const at::Tensor& x, int64_t T) {
   const int64_t B = x.size(0), H = x.size(1), NC = x.size(2) * x.size(3);
@@ -175,15 +176,16 @@ at::Tensor from_chunks(const at::Tensor& x, int64_t T) {
 Chunks make(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& beta,
             const at::Tensor& g, const at::Tensor& d_o, double scale) {
   const at::ScalarType dt = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  auto chunked = [dt](const at::Tensor& x) { return to_chunks(x.to(dt), kDeltaChunk); };
   Chunks c;
   c.scale = scale;
   c.T = q.size(1);
-  c.q = to_chunks(q, dt);
-  c.k = to_chunks(k, dt);
-  c.v = to_chunks(v, dt);
-  c.d_o = d_o.defined() ? to_chunks(d_o, dt) : at::zeros_like(c.v);
-  c.beta = to_chunks(beta, dt);
-  c.G = to_chunks(g, dt).cumsum(-1);
+  c.q = chunked(q);
+  c.k = chunked(k);
+  c.v = chunked(v);
+  c.d_o = d_o.defined() ? chunked(d_o) : at::zeros_like(c.v);
+  c.beta = chunked(beta);
+  c.G = chunked(g).cumsum(-1);
   c.eG = c.G.exp();
   at::Tensor GL = c.G.narrow(-1, kDeltaChunk - 1, 1);
   c.er = (GL - c.G).exp();
@@ -193,9 +195,7 @@ Chunks make(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
   return c;
 }
 
-namespace {
 at::Tensor mT(const at::Tensor& x) { return x.transpose(-1, -2); }
-}  // namespace
 
 at::Tensor dv_local(const Chunks& c) {
   at::Tensor P = at::matmul(c.q, mT(c.k)) * c.Gam * c.scale;
@@ -247,13 +247,13 @@ DeltaGrads grads(const Chunks& c, const at::Tensor& X, const at::Tensor& S0, con
           from_chunks(dg, c.T), dh0};
 }
 
-}  // namespace delta_bwd
+}  // namespace
 
 DeltaGrads gated_delta_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& beta,
                                 const at::Tensor& g, double scale, const at::Tensor& h0, const at::Tensor& d_o,
                                 const at::Tensor& dht) {
   c10::NoGradGuard ng;
-  const delta_bwd::Chunks c = delta_bwd::make(q, k, v, beta, g, d_o, scale);
+  const Chunks c = make(q, k, v, beta, g, d_o, scale);
   const int64_t B = q.size(0), H = q.size(2), K = q.size(3), V = v.size(3), N = c.q.size(2);
   const auto opt = c.q.options();
   const at::Tensor eye = at::eye(kDeltaChunk, opt);
@@ -273,7 +273,7 @@ DeltaGrads gated_delta_backward(const at::Tensor& q, const at::Tensor& k, const 
     S = S * c.eGL.select(2, n).unsqueeze(-1).unsqueeze(-1) + at::matmul(Kr.select(2, n).transpose(-1, -2), un);
   }
   // reverse walk: dS1 of every chunk and du = Pᵀ do + K_r dS1
-  const at::Tensor dvl = delta_bwd::dv_local(c);
+  const at::Tensor dvl = dv_local(c);
   at::Tensor dS1 = at::empty_like(S0), du = at::empty_like(u);
   at::Tensor dS = dht.defined() ? dht.to(opt.dtype()) : at::zeros({B, H, K, V}, opt);
   for (int64_t n = N - 1; n >= 0; --n) {
@@ -284,7 +284,7 @@ DeltaGrads gated_delta_backward(const at::Tensor& q, const at::Tensor& k, const 
          at::matmul(Qg.select(2, n).transpose(-1, -2), c.d_o.select(2, n)) -
          at::matmul(W.select(2, n).transpose(-1, -2), dun);
   }
-  DeltaGrads r = delta_bwd::grads(c, X, S0, u, dS1, du, h0.defined() ? dS : at::Tensor());
+  DeltaGrads r = grads(c, X, S0, u, dS1, du, h0.defined() ? dS : at::Tensor());
   auto back = [](const at::Tensor& x, const at::Tensor& like) { return x.defined() ? x.to(like.scalar_type()) : x; };
   return {back(r.dq, q), back(r.dk, k), back(r.dv, v), back(r.dbeta, beta), back(r.dg, g),
           h0.defined() ? back(r.dh0, h0) : at::Tensor()};

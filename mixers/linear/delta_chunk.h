@@ -34,8 +34,8 @@ DeltaResult delta_chunked(const at::Tensor& q, const at::Tensor& k, const at::Te
 // zero-padded), without recording the forward for autograd. The two sequential parts are walks over
 // the chunks: forward (state S0 entering each chunk, u = U − W S0) and reverse (gradient dS1 of the
 // state at each chunk's end, du = Pᵀ do + K_r dS1, then dS0 = e^{G_C} dS1 + Q_gᵀ do − Wᵀ du); all
-// other terms are batched products over every chunk at once (delta_bwd::grads). The CUDA path of
-// gated_delta_rule runs the walks as kernels; gated_delta_backward runs them as LibTorch loops.
+// other terms are batched products over every chunk at once. gated_delta_backward runs the walks as
+// LibTorch loops; the CUDA path of gated_delta_rule runs the same algebra on kernels (chunk_cuda.cpp).
 struct DeltaGrads {
   at::Tensor dq, dk, dv, dbeta, dg, dh0;  // [B,T,H,K], [B,T,H,K], [B,T,H,V], [B,T,H], [B,T,H], [B,H,K,V]
 };
@@ -43,28 +43,6 @@ struct DeltaGrads {
 DeltaGrads gated_delta_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& beta,
                                 const at::Tensor& g, double scale, const at::Tensor& h0, const at::Tensor& d_o,
                                 const at::Tensor& dht);
-
-namespace delta_bwd {
-// The inputs in chunk layout, compute dtype (fp64 for fp64 inputs, else fp32): q, k [B,H,N,C,K],
-// v, d_o [B,H,N,C,V], beta and G (cumulative log decay inside the chunk) [B,H,N,C], with
-// eG = e^{G}, er = e^{G_C − G} [B,H,N,C], eGL = e^{G_C} [B,H,N], Gam = Γ [B,H,N,C,C] (0 above the diagonal).
-struct Chunks {
-  at::Tensor q, k, v, d_o, beta, G, eG, er, eGL, Gam;
-  double scale = 1;
-  int64_t T = 0;
-};
-Chunks make(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& beta,
-            const at::Tensor& g, const at::Tensor& d_o, double scale);
-// [B,T,H,D] → [B,H,N,C,D] (zero-padded, dtype dt) and back.
-at::Tensor to_chunks(const at::Tensor& x, at::ScalarType dt);
-at::Tensor from_chunks(const at::Tensor& x, int64_t T);
-// Pᵀ do, the part of du that does not depend on the state [B,H,N,C,V].
-at::Tensor dv_local(const Chunks& c);
-// All gradients from the walks' results: X = (I + A)⁻¹ [B,H,N,C,C], S0 [B,H,N,K,V], u [B,H,N,C,V],
-// dS1 [B,H,N,K,V], du [B,H,N,C,V]; dh0 is passed through. Returned in the [B,T,H,...] layout.
-DeltaGrads grads(const Chunks& c, const at::Tensor& X, const at::Tensor& S0, const at::Tensor& u,
-                 const at::Tensor& dS1, const at::Tensor& du, const at::Tensor& dh0);
-}  // namespace delta_bwd
 
 // CPU forward for the None and Head gates (delta_rule, gated_delta_rule): the same chunked algorithm
 // (chunk kDeltaChunk) on raw buffers in the input dtype (fp32 / fp64; half precision runs in fp32),
