@@ -135,6 +135,37 @@ struct SimpleGlaTcFn : public torch::autograd::Function<SimpleGlaTcFn> {
   }
 };
 
+// The delta rule's WY preparation (delta_prep: w, u and, with_x, the per-chunk inverse X in fp32)
+// and its forward walk (per-chunk states hs, v_new, final state ht).
+struct DeltaPrep {
+  at::Tensor b, betaf, w, u, X;
+};
+DeltaPrep delta_prepare(const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
+                        bool with_x) {
+  const tc::Dims d = dims(k, v);
+  DeltaPrep p;
+  p.b = chunk_cumsum(g);
+  p.betaf = beta.to(at::kFloat).contiguous();
+  p.w = at::empty_like(k);
+  p.u = at::empty_like(v);
+  if (with_x) p.X = at::empty({d.B, d.H, tc::num_chunks(d.T), 64, 64}, k.options().dtype(at::kFloat));
+  tc::delta_prep(dtype_of(k), k.data_ptr(), v.data_ptr(), p.betaf.data_ptr<float>(), p.b.data_ptr<float>(),
+                 p.w.data_ptr(), p.u.data_ptr(), with_x ? p.X.data_ptr<float>() : nullptr, d, stream());
+  return p;
+}
+struct DeltaWalk {
+  at::Tensor hs, vn, ht;
+};
+DeltaWalk delta_walk(const at::Tensor& k, const at::Tensor& v, const DeltaPrep& p, const at::Tensor& h0,
+                     const at::Tensor& ht_out) {
+  const tc::Dims d = dims(k, v);
+  DeltaWalk r{at::empty({d.B, d.H, tc::num_chunks(d.T), d.K, d.V}, k.options()), at::empty_like(v), ht_out};
+  if (!r.ht.defined()) r.ht = at::empty({d.B, d.H, d.K, d.V}, k.options().dtype(at::kFloat));
+  tc::walk_fwd(dtype_of(k), k.data_ptr(), p.u.data_ptr(), p.w.data_ptr(), p.b.data_ptr<float>(), fptr(h0),
+               r.hs.data_ptr(), r.vn.data_ptr(), r.ht.data_ptr<float>(), d, stream());
+  return r;
+}
+
 struct GdnTcFn : public torch::autograd::Function<GdnTcFn> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
                                                 const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
@@ -142,23 +173,16 @@ struct GdnTcFn : public torch::autograd::Function<GdnTcFn> {
     ctx->saved_data["scale"] = scale;
     ctx->save_for_backward({q, k, v, g, beta, h0});
     const tc::Dims d = dims(q, v);
-    const int64_t NT = tc::num_chunks(d.T);
-    at::Tensor b = chunk_cumsum(g);
-    at::Tensor betaf = beta.to(at::kFloat).contiguous();
-    at::Tensor w = at::empty_like(k), u = at::empty_like(v), vn = at::empty_like(v);
-    tc::delta_prep(dtype_of(q), k.data_ptr(), v.data_ptr(), betaf.data_ptr<float>(), b.data_ptr<float>(),
-                   w.data_ptr(), u.data_ptr(), nullptr, d, stream());
+    const DeltaPrep p = delta_prepare(k, v, g, beta, /*with_x=*/false);
     at::Tensor ht = alloc_output({d.B, d.H, d.K, d.V}, q.options().dtype(at::kFloat));
     at::Tensor o = alloc_output({d.B, d.T, d.H, d.V}, v.options());
     if (tc::prefer_fused(d)) {
-      tc::fused_fwd(dtype_of(q), q.data_ptr(), k.data_ptr(), u.data_ptr(), w.data_ptr(), b.data_ptr<float>(),
+      tc::fused_fwd(dtype_of(q), q.data_ptr(), k.data_ptr(), p.u.data_ptr(), p.w.data_ptr(), p.b.data_ptr<float>(),
                     fptr(h0), o.data_ptr(), ht.data_ptr<float>(), float(scale), d, stream());
     } else {
-      at::Tensor hs = at::empty({d.B, d.H, NT, d.K, d.V}, q.options());
-      tc::walk_fwd(dtype_of(q), k.data_ptr(), u.data_ptr(), w.data_ptr(), b.data_ptr<float>(), fptr(h0),
-                   hs.data_ptr(), vn.data_ptr(), ht.data_ptr<float>(), d, stream());
-      tc::chunk_output(dtype_of(q), q.data_ptr(), k.data_ptr(), vn.data_ptr(), b.data_ptr<float>(), hs.data_ptr(),
-                       o.data_ptr(), float(scale), d, stream());
+      const DeltaWalk f = delta_walk(k, v, p, h0, ht);
+      tc::chunk_output(dtype_of(q), q.data_ptr(), k.data_ptr(), f.vn.data_ptr(), p.b.data_ptr<float>(),
+                       f.hs.data_ptr(), o.data_ptr(), float(scale), d, stream());
     }
     return {o, ht};
   }
@@ -180,15 +204,9 @@ struct GdnTcFn : public torch::autograd::Function<GdnTcFn> {
     auto f32 = q.options().dtype(at::kFloat);
     at::Tensor d_o = grads[0].defined() ? prep(grads[0], q.scalar_type()) : at::zeros_like(v);
     at::Tensor dht = grads[1].defined() ? prep(grads[1], at::kFloat) : at::Tensor();
-    at::Tensor b = chunk_cumsum(g);
-    at::Tensor betaf = beta.to(at::kFloat).contiguous();
-    at::Tensor w = at::empty_like(k), u = at::empty_like(v), X = at::empty({d.B, d.H, NT, 64, 64}, f32);
-    tc::delta_prep(dt, k.data_ptr(), v.data_ptr(), betaf.data_ptr<float>(), b.data_ptr<float>(), w.data_ptr(),
-                   u.data_ptr(), X.data_ptr<float>(), d, stream());
-    at::Tensor hs = at::empty({d.B, d.H, NT, d.K, d.V}, q.options()), vn = at::empty_like(v);
-    at::Tensor ht = at::empty({d.B, d.H, d.K, d.V}, f32);
-    tc::walk_fwd(dt, k.data_ptr(), u.data_ptr(), w.data_ptr(), b.data_ptr<float>(), fptr(h0), hs.data_ptr(),
-                 vn.data_ptr(), ht.data_ptr<float>(), d, stream());
+    const DeltaPrep p = delta_prepare(k, v, g, beta, /*with_x=*/true);
+    const DeltaWalk f = delta_walk(k, v, p, h0, at::Tensor());
+    const at::Tensor &b = p.b, &w = p.w, &X = p.X, &betaf = p.betaf, &hs = f.hs, &vn = f.vn;
     at::Tensor dvl = at::empty_like(v);
     tc::delta_dv_local(dt, q.data_ptr(), k.data_ptr(), d_o.data_ptr(), b.data_ptr<float>(), dvl.data_ptr(),
                        float(scale), d, stream());
