@@ -131,14 +131,22 @@ def decay_grad(q, dqf, k, dkf, y, z, x2=None):
     return (x.flip(2).cumsum(2).flip(2) + yp.cumsum(2) - yp + z[:, :, None, :]).view(B, NT * 64, H)[:, :T]
 
 
+def gdn_prep(k, v, g, beta, with_x=False):
+    """delta_prep: the chunk cumsum b, w, u and (with_x) X = (I + A)^-1 per chunk, fp32 [B,H,NT,64,64]."""
+    B, T, H, K, V = dims(k, v)
+    NT = (T + 63) // 64
+    b = chunk_cumsum(g, T)
+    w, u = poison(B, T, H, K, dtype=k.dtype), poison(B, T, H, V, dtype=k.dtype)
+    x = poison(B, H, NT, 64, 64, dtype=torch.float32) if with_x else None
+    call("ck_prep", fp16(k), p(k), p(v), p(beta.float().contiguous()), p(b), p(w), p(u), p(x), B, T, H, K, V,
+         stream())
+    return b, w, u, x
+
+
 def gdn_fwd(q, k, v, g, beta, scale, h0, fused=True):
     B, T, H, K, V = dims(q, v)
     NT = (T + 63) // 64
-    b = chunk_cumsum(g, T)
-    w = poison(B, T, H, K, dtype=q.dtype)
-    u = poison(B, T, H, V, dtype=q.dtype)
-    betaf = beta.float().contiguous()
-    call("ck_prep", fp16(q), p(k), p(v), p(betaf), p(b), p(w), p(u), p(None), B, T, H, K, V, stream())
+    b, w, u, _ = gdn_prep(k, v, g, beta)
     ht = poison(B, H, K, V, dtype=torch.float32)
     o = poison(B, T, H, V, dtype=q.dtype)
     if fused:
@@ -169,11 +177,8 @@ def gdn_bwd(q, k, v, g, beta, scale, h0, do, dht):
     dbeta, dh0."""
     B, T, H, K, V = dims(q, v)
     NT = (T + 63) // 64
-    b = chunk_cumsum(g, T)
+    b, w, u, X = gdn_prep(k, v, g, beta, with_x=True)
     betaf = beta.float().contiguous()
-    w, u = poison(B, T, H, K, dtype=q.dtype), poison(B, T, H, V, dtype=q.dtype)
-    X = poison(B, H, NT, 64, 64, dtype=torch.float32)
-    call("ck_prep", fp16(q), p(k), p(v), p(betaf), p(b), p(w), p(u), p(X), B, T, H, K, V, stream())
     hs, vn = poison(B, H, NT, K, V, dtype=q.dtype), poison(B, T, H, V, dtype=q.dtype)
     ht = poison(B, H, K, V, dtype=torch.float32)
     call("ck_walk_fwd", fp16(q), p(k), p(u), p(w), p(b), p(h0), p(hs), p(vn), p(ht), B, T, H, K, V, stream())
@@ -215,11 +220,7 @@ def ref_gdn_bwd_walk(q, k, w, do, dvl, b, scale, dht):
 
 def gdn_bwd_walk_errors(q, k, v, g, beta, scale, dht):
     """The reverse walk on the kernels' w (delta_prep) against float64, random do and dv_local."""
-    B, T, H, K, V = dims(q, v)
-    b = chunk_cumsum(g, T)
-    w, u = torch.empty_like(q), torch.empty_like(v)
-    call("ck_prep", fp16(q), p(k), p(v), p(beta.float().contiguous()), p(b), p(w), p(u), p(None), B, T, H, K, V,
-         stream())
+    b, w, _, _ = gdn_prep(k, v, g, beta)
     do, dvl = torch.randn_like(v), torch.randn_like(v)
     dhs, du, dh0 = gdn_bwd_walk(q, k, w, do, dvl, b, scale, dht)
     rdhs, rdu, rdh0 = ref_gdn_bwd_walk(q, k, w, do, dvl, b, scale, dht)
@@ -228,15 +229,7 @@ def gdn_bwd_walk_errors(q, k, v, g, beta, scale, dht):
 
 def gdn_x(k, v, g, beta):
     """X = (I + A)^-1 of every chunk, fp32 [B,H,NT,64,64], as delta_prep writes it for the backward."""
-    B, T, H, K, V = dims(k, v)
-    NT = (T + 63) // 64
-    b = chunk_cumsum(g, T)
-    w = poison(B, T, H, K, dtype=k.dtype)
-    u = poison(B, T, H, V, dtype=k.dtype)
-    x = poison(B, H, NT, 64, 64, dtype=torch.float32)
-    betaf = beta.float().contiguous()
-    call("ck_prep", fp16(k), p(k), p(v), p(betaf), p(b), p(w), p(u), p(x), B, T, H, K, V, stream())
-    return x
+    return gdn_prep(k, v, g, beta, with_x=True)[3]
 
 
 def ref_x(k, g, beta):
@@ -312,14 +305,12 @@ def sanitize_run():
                             sgla_bwd(q, k, v, g, scale, h0, torch.randn_like(v), torch.randn_like(h0), fwd)))
             outs.update(zip(("gdn_o", "gdn_ht"), gdn_fwd(qd, kd, vd, gd, betad, scale, h0)))
             outs.update(zip(("gdn_o_split", "gdn_ht_split"), gdn_fwd(qd, kd, vd, gd, betad, scale, h0, False)))
-            wd = torch.empty_like(kd)
-            call("ck_prep", 0, p(kd), p(vd), p(betad.float().contiguous()), p(chunk_cumsum(gd, T)), p(wd),
-                 p(torch.empty_like(vd)), p(None), *dims(qd, vd), stream())
+            bd, wd, _, _ = gdn_prep(kd, vd, gd, betad)
             outs.update(zip(("gdn_dq", "gdn_dk", "gdn_dv", "gdn_dg", "gdn_dbeta", "gdn_dh0"),
                             gdn_bwd(qd, kd, vd, gd, betad, scale, h0, torch.randn_like(vd), torch.randn_like(h0))))
             outs.update(zip(("gdn_bwd_dhs", "gdn_bwd_du", "gdn_bwd_dh0"),
-                            gdn_bwd_walk(qd, kd, wd, torch.randn_like(vd), torch.randn_like(vd), chunk_cumsum(gd, T),
-                                         scale, torch.randn_like(h0))))
+                            gdn_bwd_walk(qd, kd, wd, torch.randn_like(vd), torch.randn_like(vd), bd, scale,
+                                         torch.randn_like(h0))))
             outs["gdn_x"] = gdn_x(kd, vd, gd, betad)
             torch.cuda.synchronize()
             bad = [n for n, x in outs.items() if not bool(torch.isfinite(x).all())]
