@@ -216,14 +216,15 @@ LayoutFn two_way(std::string a, std::string a_over, std::string b, std::function
   };
 }
 
-// The hybrids whose layout picks one of two methods per layer.
+// The hybrids whose layout picks one of two methods per layer (`a` with the overrides a_over).
 HybridDesc two_way_hybrid(std::string name, std::string summary, std::string citation, std::string a, std::string b,
-                          std::function<bool(int64_t, int64_t)> pick, std::string case_config) {
+                          std::function<bool(int64_t, int64_t)> pick, std::string case_config,
+                          std::string a_over = "") {
   HybridDesc d;
   d.name = std::move(name);
   d.summary = std::move(summary);
   d.citation = std::move(citation);
-  d.layout = two_way(std::move(a), "", std::move(b), std::move(pick));
+  d.layout = two_way(std::move(a), std::move(a_over), std::move(b), std::move(pick));
   d.case_config = std::move(case_config);
   return d;
 }
@@ -271,11 +272,9 @@ HybridDesc gdn_hybrid_swa() {
 }
 
 HybridDesc kda_hybrid() {
-  HybridDesc d = two_way_hybrid("kda_hybrid", "3 KDA then 1 MLA without RoPE, repeating (layer i MLA iff i % 4 == 0)",
-                                "Kimi Linear (KDA with NoPE MLA, 3:1); methods.md §6", "mla", "kda",
-                                [](int64_t i, int64_t) { return i % 4 == 0; }, "gate_bias_offset=-5");
-  d.layout = two_way("mla", "mla_rope_dim=0", "kda", [](int64_t i, int64_t) { return i % 4 == 0; });
-  return d;
+  return two_way_hybrid("kda_hybrid", "3 KDA then 1 MLA without RoPE, repeating (layer i MLA iff i % 4 == 0)",
+                        "Kimi Linear (KDA with NoPE MLA, 3:1); methods.md §6", "mla", "kda",
+                        [](int64_t i, int64_t) { return i % 4 == 0; }, "gate_bias_offset=-5", "mla_rope_dim=0");
 }
 
 HybridDesc hypenet() {
