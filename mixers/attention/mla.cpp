@@ -86,11 +86,10 @@ std::pair<at::Tensor, at::Tensor> queries(const Latents& l, const TensorMap& in,
 
 double scale_of(const MlaDims& d) { return 1.0 / std::sqrt(double(d.dh + d.dr)); }
 
-TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx&, Backend backend) {
-  const MlaDims d = mla_dims(c);
+// The layer's output over a whole sequence from its latents.
+at::Tensor attend(const TensorMap& in, const Config& c, const MlaDims& d, const Latents& l, Backend backend) {
   const at::Tensor& x = in.at("x");
   const int64_t B = x.size(0), T = x.size(1);
-  Latents l = latents(in, c, d, 0);
   auto [q, qr] = queries(l, in, c, d, 0);
   at::Tensor k = at::linear(l.ckv, in.at("w_uk")).view({B, T, d.H, d.dh});
   at::Tensor v = at::linear(l.ckv, in.at("w_uv")).view({B, T, d.H, d.dh});
@@ -103,18 +102,23 @@ TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx&, Backend
   op.set("window", int64_t(0));
   op.set("logit_scale_a", 0.0);
   at::Tensor o = call_op("attention", backend, {{"q", q}, {"k", k}, {"v", v}}, op).at("o");
-  return {{"y", at::linear(o.reshape({B, T, d.H * d.dh}), in.at("c_proj"))}};
+  return at::linear(o.reshape({B, T, d.H * d.dh}), in.at("c_proj"));
+}
+
+TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx&, Backend backend) {
+  const MlaDims d = mla_dims(c);
+  return {{"y", attend(in, c, d, latents(in, c, d, 0), backend)}};
 }
 
 // Decode cache: "pos", "ckv" [B,Tc,kvl] and, with RoPE, "kr" [B,Tc,dr].
-TensorMap prefill(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx& ctx, Backend backend) {
+TensorMap prefill(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx&, Backend backend) {
   const MlaDims d = mla_dims(c);
-  Latents l = latents(in, c, d, 0);
+  const Latents l = latents(in, c, d, 0);
   cache = TensorMap();
   set_cache_pos(cache, in.at("x").size(1));
   cache.set("ckv", l.ckv.contiguous());
   if (d.dr > 0) cache.set("kr", l.kr.squeeze(2).contiguous());
-  return forward(in, c, ctx, backend);
+  return {{"y", attend(in, c, d, l, backend)}};
 }
 
 // One token in the absorbed form (fp32 for half-precision inputs):
