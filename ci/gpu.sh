@@ -52,7 +52,7 @@ if part peers && [ -f ci/peers.py ]; then
 fi
 if part chunk; then
 log "chunk kernels: check against float64 and time next to flash-linear-attention"
-python3 ci/kernels/chunk_check.py --quick --lib /tmp/mixbench_chunk.so --out "$OUT/chunk_kernels.json" \
+python3 ci/kernels/chunk_check.py --quick --sweep --lib /tmp/mixbench_chunk.so --out "$OUT/chunk_kernels.json" \
     > "$LOGS/chunk.txt" 2>&1 || rc=1
 grep -vi warn "$LOGS/chunk.txt" | tail -6
 fi

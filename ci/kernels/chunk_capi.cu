@@ -23,6 +23,12 @@ Dtype dtype_of(int fp16) { return fp16 ? Dtype::FP16 : Dtype::BF16; }
 
 extern "C" {
 int ck_layout_ok() { return layout_ok() ? 1 : 0; }
+int ck_set_tuning(int walk_bv, int out_split) {
+  return guarded([&] { set_tuning(Tuning{walk_bv, out_split}); });
+}
+int ck_cumsum(const float* g, float* b, int B, int T, int H, void* stream) {
+  return guarded([&] { chunk_cumsum(g, b, B, T, H, stream); });
+}
 int ck_walk_fwd(int fp16, const void* k, const void* v, const void* w, const float* b, const float* h0, void* hs,
                 void* vnew, float* ht, int B, int T, int H, int K, int V, void* stream) {
   return guarded([&] { walk_fwd(dtype_of(fp16), k, v, w, b, h0, hs, vnew, ht, Dims{B, T, H, K, V}, stream); });

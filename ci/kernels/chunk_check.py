@@ -69,6 +69,25 @@ def chunk_cumsum(g, T):
     return gp.view(B, NT, 64, H).cumsum(2).view(B, NT * 64, H).contiguous()
 
 
+def kcumsum(g, T):
+    """chunk_cumsum through the kernel (g fp32 [B,T,H])."""
+    B, _, H = g.shape
+    NT = (T + 63) // 64
+    gf = g.float().contiguous()
+    b = poison(B, NT * 64, H, dtype=torch.float32)
+    call("ck_cumsum", p(gf), p(b), B, T, H, stream())
+    return b
+
+
+# Launch choices (walk V tile, output CTAs per chunk: see Tuning in chunk_kernels.h) the tuning sweep
+# and the tuning check go through; (0, 0) is the built-in rule.
+TUNINGS = [(bv, sp) for bv in (32, 64) for sp in (1, 2)]
+
+
+def set_tuning(t):
+    call("ck_set_tuning", *t)
+
+
 def dims(q, v):
     B, T, H, K = q.shape
     return B, T, H, K, v.shape[-1]
@@ -81,7 +100,7 @@ def fp16(t):
 def sgla_fwd(q, k, v, g, scale, h0):
     B, T, H, K, V = dims(q, v)
     NT = (T + 63) // 64
-    b = chunk_cumsum(g, T)
+    b = kcumsum(g, T)
     hs = poison(B, H, NT, K, V, dtype=q.dtype)
     ht = poison(B, H, K, V, dtype=torch.float32)
     o = poison(B, T, H, V, dtype=q.dtype)
@@ -92,7 +111,7 @@ def sgla_fwd(q, k, v, g, scale, h0):
 
 def sgla_fused(q, k, v, g, scale, h0):
     B, T, H, K, V = dims(q, v)
-    b = chunk_cumsum(g, T)
+    b = kcumsum(g, T)
     ht = poison(B, H, K, V, dtype=torch.float32)
     o = poison(B, T, H, V, dtype=q.dtype)
     call("ck_fused", fp16(q), p(q), p(k), p(v), p(None), p(b), p(h0), p(o), p(ht), ctypes.c_float(scale),
@@ -135,7 +154,7 @@ def gdn_prep(k, v, g, beta, with_x=False):
     """delta_prep: the chunk cumsum b, w, u and (with_x) X = (I + A)^-1 per chunk, fp32 [B,H,NT,64,64]."""
     B, T, H, K, V = dims(k, v)
     NT = (T + 63) // 64
-    b = chunk_cumsum(g, T)
+    b = kcumsum(g, T)
     w, u = poison(B, T, H, K, dtype=k.dtype), poison(B, T, H, V, dtype=k.dtype)
     x = poison(B, H, NT, 64, 64, dtype=torch.float32) if with_x else None
     call("ck_prep", fp16(k), p(k), p(v), p(beta.float().contiguous()), p(b), p(w), p(u), p(x), B, T, H, K, V,
@@ -292,31 +311,34 @@ def inputs(B, T, H, K, V, dt, gate_div, seed, delta=False):
 def sanitize_run():
     """Every kernel once on small shapes (for compute-sanitizer); outputs must come back finite."""
     ok = True
-    for K, V in ((64, 128), (128, 128), (128, 64)):
-        for T in (65, 130):
-            q, k, v, g, beta, h0 = inputs(2, T, 3, K, V, torch.bfloat16, 4, seed=T + K)
-            # the delta rule needs unit-norm keys (as its layers give it) to stay bounded
-            qd, kd, vd, gd, betad, _ = inputs(2, T, 3, K, V, torch.bfloat16, 4, seed=T + K, delta=True)
-            scale = K ** -0.5
-            fwd = sgla_fwd(q, k, v, g, scale, h0)
-            outs = dict(zip(("o", "ht"), fwd[:2]))
-            outs.update(zip(("o_fused", "ht_fused"), sgla_fused(q, k, v, g, scale, h0)))
-            outs.update(zip(("dq", "dk", "dv", "dg", "dh0"),
-                            sgla_bwd(q, k, v, g, scale, h0, torch.randn_like(v), torch.randn_like(h0), fwd)))
-            outs.update(zip(("gdn_o", "gdn_ht"), gdn_fwd(qd, kd, vd, gd, betad, scale, h0)))
-            outs.update(zip(("gdn_o_split", "gdn_ht_split"), gdn_fwd(qd, kd, vd, gd, betad, scale, h0, False)))
-            bd, wd, _, _ = gdn_prep(kd, vd, gd, betad)
-            outs.update(zip(("gdn_dq", "gdn_dk", "gdn_dv", "gdn_dg", "gdn_dbeta", "gdn_dh0"),
-                            gdn_bwd(qd, kd, vd, gd, betad, scale, h0, torch.randn_like(vd), torch.randn_like(h0))))
-            outs.update(zip(("gdn_bwd_dhs", "gdn_bwd_du", "gdn_bwd_dh0"),
-                            gdn_bwd_walk(qd, kd, wd, torch.randn_like(vd), torch.randn_like(vd), bd, scale,
-                                         torch.randn_like(h0))))
-            outs["gdn_x"] = gdn_x(kd, vd, gd, betad)
-            torch.cuda.synchronize()
-            bad = [n for n, x in outs.items() if not bool(torch.isfinite(x).all())]
-            if bad:
-                print(f"non-finite at K={K} V={V} T={T}:", ", ".join(bad))
-            ok &= not bad
+    # the built-in launch choices on these shapes (V tiles of 32, one output CTA per chunk) and the others
+    for tuning, K, V, T in [(t, K, V, T) for t in ((0, 0), (64, 2))
+                            for K, V in ((64, 128), (128, 128), (128, 64)) for T in (65, 130)]:
+        set_tuning(tuning)
+        q, k, v, g, beta, h0 = inputs(2, T, 3, K, V, torch.bfloat16, 4, seed=T + K)
+        # the delta rule needs unit-norm keys (as its layers give it) to stay bounded
+        qd, kd, vd, gd, betad, _ = inputs(2, T, 3, K, V, torch.bfloat16, 4, seed=T + K, delta=True)
+        scale = K ** -0.5
+        fwd = sgla_fwd(q, k, v, g, scale, h0)
+        outs = dict(zip(("o", "ht"), fwd[:2]))
+        outs.update(zip(("o_fused", "ht_fused"), sgla_fused(q, k, v, g, scale, h0)))
+        outs.update(zip(("dq", "dk", "dv", "dg", "dh0"),
+                        sgla_bwd(q, k, v, g, scale, h0, torch.randn_like(v), torch.randn_like(h0), fwd)))
+        outs.update(zip(("gdn_o", "gdn_ht"), gdn_fwd(qd, kd, vd, gd, betad, scale, h0)))
+        outs.update(zip(("gdn_o_split", "gdn_ht_split"), gdn_fwd(qd, kd, vd, gd, betad, scale, h0, False)))
+        bd, wd, _, _ = gdn_prep(kd, vd, gd, betad)
+        outs.update(zip(("gdn_dq", "gdn_dk", "gdn_dv", "gdn_dg", "gdn_dbeta", "gdn_dh0"),
+                        gdn_bwd(qd, kd, vd, gd, betad, scale, h0, torch.randn_like(vd), torch.randn_like(h0))))
+        outs.update(zip(("gdn_bwd_dhs", "gdn_bwd_du", "gdn_bwd_dh0"),
+                        gdn_bwd_walk(qd, kd, wd, torch.randn_like(vd), torch.randn_like(vd), bd, scale,
+                                     torch.randn_like(h0))))
+        outs["gdn_x"] = gdn_x(kd, vd, gd, betad)
+        torch.cuda.synchronize()
+        bad = [n for n, x in outs.items() if not bool(torch.isfinite(x).all())]
+        if bad:
+            print(f"non-finite at K={K} V={V} T={T} tuning={tuning}:", ", ".join(bad))
+        ok &= not bad
+    set_tuning((0, 0))
     print("sanitize run:", "finite" if ok else "NON-FINITE OUTPUTS")
     return ok
 
@@ -349,6 +371,7 @@ def check(results, quick=False):
                                 "dk": rel(dk, grads[1]), "dv": rel(dv, grads[2]), "dg": rel(dg, grads[3])}
                         if h0 is not None:
                             errs["dh0"] = rel(dh0, grads[4])
+                        errs["cumsum"] = rel(kcumsum(g, T), chunk_cumsum(g.double(), T))
                         # gated delta rule forward
                         qd, kd, vd, gd, betad, _ = inputs(2, T, 3, K, V, dt, gate_div, seed=T * 5 + K, delta=True)
                         o2, ht2 = gdn_fwd(qd, kd, vd, gd, betad.to(dt), scale, h0)
@@ -374,7 +397,7 @@ def check(results, quick=False):
                                               mine, gr):
                             errs[n_] = rel(a_, b_)
                         errs["gdn_x"] = rel(gdn_x(kd, vd, gd, betad.to(dt)), ref_x(kd, gd, betad.to(dt)))
-                        lim = {n: thr["o"] if n in ("o", "gdn_o", "o_fused", "gdn_o_split", "gdn_x") else thr["ht"] if "ht" in n else thr["grad"]
+                        lim = {n: thr["o"] if n in ("o", "gdn_o", "o_fused", "gdn_o_split", "gdn_x", "cumsum") else thr["ht"] if "ht" in n else thr["grad"]
                                for n in errs}
                         bad = {n: e for n, e in errs.items() if not e <= lim[n]}
                         ok &= not bad
@@ -388,6 +411,41 @@ def check(results, quick=False):
         for n, e in c["errors"].items():
             worst[n] = max(worst.get(n, 0.0), e)
     print("worst relative RMS errors:", {n: f"{e:.2e}" for n, e in worst.items()})
+    return ok
+
+
+def check_tunings(results):
+    """Every launch choice of TUNINGS against the float64 references: simple_gla forward (walk +
+    output) and backward (reverse walk), gated delta rule forward through walk + output."""
+    ok = True
+    for K, V in ((64, 128), (128, 128), (128, 64)):
+        for T in (65, 200):
+            q, k, v, g, beta, h0 = inputs(2, T, 3, K, V, torch.bfloat16, 4, seed=T * 3 + K + V)
+            qd, kd, vd, gd, betad, _ = inputs(2, T, 3, K, V, torch.bfloat16, 4, seed=T * 11 + K, delta=True)
+            betad = betad.bfloat16()
+            scale = K ** -0.5
+            xs = [x.double().requires_grad_() for x in (q, k, v, g)]
+            h0d = h0.double()
+            o_r, ht_r = ref_sgla(*xs, scale, h0d)
+            do = torch.randn_like(o_r)
+            grads = torch.autograd.grad((o_r * do).sum(), xs)
+            o2r, ht2r = ref_gdn(qd.double(), kd.double(), vd.double(), gd.double(), betad.double(), scale, h0d)
+            for t in TUNINGS:
+                set_tuning(t)
+                fwd = sgla_fwd(q, k, v, g, scale, h0)
+                dq, dk, dv, dg, _ = sgla_bwd(q, k, v, g, scale, h0, do.bfloat16(), None, fwd)
+                o3, ht3 = gdn_fwd(qd, kd, vd, gd, betad, scale, h0, fused=False)
+                errs = {"o": rel(fwd[0], o_r), "ht": rel(fwd[1], ht_r), "dq": rel(dq, grads[0]),
+                        "dk": rel(dk, grads[1]), "dv": rel(dv, grads[2]), "dg": rel(dg, grads[3]),
+                        "gdn_o_split": rel(o3, o2r), "gdn_ht_split": rel(ht3, ht2r)}
+                lim = {n: 5e-3 if n in ("o", "ht", "gdn_o_split", "gdn_ht_split") else 1e-2 for n in errs}
+                bad = {n: e for n, e in errs.items() if not e <= lim[n]}
+                ok &= not bad
+                results.append(dict(tuning=t, K=K, V=V, T=T, errors=errs, passed=not bad))
+                if bad:
+                    print("FAIL tuning", t, K, V, T, bad)
+    set_tuning((0, 0))
+    print("tuning checks", "passed" if ok else "FAILED", f"({len(TUNINGS)} launch choices)")
     return ok
 
 
@@ -406,7 +464,7 @@ def time_it(fn, sets, reps=20, warmup=3):
     return statistics.median(ts)
 
 
-def timing(out, lengths):
+def timing(out, lengths, sweep=False):
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
         from fla.ops.simple_gla import chunk_simple_gla
@@ -431,7 +489,7 @@ def timing(out, lengths):
         ht0 = torch.empty(B, H, D, D, device="cuda")
         o0 = torch.empty_like(a0["v"])
         one = [a0, a0]
-        row["part_cumsum_ms"] = time_it(lambda a: chunk_cumsum(a["g"], T), one)
+        row["part_cumsum_ms"] = time_it(lambda a: kcumsum(a["g"], T), one)
         row["part_walk_ms"] = time_it(lambda a: call("ck_walk_fwd", 0, p(a["k"]), p(a["v"]), p(None), p(b0), p(None),
                                                      p(hs0), p(None), p(ht0), B, T, H, D, D, stream()), one)
         row["part_output_ms"] = time_it(lambda a: call("ck_output", 0, p(a["q"]), p(a["k"]), p(a["v"]), p(b0), p(hs0),
@@ -439,6 +497,30 @@ def timing(out, lengths):
         betaf = a0["beta"].float()
         row["part_prep_ms"] = time_it(lambda a: call("ck_prep", 0, p(a["kn"]), p(a["v"]), p(betaf), p(b0), p(hs0),
                                                      p(o0), p(None), B, T, H, D, D, stream()), one)
+        if sweep:
+            # every launch choice: the walks (simple_gla, delta rule) and the output kernel
+            sw = {}
+            u0 = torch.empty_like(a0["v"])
+            for t in TUNINGS:
+                set_tuning(t)
+                bv, sp = t
+                if sp == 1:
+                    sw[f"walk_bv{bv}"] = time_it(lambda a: call(
+                        "ck_walk_fwd", 0, p(a["k"]), p(a["v"]), p(None), p(b0), p(None), p(hs0), p(None), p(ht0),
+                        B, T, H, D, D, stream()), one)
+                    sw[f"walk_delta_bv{bv}"] = time_it(lambda a: call(
+                        "ck_walk_fwd", 0, p(a["kn"]), p(a["v"]), p(a["kn"]), p(b0), p(None), p(hs0), p(u0), p(ht0),
+                        B, T, H, D, D, stream()), one)
+                    sw[f"walk_bwd_bv{bv}"] = time_it(lambda a: call(
+                        "ck_walk_bwd", 0, p(a["q"]), p(a["do"]), p(b0), p(None), p(hs0), p(ht0), ctypes.c_float(sc),
+                        B, T, H, D, D, stream()), one)
+                if bv == 32:
+                    sw[f"output_split{sp}"] = time_it(lambda a: call(
+                        "ck_output", 0, p(a["q"]), p(a["k"]), p(a["v"]), p(b0), p(hs0), p(o0), ctypes.c_float(sc),
+                        B, T, H, D, D, stream()), one)
+            set_tuning((0, 0))
+            row["sweep_ms"] = sw
+            print(json.dumps(sw))
         row["note"] = ("ours_*_ms: fused kernel; *_split_ms: walk + output kernels; ours_sgla_fwdbwd_ms and "
                        "ours_gdn_bwd_ms: the backward with its forward recomputation")
         row["ours_sgla_fwd_split_ms"] = time_it(lambda a: sgla_fwd(a["q"], a["k"], a["v"], a["g"], sc, None), sets)
@@ -475,6 +557,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="bf16 and fewer shapes")
     ap.add_argument("--sanitize", action="store_true", help="run every kernel once on small shapes, no references")
     ap.add_argument("--lengths", default="2048,8192,32768")
+    ap.add_argument("--sweep", action="store_true", help="also time every launch choice of the walks and the output")
     a = ap.parse_args()
     L = ctypes.CDLL(a.lib) if os.environ.get("PREBUILT") and os.path.exists(a.lib) else build(a.lib)
     if L.ck_layout_ok() != 1:
@@ -485,10 +568,13 @@ def main():
     if a.sanitize:
         sys.exit(0 if sanitize_run() else 1)
     ok = True if a.no_check else check(res["checks"], a.quick)
+    if not a.no_check:
+        res["tuning_checks"] = []
+        ok &= check_tunings(res["tuning_checks"])
     POISON = False
     print("checks", "passed" if ok else "FAILED")
     if not a.no_time:
-        timing(res["timing"], [int(x) for x in a.lengths.split(",")])
+        timing(res["timing"], [int(x) for x in a.lengths.split(",")], a.sweep)
     if a.out:
         tmp = a.out + ".tmp"
         with open(tmp, "w") as f:

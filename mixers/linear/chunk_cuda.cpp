@@ -36,9 +36,10 @@ tc::Dims dims(const at::Tensor& q, const at::Tensor& v) {
 // Cumulative sum of g inside each chunk of 64 tokens, fp32 [B, 64·NT, H], g read as 0 past T.
 at::Tensor chunk_cumsum(const at::Tensor& g) {
   const int64_t B = g.size(0), T = g.size(1), H = g.size(2), NT = tc::num_chunks(int(T));
-  at::Tensor b = at::zeros({B, NT * 64, H}, g.options().dtype(at::kFloat));
-  b.narrow(1, 0, T).copy_(g);
-  return b.view({B, NT, 64, H}).cumsum(2).view({B, NT * 64, H}).contiguous();
+  at::Tensor gf = g.to(at::kFloat).contiguous();
+  at::Tensor b = at::empty({B, NT * 64, H}, gf.options());
+  tc::chunk_cumsum(gf.data_ptr<float>(), b.data_ptr<float>(), int(B), int(T), int(H), stream());
+  return b;
 }
 const float* fptr(const at::Tensor& t) { return t.defined() && t.numel() > 0 ? t.data_ptr<float>() : nullptr; }
 // Function::apply needs every tensor argument defined (it records each input's device): an absent

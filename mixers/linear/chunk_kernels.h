@@ -25,6 +25,10 @@ bool supported(int K, int V);
 // m16n8k16) holds on the current device; checked once with a probe kernel.
 bool layout_ok();
 
+// b = the cumulative sum of g (fp32 [B,T,H]) inside each chunk of 64 tokens, fp32 [B,Tp,H], g read as
+// 0 past T.
+void chunk_cumsum(const float* g, float* b, int B, int T, int H, void* stream);
+
 // Forward state walk over the chunks of every (b, h). For chunk c, stores the state at the chunk start
 // into hs[c], then (delta rule only, `w` non-null) computes v_new = u − w·S, rounds it to the input
 // dtype and stores it into `vnew`, and updates S ← e^{b_L} S + (k ⊙ e^{b_L − b})ᵀ v_new (v_new = v for
@@ -94,6 +98,14 @@ void delta_dv_local(Dtype dt, const void* q, const void* k, const void* d_o, con
 void delta_wy_bwd(Dtype dt, const void* k, const void* v, const void* du, const void* hs, const float* x,
                   const float* beta, const float* b, const float* dk_in, void* dk, void* dv, float* dbeta, float* x2,
                   Dims d, void* stream);
+
+// Launch choices, for measuring alternatives on a device (0 = the built-in rule, tuned on an H200).
+struct Tuning {
+  int walk_bv = 0;    // V tile of the state walks (walk_fwd, walk_bwd): 32 or 64
+  int out_split = 0;  // CTAs per chunk and head in chunk_output for V = 128: 1 or 2 (V tiles of 64)
+};
+void set_tuning(const Tuning& t);
+Tuning tuning();
 
 // Throws std::runtime_error naming `what` when the last launch failed.
 void check_launch(const char* what);
