@@ -82,22 +82,30 @@ __device__ __forceinline__ void cp_async_wait() {
 
 // Rows t = c·64 … c·64+63 of head h of a [B,T,H,D] tensor, columns col0 … col0+W−1, into smem
 // [64][W+8]; rows past T are zero-filled.
-template <typename T, int W>
+template <typename T, int W, int NTH = 256>
 __device__ __forceinline__ void load_rows(T* sm, const T* base, int bi, int h, int c, int T_, int H, int D, int col0) {
   constexpr int SEG = W / 8, LD = W + 8;
   const T* row0 = base + ((size_t(bi) * T_ + size_t(c) * kC) * H + h) * size_t(D) + col0;
   const int stride = H * D, rows = T_ - c * kC;
-  for (int idx = threadIdx.x; idx < kC * SEG; idx += blockDim.x) {
+  constexpr int N = kC * SEG;
+#pragma unroll
+  for (int j = 0; j < (N + NTH - 1) / NTH; ++j) {
+    const int idx = threadIdx.x + j * NTH;
+    if (N % NTH != 0 && idx >= N) break;
     const int r = idx / SEG, s = idx % SEG;
     const bool ok = r < rows;
     cp_async16(sm + r * LD + s * 8, ok ? row0 + size_t(r) * stride + s * 8 : base, ok);
   }
 }
 // An R × W block of a row-major matrix with leading dimension ld into smem [R][W+8].
-template <typename T, int R, int W>
+template <typename T, int R, int W, int NTH = 256>
 __device__ __forceinline__ void load_mat(T* sm, const T* src, int ld) {
   constexpr int SEG = W / 8, LD = W + 8;
-  for (int idx = threadIdx.x; idx < R * SEG; idx += blockDim.x) {
+  constexpr int N = R * SEG;
+#pragma unroll
+  for (int j = 0; j < (N + NTH - 1) / NTH; ++j) {
+    const int idx = threadIdx.x + j * NTH;
+    if (N % NTH != 0 && idx >= N) break;
     const int r = idx / SEG, s = idx % SEG;
     cp_async16(sm + r * LD + s * 8, src + size_t(r) * ld + s * 8, true);
   }
@@ -200,13 +208,17 @@ __device__ __forceinline__ void stage_chunk_rows(const Acc (&P)[N], T* st, int l
 }
 // The inverse of load_rows: W columns of st [64][ld] to rows c·64 … of head h of a [B,T,H,D] tensor,
 // columns col0 …, in 16-byte pieces; rows past T are not stored.
-template <typename T, int W>
+template <typename T, int W, int NTH = 256>
 __device__ __forceinline__ void store_rows(T* base, const T* st, int LD, int bi, int h, int c, int T_, int H, int D,
                                            int col0) {
   constexpr int SEG = W / 8;
   T* row0 = base + ((size_t(bi) * T_ + size_t(c) * kC) * H + h) * size_t(D) + col0;
   const int stride = H * D, rows = T_ - c * kC;
-  for (int idx = threadIdx.x; idx < kC * SEG; idx += blockDim.x) {
+  constexpr int N = kC * SEG;
+#pragma unroll
+  for (int j = 0; j < (N + NTH - 1) / NTH; ++j) {
+    const int idx = threadIdx.x + j * NTH;
+    if (N % NTH != 0 && idx >= N) break;
     const int r = idx / SEG, s = idx % SEG;
     if (r < rows)
       *reinterpret_cast<uint4*>(row0 + size_t(r) * stride + s * 8) = *reinterpret_cast<const uint4*>(st + r * LD + s * 8);
@@ -309,10 +321,14 @@ constexpr size_t walk_smem() {
 }
 
 // The rounded state tile sb [K][ldv] (BV columns) to global memory (ld ldg) in 16-byte pieces.
-template <typename T, int K, int BV>
+template <typename T, int K, int BV, int NTH>
 __device__ __forceinline__ void copy_state(T* dst, int ldg, const T* sb, int ldv) {
   constexpr int SEG = BV / 8;
-  for (int idx = threadIdx.x; idx < K * SEG; idx += blockDim.x) {
+  constexpr int N = K * SEG;
+#pragma unroll
+  for (int j = 0; j < (N + NTH - 1) / NTH; ++j) {
+    const int idx = threadIdx.x + j * NTH;
+    if (N % NTH != 0 && idx >= N) break;
     const int r = idx / SEG, s = idx % SEG;
     *reinterpret_cast<uint4*>(dst + size_t(r) * ldg + s * 8) = *reinterpret_cast<const uint4*>(sb + r * ldv + s * 8);
   }
@@ -327,7 +343,7 @@ __device__ __forceinline__ void copy_state(T* dst, int ldg, const T* sb, int ldv
 template <typename T, int K, int BV, bool DELTA, bool REV, int NS>
 __global__ void __launch_bounds__(K * 2) walk_kernel(WalkArgs a) {
   extern __shared__ __align__(128) unsigned char smem[];
-  constexpr int LDK = K + 8, LDV = BV + 8, CT = BV / 16, NW = K / 16;
+  constexpr int LDK = K + 8, LDV = BV + 8, CT = BV / 16, NW = K / 16, NTH = K * 2;
   static_assert(NW * 32 == K * 2 && NS >= 2, "one warp per 16 state rows");
   T* kbuf = reinterpret_cast<T*>(smem);
   T* vbuf = kbuf + NS * kC * LDK;
@@ -352,9 +368,9 @@ __global__ void __launch_bounds__(K * 2) walk_kernel(WalkArgs a) {
   auto issue = [&](int n) {
     if (n < NT) {
       const int c = REV ? NT - 1 - n : n, buf = n % NS;
-      load_rows<T, K>(kbuf + buf * kC * LDK, key, bi, h, c, T_, H, K, 0);
-      load_rows<T, BV>(vbuf + buf * kC * LDV, val, bi, h, c, T_, H, V, v0);
-      if (DELTA) load_rows<T, K>(wbuf + buf * kC * LDK, wg, bi, h, c, T_, H, K, 0);
+      load_rows<T, K, NTH>(kbuf + buf * kC * LDK, key, bi, h, c, T_, H, K, 0);
+      load_rows<T, BV, NTH>(vbuf + buf * kC * LDV, val, bi, h, c, T_, H, V, v0);
+      if (DELTA) load_rows<T, K, NTH>(wbuf + buf * kC * LDK, wg, bi, h, c, T_, H, K, 0);
       if (threadIdx.x < kC)
         cp_async4(bbuf + buf * kC + threadIdx.x, a.b + (size_t(bi) * a.Tp + size_t(c) * kC + threadIdx.x) * H + h);
     }
@@ -377,15 +393,17 @@ __global__ void __launch_bounds__(K * 2) walk_kernel(WalkArgs a) {
     store_state<T, CT>(S, nullptr, 0, sb, LDV, warp, lane);
     if constexpr (!DELTA) {
       // 2. row factors on the values: e^{b_L − b_j} (forward) or scale·e^{b_j} (backward)
-      for (int idx = threadIdx.x; idx < kC * BV / 2; idx += blockDim.x) {
-        const int r = idx / (BV / 2), col = (idx % (BV / 2)) * 2;
+      static_assert(kC * BV / 2 % NTH == 0, "whole rounds of the value tile");
+#pragma unroll
+      for (int j = 0; j < kC * BV / 2 / NTH; ++j) {
+        const int idx = threadIdx.x + j * NTH, r = idx / (BV / 2), col = (idx % (BV / 2)) * 2;
         const float f = REV ? a.scale * __expf(bc[r]) : __expf(bL - bc[r]);
         T* e = vs + r * LDV + col;
         store2<T>(e, Ty<T>::f(e[0]) * f, Ty<T>::f(e[1]) * f);
       }
     } else {
       __syncthreads();
-      copy_state<T, K, BV>(hsc, V, sb, LDV);
+      copy_state<T, K, BV, NTH>(hsc, V, sb, LDV);
       // 3. v_new = u − w·S for this V tile (stored unscaled), then e^{b_L − b_j} on its rows: warp
       //    (r, g) owns rows r·16 … +15 and column group g of NG (warps past NG·4 idle when BV = 16)
       constexpr int NG = NW / 4 < CT ? NW / 4 : CT, GCT = CT / NG;
@@ -408,8 +426,8 @@ __global__ void __launch_bounds__(K * 2) walk_kernel(WalkArgs a) {
         }
     }
     __syncthreads();
-    if constexpr (!DELTA) copy_state<T, K, BV>(hsc, V, sb, LDV);
-    else store_rows<T, BV>(vnew, wbuf + buf * kC * LDK, LDK, bi, h, c, T_, H, V, v0);
+    if constexpr (!DELTA) copy_state<T, K, BV, NTH>(hsc, V, sb, LDV);
+    else store_rows<T, BV, NTH>(vnew, wbuf + buf * kC * LDK, LDK, bi, h, c, T_, H, V, v0);
     // 4. S ← e^{b_L} S + keysᵀ · (scaled values)
     state_update<T, CT>(S, __expf(bL), ks + warp * 16, LDK, vs, LDV);
   }
@@ -467,11 +485,11 @@ __global__ void __launch_bounds__(K * 2) delta_walk_bwd_kernel(DeltaBwdArgs a) {
   const size_t sbase = size_t(bh) * K * V + v0;
   init_state<CT>(S, a.dht, sbase, V, warp);
   auto issue = [&](int c, int buf) {
-    load_rows<T, K>(qbuf + buf * kC * LDK, static_cast<const T*>(a.q), bi, h, c, T_, H, K, 0);
-    load_rows<T, K>(kbuf + buf * kC * LDK, static_cast<const T*>(a.k), bi, h, c, T_, H, K, 0);
-    load_rows<T, K>(wbuf + buf * kC * LDK, static_cast<const T*>(a.w), bi, h, c, T_, H, K, 0);
-    load_rows<T, BV>(dobuf + buf * kC * LDV, static_cast<const T*>(a.d_o), bi, h, c, T_, H, V, v0);
-    load_rows<T, BV>(dvbuf + buf * kC * LDV, static_cast<const T*>(a.dvl), bi, h, c, T_, H, V, v0);
+    load_rows<T, K, K * 2>(qbuf + buf * kC * LDK, static_cast<const T*>(a.q), bi, h, c, T_, H, K, 0);
+    load_rows<T, K, K * 2>(kbuf + buf * kC * LDK, static_cast<const T*>(a.k), bi, h, c, T_, H, K, 0);
+    load_rows<T, K, K * 2>(wbuf + buf * kC * LDK, static_cast<const T*>(a.w), bi, h, c, T_, H, K, 0);
+    load_rows<T, BV, K * 2>(dobuf + buf * kC * LDV, static_cast<const T*>(a.d_o), bi, h, c, T_, H, V, v0);
+    load_rows<T, BV, K * 2>(dvbuf + buf * kC * LDV, static_cast<const T*>(a.dvl), bi, h, c, T_, H, V, v0);
     if (threadIdx.x < kC)
       cp_async4(bbuf + buf * kC + threadIdx.x, a.b + (size_t(bi) * a.Tp + size_t(c) * kC + threadIdx.x) * H + h);
     cp_async_commit();
