@@ -1,5 +1,6 @@
 // Tensor-core kernels of the chunked linear-attention algorithm (interface and conventions in
-// chunk_kernels.h). bf16 / fp16 operands through WMMA 16×16×16 (mma.sync), fp32 accumulation.
+// chunk_kernels.h). bf16 / fp16 operands through WMMA 16×16×16 (mma.sync), fp32 accumulation; bf16
+// operand fragments are loaded from shared memory with ldmatrix (load_frag).
 //
 // Structure (the chunked algorithm split by what is sequential):
 //   walk_fwd     one CTA per (b, h, V tile of BV columns) walks the chunks in order; its state tile
@@ -9,9 +10,8 @@
 //                one is processed (double buffer). The delta rule adds v_new = u − w·S first
 //                (S rounded to the input dtype, as the chunk output uses it).
 //   walk_bwd     the same walk in reverse for the state gradient of simple_gla.
-//   chunk_output one CTA per (chunk, b·h, V tile), all chunks in parallel: A = q kᵀ, masked and
-//                decayed in fp32, rounded, then o = e^{b}·scale·(q h) + A v. Each warp owns 16 rows,
-//                so after the loads the warps never wait for each other.
+//   chunk_output one CTA per (chunk, V tile, b·h), all chunks in parallel: A = q kᵀ, masked and
+//                decayed in fp32, rounded, then o = e^{b}·scale·(q h) + A v. Each warp owns 16 rows.
 //   chunk_dqkv   one CTA per (chunk, b·h), 8 warps: A and dA = do vᵀ, then dq, dk, dv as sums of an
 //                inter-chunk product (with h or dh) and an intra-chunk one (with A or dA).
 //   walk_bwd_delta  the reverse walk of the delta rule's state gradient (du per chunk on the way).
@@ -22,9 +22,11 @@
 //                blocks of 16: the diagonal blocks by forward substitution in registers (one warp
 //                each, right after its tile of A), the blocks below them as halves of 32 in four
 //                rounds on tensor cores (tf32, split into high and low parts); then w and u as
-//                products with X (rounded to the input dtype, stored over A).
-// Masking is a select before exp (exponents are ≤ 0 wherever they are used). Rows past T are read
-// as zero (cp.async with source size 0) and never stored.
+//                products with X (rounded to the input dtype).
+// The per-chunk states of the walks and the outputs of chunk_output and delta_prep leave through
+// shared memory in 16-byte pieces per thread (stores straight from accumulator fragments write 16
+// bytes per row and instruction). Masking is a select before exp (exponents are ≤ 0 wherever they
+// are used). Rows past T are read as zero (cp.async with source size 0) and never stored.
 #include "mixers/linear/chunk_kernels.h"
 
 #include <cuda_bf16.h>
