@@ -82,35 +82,43 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// f(idx) for this thread's share of idx = 0 … N−1 when NTH threads split them (unrolled).
+template <int N, int NTH, typename F>
+__device__ __forceinline__ void for_pieces(F&& f) {
+#pragma unroll
+  for (int j = 0; j < (N + NTH - 1) / NTH; ++j) {
+    const int idx = threadIdx.x + j * NTH;
+    if (N % NTH != 0 && idx >= N) break;
+    f(idx);
+  }
+}
+// Row c·64 of head h of a [B,T,H,D] tensor, from column col0.
+template <typename T>
+__device__ __forceinline__ T* chunk_row0(T* base, int bi, int h, int c, int T_, int H, int D, int col0) {
+  return base + ((size_t(bi) * T_ + size_t(c) * kC) * H + h) * size_t(D) + col0;
+}
+
 // Rows t = c·64 … c·64+63 of head h of a [B,T,H,D] tensor, columns col0 … col0+W−1, into smem
 // [64][W+8]; rows past T are zero-filled.
 template <typename T, int W, int NTH = 256>
 __device__ __forceinline__ void load_rows(T* sm, const T* base, int bi, int h, int c, int T_, int H, int D, int col0) {
   constexpr int SEG = W / 8, LD = W + 8;
-  const T* row0 = base + ((size_t(bi) * T_ + size_t(c) * kC) * H + h) * size_t(D) + col0;
+  const T* row0 = chunk_row0(base, bi, h, c, T_, H, D, col0);
   const int stride = H * D, rows = T_ - c * kC;
-  constexpr int N = kC * SEG;
-#pragma unroll
-  for (int j = 0; j < (N + NTH - 1) / NTH; ++j) {
-    const int idx = threadIdx.x + j * NTH;
-    if (N % NTH != 0 && idx >= N) break;
+  for_pieces<kC * SEG, NTH>([&](int idx) {
     const int r = idx / SEG, s = idx % SEG;
     const bool ok = r < rows;
     cp_async16(sm + r * LD + s * 8, ok ? row0 + size_t(r) * stride + s * 8 : base, ok);
-  }
+  });
 }
 // An R × W block of a row-major matrix with leading dimension ld into smem [R][W+8].
 template <typename T, int R, int W, int NTH = 256>
 __device__ __forceinline__ void load_mat(T* sm, const T* src, int ld) {
   constexpr int SEG = W / 8, LD = W + 8;
-  constexpr int N = R * SEG;
-#pragma unroll
-  for (int j = 0; j < (N + NTH - 1) / NTH; ++j) {
-    const int idx = threadIdx.x + j * NTH;
-    if (N % NTH != 0 && idx >= N) break;
+  for_pieces<R * SEG, NTH>([&](int idx) {
     const int r = idx / SEG, s = idx % SEG;
     cp_async16(sm + r * LD + s * 8, src + size_t(r) * ld + s * 8, true);
-  }
+  });
 }
 
 // Element i (0…7) of a 16×16 fp32 accumulator fragment held by `lane` sits at (acc_row, acc_col):
@@ -214,17 +222,13 @@ template <typename T, int W, int NTH = 256>
 __device__ __forceinline__ void store_rows(T* base, const T* st, int LD, int bi, int h, int c, int T_, int H, int D,
                                            int col0) {
   constexpr int SEG = W / 8;
-  T* row0 = base + ((size_t(bi) * T_ + size_t(c) * kC) * H + h) * size_t(D) + col0;
+  T* row0 = chunk_row0(base, bi, h, c, T_, H, D, col0);
   const int stride = H * D, rows = T_ - c * kC;
-  constexpr int N = kC * SEG;
-#pragma unroll
-  for (int j = 0; j < (N + NTH - 1) / NTH; ++j) {
-    const int idx = threadIdx.x + j * NTH;
-    if (N % NTH != 0 && idx >= N) break;
+  for_pieces<kC * SEG, NTH>([&](int idx) {
     const int r = idx / SEG, s = idx % SEG;
     if (r < rows)
       *reinterpret_cast<uint4*>(row0 + size_t(r) * stride + s * 8) = *reinterpret_cast<const uint4*>(st + r * LD + s * 8);
-  }
+  });
 }
 
 // P[n] += Σ_{kk0 ≤ kk < kk1} A_kk · B_{kk,n}: fragment kk of A at a + kk·a_step (ld lda), fragment
@@ -326,14 +330,10 @@ constexpr size_t walk_smem() {
 template <typename T, int K, int BV, int NTH>
 __device__ __forceinline__ void copy_state(T* dst, int ldg, const T* sb, int ldv) {
   constexpr int SEG = BV / 8;
-  constexpr int N = K * SEG;
-#pragma unroll
-  for (int j = 0; j < (N + NTH - 1) / NTH; ++j) {
-    const int idx = threadIdx.x + j * NTH;
-    if (N % NTH != 0 && idx >= N) break;
+  for_pieces<K * SEG, NTH>([&](int idx) {
     const int r = idx / SEG, s = idx % SEG;
     *reinterpret_cast<uint4*>(dst + size_t(r) * ldg + s * 8) = *reinterpret_cast<const uint4*>(sb + r * ldv + s * 8);
-  }
+  });
 }
 
 // K/16 warps; warp w owns rows w·16 … +15 of the state tile S [K × BV] (BV/16 fragments). NS chunks
@@ -395,14 +395,12 @@ __global__ void __launch_bounds__(K * 2) walk_kernel(WalkArgs a) {
     store_state<T, CT>(S, nullptr, 0, sb, LDV, warp, lane);
     if constexpr (!DELTA) {
       // 2. row factors on the values: e^{b_L − b_j} (forward) or scale·e^{b_j} (backward)
-      static_assert(kC * BV / 2 % NTH == 0, "whole rounds of the value tile");
-#pragma unroll
-      for (int j = 0; j < kC * BV / 2 / NTH; ++j) {
-        const int idx = threadIdx.x + j * NTH, r = idx / (BV / 2), col = (idx % (BV / 2)) * 2;
+      for_pieces<kC * BV / 2, NTH>([&](int idx) {
+        const int r = idx / (BV / 2), col = (idx % (BV / 2)) * 2;
         const float f = REV ? a.scale * __expf(bc[r]) : __expf(bL - bc[r]);
         T* e = vs + r * LDV + col;
         store2<T>(e, Ty<T>::f(e[0]) * f, Ty<T>::f(e[1]) * f);
-      }
+      });
     } else {
       __syncthreads();
       copy_state<T, K, BV, NTH>(hsc, V, sb, LDV);
