@@ -1638,7 +1638,6 @@ void launch_per_chunk(Dtype dt, const Args& a, const Dims& d, int NT, void* stre
 }  // namespace
 
 void set_tuning(const Tuning& t) { g_tuning = t; }
-Tuning tuning() { return g_tuning; }
 
 bool supported(int K, int V) { return (K == 64 || K == 128) && (V == 64 || V == 128); }
 

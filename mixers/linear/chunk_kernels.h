@@ -99,13 +99,13 @@ void delta_wy_bwd(Dtype dt, const void* k, const void* v, const void* du, const 
                   const float* beta, const float* b, const float* dk_in, void* dk, void* dv, float* dbeta, float* x2,
                   Dims d, void* stream);
 
-// Launch choices, for measuring alternatives on a device (0 = the built-in rule, tuned on an H200).
+// Launch choices for every later launch in the process, for measuring alternatives on a device
+// (ci/kernels/chunk_check.py --sweep); 0 = the built-in rule, tuned on an H200.
 struct Tuning {
   int walk_bv = 0;    // V tile of the state walks (walk_fwd, walk_bwd): 32 or 64
   int out_split = 0;  // CTAs per chunk and head in chunk_output for V = 128: 1 or 2 (V tiles of 64)
 };
 void set_tuning(const Tuning& t);
-Tuning tuning();
 
 // Throws std::runtime_error naming `what` when the last launch failed.
 void check_launch(const char* what);
