@@ -405,15 +405,16 @@ __global__ void __launch_bounds__(K * 2) walk_kernel(WalkArgs a) {
       __syncthreads();
       copy_state<T, K, BV, NTH>(hsc, V, sb, LDV);
       // 3. v_new = u − w·S for this V tile (stored unscaled), then e^{b_L − b_j} on its rows: warp
-      //    (r, g) owns rows r·16 … +15 and column group g of NG (warps past NG·4 idle when BV = 16)
-      constexpr int NG = NW / 4 < CT ? NW / 4 : CT, GCT = CT / NG;
+      //    (r, g) owns rows r·16 … +15 and column group g of NG
+      constexpr int NG = NW / 4, GCT = CT / NG;
+      static_assert(GCT >= 1 && CT % NG == 0, "every warp owns whole column tiles");
       const int r = warp % 4, g = warp / 4;
       T* ws = wbuf + buf * kC * LDK;
       Acc P[GCT];
-      if (g < NG) rows_times_state<T, K, GCT>(P, ws, LDK, sb + g * GCT * 16, LDV, r);
+      rows_times_state<T, K, GCT>(P, ws, LDK, sb + g * GCT * 16, LDV, r);
       __syncthreads();  // every warp is done with w: v_new is staged there
 #pragma unroll
-      for (int ct = 0; ct < (g < NG ? GCT : 0); ++ct)
+      for (int ct = 0; ct < GCT; ++ct)
 #pragma unroll
         for (int i = 0; i < 8; i += 2) {
           const int row = r * 16 + acc_row(i, lane), col = (g * GCT + ct) * 16 + acc_col(i, lane), t = c * kC + row;
