@@ -29,6 +29,11 @@ int ck_set_tuning(int walk_bv, int out_split) {
 int ck_cumsum(const float* g, float* b, int B, int T, int H, void* stream) {
   return guarded([&] { chunk_cumsum(g, b, B, T, H, stream); });
 }
+int ck_decay_grad(int fp16, const void* q, const float* dqf, const void* k, const float* dkf, const float* y,
+                  const float* z, const float* x2, float* dg, void* dq, void* dk, int B, int T, int H, int K,
+                  void* stream) {
+  return guarded([&] { decay_grad(dtype_of(fp16), q, dqf, k, dkf, y, z, x2, dg, dq, dk, Dims{B, T, H, K, K}, stream); });
+}
 int ck_walk_fwd(int fp16, const void* k, const void* v, const void* w, const float* b, const float* h0, void* hs,
                 void* vnew, float* ht, int B, int T, int H, int K, int V, void* stream) {
   return guarded([&] { walk_fwd(dtype_of(fp16), k, v, w, b, h0, hs, vnew, ht, Dims{B, T, H, K, V}, stream); });

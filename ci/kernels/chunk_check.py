@@ -119,7 +119,7 @@ def sgla_fused(q, k, v, g, scale, h0):
     return o, ht
 
 
-def sgla_bwd(q, k, v, g, scale, h0, do, dht, fwd=None):
+def sgla_bwd(q, k, v, g, scale, h0, do, dht, fwd=None, errs=None):
     B, T, H, K, V = dims(q, v)
     NT = (T + 63) // 64
     o, ht, hs, b = fwd if fwd is not None else sgla_fwd(q, k, v, g, scale, h0)
@@ -134,7 +134,10 @@ def sgla_bwd(q, k, v, g, scale, h0, do, dht, fwd=None):
     z = poison(B, NT, H, dtype=torch.float32)
     call("ck_dqkv", fp16(q), p(q), p(k), p(v), p(do), p(b), p(hs), p(dhs), p(dqf), p(dkf), p(dv), p(y), p(z),
          ctypes.c_float(scale), B, T, H, K, V, stream())
-    return dqf, dkf, dv, decay_grad(q, dqf, k, dkf, y, z), dh0
+    if errs is not None:
+        errs.update(decay_grad_errors(q, dqf, k, dkf, y, z))
+    dg, dq, dk = kdecay_grad(q, dqf, k, dkf, y, z)
+    return dq, dk, dv, dg, dh0
 
 
 def decay_grad(q, dqf, k, dkf, y, z, x2=None):
@@ -142,12 +145,34 @@ def decay_grad(q, dqf, k, dkf, y, z, x2=None):
     dg_t = Σ_{i≥t} x_i + Σ_{j<t} y_j + z_c."""
     B, T, H, _ = q.shape
     NT = (T + 63) // 64
-    x = torch.zeros(B, NT * 64, H, device=q.device, dtype=torch.float32)
+    x = torch.zeros(B, NT * 64, H, device=q.device, dtype=dqf.dtype)
     yp = torch.zeros_like(x)
-    x[:, :T] = (q.float() * dqf).sum(-1) - (k.float() * dkf).sum(-1) + y + (x2 if x2 is not None else 0)
+    x[:, :T] = (q.to(dqf.dtype) * dqf).sum(-1) - (k.to(dqf.dtype) * dkf).sum(-1) + y + (x2 if x2 is not None else 0)
     yp[:, :T] = y
     x, yp = x.view(B, NT, 64, H), yp.view(B, NT, 64, H)
     return (x.flip(2).cumsum(2).flip(2) + yp.cumsum(2) - yp + z[:, :, None, :]).view(B, NT * 64, H)[:, :T]
+
+
+def kdecay_grad(q, dqf, k, dkf, y, z, x2=None, with_dk=True):
+    """decay_grad on the kernel: dg (fp32 [B,T,H]), dq and (with_dk) dk rounded to q's dtype."""
+    B, T, H, K = q.shape
+    dg = poison(B, T, H, dtype=torch.float32)
+    dq = poison(B, T, H, K, dtype=q.dtype)
+    dk = poison(B, T, H, K, dtype=q.dtype) if with_dk else None
+    call("ck_decay_grad", fp16(q), p(q), p(dqf), p(k), p(dkf), p(y), p(z), p(x2), p(dg), p(dq), p(dk), B, T, H, K,
+         stream())
+    return dg, dq, dk
+
+
+def decay_grad_errors(q, dqf, k, dkf, y, z, x2=None):
+    """The decay_grad kernel against the composition above in float64 (dg), and its rounding of dq / dk
+    against torch's (must be exact)."""
+    dg, dq, dk = kdecay_grad(q, dqf, k, dkf, y, z, x2)
+    ref = decay_grad(q.double(), dqf.double(), k.double(), dkf.double(), y.double(), z.double(),
+                     x2.double() if x2 is not None else None)
+    cast = max((dq.float() - dqf.to(q.dtype).float()).abs().max().item(),
+               (dk.float() - dkf.to(q.dtype).float()).abs().max().item())
+    return {"decay_grad": rel(dg, ref), "decay_grad_cast": cast}
 
 
 def gdn_prep(k, v, g, beta, with_x=False):
@@ -191,7 +216,7 @@ def gdn_bwd_walk(q, k, w, do, dvl, b, scale, dht):
     return dhs, du, dh0
 
 
-def gdn_bwd(q, k, v, g, beta, scale, h0, do, dht):
+def gdn_bwd(q, k, v, g, beta, scale, h0, do, dht, errs=None):
     """Gated delta rule backward on the kernels (the pipeline of the op's CUDA path): dq, dk, dv, dg,
     dbeta, dh0."""
     B, T, H, K, V = dims(q, v)
@@ -212,7 +237,10 @@ def gdn_bwd(q, k, v, g, beta, scale, h0, do, dht):
     dbeta, x2 = poison(B, T, H, dtype=torch.float32), poison(B, T, H, dtype=torch.float32)
     call("ck_wy_bwd", fp16(q), p(k), p(v), p(du), p(hs), p(X), p(betaf), p(b), p(dkf), p(dk), p(dv), p(dbeta),
          p(x2), B, T, H, K, V, stream())
-    return dqf, dk, dv, decay_grad(q, dqf, k, dkf, y, z, x2), dbeta, dh0
+    if errs is not None:
+        errs.update({"gdn_" + n: e for n, e in decay_grad_errors(q, dqf, k, dkf, y, z, x2).items()})
+    dg, dq, _ = kdecay_grad(q, dqf, k, dkf, y, z, x2, with_dk=False)
+    return dq, dk, dv, dg, dbeta, dh0
 
 
 def ref_gdn_bwd_walk(q, k, w, do, dvl, b, scale, dht):
@@ -237,10 +265,10 @@ def ref_gdn_bwd_walk(q, k, w, do, dvl, b, scale, dht):
     return dhs, dup[:, :T], dS
 
 
-def gdn_bwd_walk_errors(q, k, v, g, beta, scale, dht):
+def gdn_bwd_walk_errors(q, k, v, g, beta, scale, dht, gen):
     """The reverse walk on the kernels' w (delta_prep) against float64, random do and dv_local."""
     b, w, _, _ = gdn_prep(k, v, g, beta)
-    do, dvl = torch.randn_like(v), torch.randn_like(v)
+    do, dvl = cotangent(v, gen, v.dtype), cotangent(v, gen, v.dtype)
     dhs, du, dh0 = gdn_bwd_walk(q, k, w, do, dvl, b, scale, dht)
     rdhs, rdu, rdh0 = ref_gdn_bwd_walk(q, k, w, do, dvl, b, scale, dht)
     return {"gdn_bwd_dhs": rel(dhs, rdhs), "gdn_bwd_du": rel(du, rdu), "gdn_bwd_dh0": rel(dh0, rdh0)}
@@ -308,6 +336,12 @@ def inputs(B, T, H, K, V, dt, gate_div, seed, delta=False):
     return [x.to(dt) for x in (q, k, v)] + [g, beta, h0]
 
 
+def cotangent(like, gen, dt):
+    """A random cotangent shaped like `like` from the case's generator, rounded to the dtype the kernel
+    receives it in (dt) and returned in like's dtype, so the reference sees exactly the kernel's input."""
+    return torch.randn(like.shape, device=like.device, generator=gen).to(dt).to(like.dtype)
+
+
 def sanitize_run():
     """Every kernel once on small shapes (for compute-sanitizer); outputs must come back finite."""
     ok = True
@@ -351,20 +385,24 @@ def check(results, quick=False):
             for T in ((1, 65, 200) if quick else (1, 63, 64, 65, 200)):
                 for with_h0 in (False, True):
                     for gate_div in (1, 16):
+                        seed = T * 7 + K + V + (1000 if with_h0 else 0) + 100 * gate_div
                         q, k, v, g, beta, h0 = inputs(2, T, 3, K, V, dt, gate_div, seed=T * 7 + K + V)
+                        # cotangents from the case's own generator (recorded seed), as the kernels get them
+                        cg = torch.Generator(device="cuda").manual_seed(seed)
                         h0 = h0 if with_h0 else None
                         scale = K ** -0.5
                         # simple_gla forward and backward against float64 autograd
                         xs = [x.double().requires_grad_() for x in (q, k, v, g)]
                         h0d = h0.double().requires_grad_() if h0 is not None else None
                         o_r, ht_r = ref_sgla(*xs, scale, h0d)
-                        do = torch.randn_like(o_r)
-                        dht = torch.randn_like(ht_r) if with_h0 else None
+                        do = cotangent(o_r, cg, dt)
+                        dht = cotangent(ht_r, cg, torch.float32) if with_h0 else None
                         loss = (o_r * do).sum() + ((ht_r * dht).sum() if dht is not None else 0)
                         grads = torch.autograd.grad(loss, xs + ([h0d] if h0d is not None else []))
                         fwd = sgla_fwd(q, k, v, g, scale, h0)
+                        dg_errs = {}
                         dq, dk, dv, dg, dh0 = sgla_bwd(q, k, v, g, scale, h0, do.to(dt),
-                                                       dht.float() if dht is not None else None, fwd)
+                                                       dht.float() if dht is not None else None, fwd, dg_errs)
                         fo, fht = sgla_fused(q, k, v, g, scale, h0)
                         errs = {"o": rel(fwd[0], o_r), "ht": rel(fwd[1], ht_r), "o_fused": rel(fo, o_r),
                                 "ht_fused": rel(fht, ht_r), "dq": rel(dq, grads[0]),
@@ -372,6 +410,7 @@ def check(results, quick=False):
                         if h0 is not None:
                             errs["dh0"] = rel(dh0, grads[4])
                         errs["cumsum"] = rel(kcumsum(g, T), chunk_cumsum(g.double(), T))
+                        errs.update(dg_errs)
                         # gated delta rule forward
                         qd, kd, vd, gd, betad, _ = inputs(2, T, 3, K, V, dt, gate_div, seed=T * 5 + K, delta=True)
                         o2, ht2 = gdn_fwd(qd, kd, vd, gd, betad.to(dt), scale, h0)
@@ -383,26 +422,28 @@ def check(results, quick=False):
                         errs["gdn_o_split"] = rel(o3, o2r)
                         errs["gdn_ht_split"] = rel(ht3, ht2r)
                         errs.update(gdn_bwd_walk_errors(qd, kd, vd, gd, betad.to(dt), scale,
-                                                        torch.randn_like(h0) if with_h0 else None))
+                                                        cotangent(h0, cg, torch.float32) if with_h0 else None, cg))
                         # gated delta rule backward against float64 autograd
                         xg = [x.double().requires_grad_() for x in (qd, kd, vd, gd, betad.to(dt))]
                         o4, ht4 = ref_gdn(*xg, scale, h0d)
-                        do4 = torch.randn_like(o4)
-                        dht4 = torch.randn_like(ht4) if with_h0 else None
+                        do4 = cotangent(o4, cg, dt)
+                        dht4 = cotangent(ht4, cg, torch.float32) if with_h0 else None
                         loss = (o4 * do4).sum() + ((ht4 * dht4).sum() if dht4 is not None else 0)
                         gr = torch.autograd.grad(loss, xg + ([h0d] if h0d is not None else []))
                         mine = gdn_bwd(qd, kd, vd, gd, betad.to(dt), scale, h0, do4.to(dt),
-                                       dht4.float() if dht4 is not None else None)
+                                       dht4.float() if dht4 is not None else None, errs)
                         for n_, a_, b_ in zip(("gdn_dq", "gdn_dk", "gdn_dv", "gdn_dg", "gdn_dbeta", "gdn_dh0"),
                                               mine, gr):
                             errs[n_] = rel(a_, b_)
                         errs["gdn_x"] = rel(gdn_x(kd, vd, gd, betad.to(dt)), ref_x(kd, gd, betad.to(dt)))
                         lim = {n: thr["o"] if n in ("o", "gdn_o", "o_fused", "gdn_o_split", "gdn_x", "cumsum") else thr["ht"] if "ht" in n else thr["grad"]
                                for n in errs}
+                        # the decay_grad kernel: fp32 sums against float64; its rounding of dq / dk exact
+                        lim.update({n: 0.0 if n.endswith("cast") else 1e-4 for n in errs if "decay_grad" in n})
                         bad = {n: e for n, e in errs.items() if not e <= lim[n]}
                         ok &= not bad
                         case = dict(dtype=str(dt).split(".")[-1], K=K, V=V, T=T, h0=with_h0, gate_div=gate_div,
-                                    errors=errs, passed=not bad)
+                                    cotangent_seed=seed, errors=errs, passed=not bad)
                         results.append(case)
                         if bad:
                             print("FAIL", {k_: v_ for k_, v_ in case.items() if k_ != "errors"}, bad)
@@ -427,7 +468,7 @@ def check_tunings(results):
             xs = [x.double().requires_grad_() for x in (q, k, v, g)]
             h0d = h0.double()
             o_r, ht_r = ref_sgla(*xs, scale, h0d)
-            do = torch.randn_like(o_r)
+            do = cotangent(o_r, torch.Generator(device="cuda").manual_seed(T * 3 + K + V), torch.bfloat16)
             grads = torch.autograd.grad((o_r * do).sum(), xs)
             o2r, ht2r = ref_gdn(qd.double(), kd.double(), vd.double(), gd.double(), betad.double(), scale, h0d)
             for t in TUNINGS:
@@ -464,7 +505,63 @@ def time_it(fn, sets, reps=20, warmup=3):
     return statistics.median(ts)
 
 
-def timing(out, lengths, sweep=False):
+FLA_REFUSES_BWD = None
+
+
+def lift_fla_hopper_guard():
+    """flash-linear-attention 0.6.0 refuses its gated backward (chunk_bwd_dqkwg) on Hopper with Triton
+    < 3.7.1, whose compiler it reports to produce wrong results there. Lift that refusal so the
+    backward can be timed and its gradients compared with ours; returns whether it refused here."""
+    global FLA_REFUSES_BWD
+    import fla.ops.common.chunk_o as chunk_o
+    if FLA_REFUSES_BWD is None:
+        FLA_REFUSES_BWD = bool(getattr(chunk_o, "IS_NVIDIA_HOPPER", False)
+                               and getattr(chunk_o, "TRITON_ABOVE_3_4_0", False)
+                               and not getattr(chunk_o, "TRITON_ABOVE_3_7_1", True))
+    chunk_o.TRITON_ABOVE_3_7_1 = True
+    return FLA_REFUSES_BWD
+
+
+def fla_fwd_bwd(row, sets, sc, chunk_simple_gla, chunk_gated_delta_rule):
+    """flash-linear-attention forward + backward (torch.autograd.grad of sum(o * do)) timed next to ours
+    (our forward, then our backward with its recomputation), and the relative difference of every
+    gradient between the two on the first input set."""
+    row["fla_bwd_refusal_lifted"] = lift_fla_hopper_guard()
+
+    def leaves(a, names):
+        return [a[n].detach().requires_grad_() for n in names]
+
+    def fla_sgla(a):
+        xs = leaves(a, ("q", "k", "v", "g"))
+        o, _ = chunk_simple_gla(*xs)
+        return torch.autograd.grad(o, xs, a["do"])
+
+    def fla_gdn(a):
+        xs = leaves(a, ("qn", "kn", "v", "g", "beta"))
+        o, _ = chunk_gated_delta_rule(*xs)
+        return torch.autograd.grad(o, xs, a["do"])
+
+    row["fla_sgla_fwdbwd_ms"] = time_it(fla_sgla, sets)
+    row["fla_gdn_fwdbwd_ms"] = time_it(fla_gdn, sets)
+    # our forward as the op runs it: fused when B*H >= 3 * SMs (prefer_fused), else walk + output
+    B, _, H, _ = sets[0]["q"].shape
+    fused = B * H >= 3 * torch.cuda.get_device_properties(0).multi_processor_count
+    sgla_f = sgla_fused if fused else (lambda *x: sgla_fwd(*x)[:2])
+    row["ours_sgla_fwd_then_bwd_ms"] = time_it(
+        lambda a: (sgla_f(a["q"], a["k"], a["v"], a["g"], sc, None),
+                   sgla_bwd(a["q"], a["k"], a["v"], a["g"], sc, None, a["do"], None)), sets)
+    row["ours_gdn_fwd_then_bwd_ms"] = time_it(
+        lambda a: (gdn_fwd(a["qn"], a["kn"], a["v"], a["g"], a["beta"], sc, None, fused),
+                   gdn_bwd(a["qn"], a["kn"], a["v"], a["g"], a["beta"], sc, None, a["do"], None)), sets)
+    a = sets[0]
+    ours = sgla_bwd(a["q"], a["k"], a["v"], a["g"], sc, None, a["do"], None)
+    row["sgla_grad_rel_diff_vs_fla"] = {n: rel(x, y) for n, x, y in zip(("dq", "dk", "dv", "dg"), ours, fla_sgla(a))}
+    ours = gdn_bwd(a["qn"], a["kn"], a["v"], a["g"], a["beta"], sc, None, a["do"], None)
+    row["gdn_grad_rel_diff_vs_fla"] = {n: rel(x, y) for n, x, y in
+                                       zip(("dq", "dk", "dv", "dg", "dbeta"), ours, fla_gdn(a))}
+
+
+def timing(out, lengths, sweep=False, fla_bwd=False):
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
         from fla.ops.simple_gla import chunk_simple_gla
@@ -543,6 +640,8 @@ def timing(out, lengths, sweep=False):
             o_f, _ = chunk_gated_delta_rule(sets[0]["qn"], sets[0]["kn"], sets[0]["v"], sets[0]["g"], sets[0]["beta"])
             o_o = gdn_fwd(sets[0]["qn"], sets[0]["kn"], sets[0]["v"], sets[0]["g"], sets[0]["beta"], sc, None)[0]
             row["gdn_rel_diff_vs_fla"] = rel(o_o, o_f)
+            if fla_bwd:
+                fla_fwd_bwd(row, sets, sc, chunk_simple_gla, chunk_gated_delta_rule)
         print(json.dumps(row))
         out.append(row)
 
@@ -558,7 +657,14 @@ def main():
     ap.add_argument("--sanitize", action="store_true", help="run every kernel once on small shapes, no references")
     ap.add_argument("--lengths", default="2048,8192,32768")
     ap.add_argument("--sweep", action="store_true", help="also time every launch choice of the walks and the output")
+    ap.add_argument("--fla-bwd", action="store_true",
+                    help="also time flash-linear-attention's forward + backward, lifting its refusal on Hopper with "
+                         "Triton < 3.7.1 (the row says so), and compare its gradients with ours")
+    ap.add_argument("--build-only", action="store_true", help="build the library into --lib and stop")
     a = ap.parse_args()
+    if a.build_only:
+        build(a.lib)
+        return
     L = ctypes.CDLL(a.lib) if os.environ.get("PREBUILT") and os.path.exists(a.lib) else build(a.lib)
     if L.ck_layout_ok() != 1:
         print("accumulator fragment layout differs from the one the kernels assume")
@@ -574,7 +680,7 @@ def main():
     POISON = False
     print("checks", "passed" if ok else "FAILED")
     if not a.no_time:
-        timing(res["timing"], [int(x) for x in a.lengths.split(",")], a.sweep)
+        timing(res["timing"], [int(x) for x in a.lengths.split(",")], a.sweep, a.fla_bwd)
     if a.out:
         tmp = a.out + ".tmp"
         with open(tmp, "w") as f:

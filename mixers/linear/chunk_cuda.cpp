@@ -52,19 +52,16 @@ at::Tensor h0_in(const at::Tensor& h0) { return present(h0); }
 // Gradient of the log decay g from chunk_dqkv's pieces (chunk_kernels.h), per chunk:
 // x_i = q_i·dq_i − k_i·dk_i + y_i (+ x2_i, the delta rule's direct gradient of the cumulative gates),
 // dg_t = Σ_{i≥t} x_i + Σ_{j<t} y_j + z_c.
+// dg (fp32 [B,T,H]) from chunk_dqkv's pieces on the decay_grad kernel; dq (and dk, where defined)
+// receive dqf (dkf) rounded to the input dtype on the way.
 at::Tensor decay_grad(const tc::Dims& d, const at::Tensor& q, const at::Tensor& dqf, const at::Tensor& k,
-                      const at::Tensor& dkf, const at::Tensor& y, const at::Tensor& z, const at::Tensor& x2) {
-  const int64_t NT = tc::num_chunks(d.T);
-  auto f32 = q.options().dtype(at::kFloat);
-  at::Tensor x = at::zeros({d.B, NT * 64, d.H}, f32), yp = at::zeros({d.B, NT * 64, d.H}, f32);
-  at::Tensor xi = (q.to(at::kFloat) * dqf).sum(-1) - (k.to(at::kFloat) * dkf).sum(-1) + y;
-  if (x2.defined()) xi = xi + x2;
-  x.narrow(1, 0, d.T).copy_(xi);
-  yp.narrow(1, 0, d.T).copy_(y);
-  x = x.view({d.B, NT, 64, d.H});
-  yp = yp.view({d.B, NT, 64, d.H});
-  at::Tensor dg = x.flip(2).cumsum(2).flip(2) + (yp.cumsum(2) - yp) + z.unsqueeze(2);
-  return dg.view({d.B, NT * 64, d.H}).narrow(1, 0, d.T);
+                      const at::Tensor& dkf, const at::Tensor& y, const at::Tensor& z, const at::Tensor& x2,
+                      const at::Tensor& dq, const at::Tensor& dk) {
+  at::Tensor dg = at::empty({d.B, d.T, d.H}, q.options().dtype(at::kFloat));
+  tc::decay_grad(dtype_of(q), q.data_ptr(), dqf.data_ptr<float>(), k.data_ptr(), dkf.data_ptr<float>(),
+                 y.data_ptr<float>(), z.data_ptr<float>(), fptr(x2), dg.data_ptr<float>(), dq.data_ptr(),
+                 dk.defined() ? dk.data_ptr() : nullptr, d, stream());
+  return dg;
 }
 
 struct Fwd {
@@ -130,8 +127,9 @@ struct SimpleGlaTcFn : public torch::autograd::Function<SimpleGlaTcFn> {
     tc::chunk_dqkv(dtype_of(q), q.data_ptr(), k.data_ptr(), v.data_ptr(), d_o.data_ptr(), f.b.data_ptr<float>(),
                    f.hs.data_ptr(), dhs.data_ptr(), dqf.data_ptr<float>(), dkf.data_ptr<float>(), dv.data_ptr(),
                    y.data_ptr<float>(), z.data_ptr<float>(), float(scale), d, stream());
-    at::Tensor dg = decay_grad(d, q, dqf, k, dkf, y, z, at::Tensor());
-    return {dqf.to(q.scalar_type()), dkf.to(k.scalar_type()), dv, dg.to(g.scalar_type()),
+    at::Tensor dq = at::empty_like(q), dk = at::empty_like(k);
+    at::Tensor dg = decay_grad(d, q, dqf, k, dkf, y, z, at::Tensor(), dq, dk);
+    return {dq, dk, dv, dg.to(g.scalar_type()),
             h0.defined() ? dh0.to(h0.scalar_type()) : at::Tensor(), at::Tensor()};
   }
 };
@@ -226,8 +224,9 @@ struct GdnTcFn : public torch::autograd::Function<GdnTcFn> {
     tc::delta_wy_bwd(dt, k.data_ptr(), v.data_ptr(), du.data_ptr(), hs.data_ptr(), X.data_ptr<float>(),
                      betaf.data_ptr<float>(), b.data_ptr<float>(), dkf.data_ptr<float>(), dk.data_ptr(), dv.data_ptr(),
                      dbeta.data_ptr<float>(), x2.data_ptr<float>(), d, stream());
-    at::Tensor dg = decay_grad(d, q, dqf, k, dkf, y, z, x2);
-    return {dqf.to(q.scalar_type()), dk, dv, dg.to(g.scalar_type()), dbeta.to(beta.scalar_type()),
+    at::Tensor dq = at::empty_like(q);
+    at::Tensor dg = decay_grad(d, q, dqf, k, dkf, y, z, x2, dq, at::Tensor());
+    return {dq, dk, dv, dg.to(g.scalar_type()), dbeta.to(beta.scalar_type()),
             h0.defined() ? dh0.to(h0.scalar_type()) : at::Tensor(), at::Tensor()};
   }
 };

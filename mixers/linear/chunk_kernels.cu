@@ -1547,6 +1547,69 @@ __global__ void cumsum_kernel(const float* g, float* b, int B, int T, int H, int
   }
 }
 
+// The decay gradient of one (bi, chunk, head), 256 threads: x_i = q_i·dq_i − k_i·dk_i + y_i (+ x2_i)
+// per row (K / 8 threads a row, 8 elements each, 16-byte loads), then one warp forms
+// dg_t = Σ_{i ≥ t} x_i + Σ_{j < t} y_j + z_c with direct suffix / prefix scans over the chunk (no
+// subtraction of partial sums). Rows past T count as 0. dq_out / dk_out (may be null): the fp32
+// gradients rounded to the input dtype on the way.
+template <typename T>
+__global__ void __launch_bounds__(256) decay_grad_kernel(const T* q, const float* dqf, const T* k, const float* dkf,
+                                                         const float* y, const float* z, const float* x2, float* dg,
+                                                         T* dq_out, T* dk_out, int T_, int H, int K, int NT) {
+  __shared__ float xs[kC], ys[kC];
+  const int h = blockIdx.x % H, c = (blockIdx.x / H) % NT, bi = blockIdx.x / (H * NT);
+  const int tpr = K / 8, sub = threadIdx.x % tpr;
+  for (int r = threadIdx.x / tpr; r < kC; r += blockDim.x / tpr) {  // the same trip count in every lane
+    const int t = c * kC + r;
+    float acc = 0.f;
+    if (t < T_) {
+      const size_t off = ((size_t(bi) * T_ + t) * H + h) * K + sub * 8;
+      const uint4 qv = *reinterpret_cast<const uint4*>(q + off), kv = *reinterpret_cast<const uint4*>(k + off);
+      const float4* dq4 = reinterpret_cast<const float4*>(dqf + off);
+      const float4* dk4 = reinterpret_cast<const float4*>(dkf + off);
+      const float4 dqa = dq4[0], dqb = dq4[1], dka = dk4[0], dkb = dk4[1];
+      const float dqe[8] = {dqa.x, dqa.y, dqa.z, dqa.w, dqb.x, dqb.y, dqb.z, dqb.w};
+      const float dke[8] = {dka.x, dka.y, dka.z, dka.w, dkb.x, dkb.y, dkb.z, dkb.w};
+      const T* qe = reinterpret_cast<const T*>(&qv);
+      const T* ke = reinterpret_cast<const T*>(&kv);
+      uint4 dqo, dko;
+      T* dqoe = reinterpret_cast<T*>(&dqo);
+      T* dkoe = reinterpret_cast<T*>(&dko);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        acc += Ty<T>::f(qe[e]) * dqe[e] - Ty<T>::f(ke[e]) * dke[e];
+        dqoe[e] = Ty<T>::from(dqe[e]);
+        dkoe[e] = Ty<T>::from(dke[e]);
+      }
+      if (dq_out) *reinterpret_cast<uint4*>(dq_out + off) = dqo;
+      if (dk_out) *reinterpret_cast<uint4*>(dk_out + off) = dko;
+    }
+    for (int o = tpr / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (sub == 0) {
+      const size_t g = (size_t(bi) * T_ + t) * H + h;
+      xs[r] = t < T_ ? acc + y[g] + (x2 ? x2[g] : 0.f) : 0.f;
+      ys[r] = t < T_ ? y[g] : 0.f;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x >= 32) return;
+  const int lane = threadIdx.x, i0 = 2 * lane, i1 = i0 + 1;
+  // suffix sums of x over lanes ≥ lane (pairs), prefix sums of y over lanes ≤ lane
+  float sx = xs[i0] + xs[i1], py = ys[i0] + ys[i1];
+  for (int o = 1; o < 32; o <<= 1) {
+    const float a = __shfl_down_sync(0xffffffffu, sx, o), b2 = __shfl_up_sync(0xffffffffu, py, o);
+    if (lane + o < 32) sx += a;
+    if (lane >= o) py += b2;
+  }
+  const float sx_next = __shfl_down_sync(0xffffffffu, sx, 1), py_prev = __shfl_up_sync(0xffffffffu, py, 1);
+  const float suffix1 = xs[i1] + (lane < 31 ? sx_next : 0.f);  // Σ_{i ≥ i1} x_i
+  const float prefix0 = lane > 0 ? py_prev : 0.f;               // Σ_{j < i0} y_j
+  const float zc = z[(size_t(bi) * NT + c) * H + h];
+  const int t0 = c * kC + i0;
+  if (t0 < T_) dg[(size_t(bi) * T_ + t0) * H + h] = sx + prefix0 + zc;
+  if (t0 + 1 < T_) dg[(size_t(bi) * T_ + t0 + 1) * H + h] = suffix1 + prefix0 + ys[i0] + zc;
+}
+
 // ------------------------------------------------------------------ launch
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
@@ -1670,6 +1733,22 @@ void chunk_cumsum(const float* g, float* b, int B, int T, int H, void* stream) {
   if (n == 0) return;
   cumsum_kernel<<<(n + 255) / 256, 256, 0, static_cast<cudaStream_t>(stream)>>>(g, b, B, T, H, NT);
   check_launch("chunk_cumsum");
+}
+
+void decay_grad(Dtype dt, const void* q, const float* dqf, const void* k, const float* dkf, const float* y,
+                const float* z, const float* x2, float* dg, void* dq, void* dk, Dims d, void* stream) {
+  check_grid(d);
+  const int NT = num_chunks(d.T);
+  const long long n = (long long)d.B * NT * d.H;
+  if (n == 0) return;
+  if (n > 0x7fffffffLL) throw std::invalid_argument("decay_grad: B·T/64·H too large");
+  by_dtype(dt, [&](auto t) {
+    using T = decltype(t);
+    decay_grad_kernel<T><<<unsigned(n), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const T*>(q), dqf, static_cast<const T*>(k), dkf, y, z, x2, dg, static_cast<T*>(dq),
+        static_cast<T*>(dk), d.T, d.H, d.K, NT);
+  });
+  check_launch("decay_grad");
 }
 
 void walk_fwd(Dtype dt, const void* k, const void* v, const void* w, const float* b, const float* h0, void* hs,

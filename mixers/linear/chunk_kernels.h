@@ -77,6 +77,13 @@ void chunk_dqkv(Dtype dt, const void* q, const void* k, const void* v, const voi
                 const void* hs, const void* dhs, float* dqf, float* dkf, void* dv, float* y, float* z, float scale,
                 Dims d, void* stream);
 
+// The decay gradient from chunk_dqkv's pieces (and delta_wy_bwd's x2, null for simple_gla), all
+// chunks in parallel: x_i = q_i·dq_i − k_i·dk_i + y_i (+ x2_i), dg_t = Σ_{i ≥ t in c} x_i +
+// Σ_{j < t in c} y_j + z_c into dg (fp32 [B,T,H]). dqf, dkf fp32 [B,T,H,K]; on the way they are
+// rounded to the input dtype into dq / dk where those are not null.
+void decay_grad(Dtype dt, const void* q, const float* dqf, const void* k, const float* dkf, const float* y,
+                const float* z, const float* x2, float* dg, void* dq, void* dk, Dims d, void* stream);
+
 // Delta-rule preparation of every chunk in parallel (WY / UT form): with
 // A = tril(diag(β) (k kᵀ) ⊙ e^{b_i − b_j}, −1) and X = (I + A)⁻¹,
 // w = X (β e^{b} ⊙ k) and u = X (β ⊙ v), rounded to the input dtype. beta fp32 [B,T,H]. When x is
