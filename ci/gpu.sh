@@ -20,6 +20,13 @@ log configure
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMIXBENCH_CUDA=ON -DMIXBENCH_CUDA_ARCH=90 \
       "${CMAKE_DEPS[@]}" > "$LOGS/cmake.log" 2>&1 || { tail -40 "$LOGS/cmake.log"; exit 1; }
 log build
+CHUNK_LIB=/tmp/mixbench_chunk.so
+CHUNK_BUILD=
+if part chunk || part sanitizer; then
+  # the kernels' stand-alone library for chunk_check.py, built alongside the project
+  python3 ci/kernels/chunk_check.py --build-only --lib "$CHUNK_LIB" > "$LOGS/chunk_build.log" 2>&1 &
+  CHUNK_BUILD=$!
+fi
 ninja -C build-gpu -j"$(nproc)" mixbench mixbench_bench > "$LOGS/build.log" 2>&1 || { grep -E "error|FAILED" "$LOGS/build.log" | head -40; exit 1; }
 MB=build-gpu/mixbench
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
@@ -50,22 +57,25 @@ if part peers && [ -f ci/peers.py ]; then
   python3 ci/peers.py --out "$OUT/peers.json" || rc=1
   python3 ci/compare.py "$OUT/bench_cuda.json" "$OUT/peers.json" --out "$OUT/comparison.json" || rc=1
 fi
+if [ -n "$CHUNK_BUILD" ] && ! wait "$CHUNK_BUILD"; then
+  echo "building the chunk kernels' library failed:"; tail -20 "$LOGS/chunk_build.log"; exit 1
+fi
 if part chunk; then
 log "chunk kernels: check against float64 and time next to flash-linear-attention"
-python3 ci/kernels/chunk_check.py --quick --sweep --lib /tmp/mixbench_chunk.so --out "$OUT/chunk_kernels.json" \
+PREBUILT=1 python3 ci/kernels/chunk_check.py --quick --sweep --lib "$CHUNK_LIB" --out "$OUT/chunk_kernels.json" \
     > "$LOGS/chunk.txt" 2>&1 || rc=1
-grep -vi warn "$LOGS/chunk.txt" | tail -6
+grep -vi warn "$LOGS/chunk.txt" | grep -v '^{' | tail -6
 fi
 if part sanitizer && command -v compute-sanitizer > /dev/null; then
   log "compute-sanitizer (memcheck, racecheck) on the chunk kernels"
   : > "$OUT/sanitizer.txt"
-  # the same small run without the sanitizer first (builds the library when the check above did not run)
-  PREBUILT=$(part chunk && echo 1) python3 ci/kernels/chunk_check.py --sanitize --lib /tmp/mixbench_chunk.so \
+  # the same small run without the sanitizer first
+  PREBUILT=1 python3 ci/kernels/chunk_check.py --sanitize --lib "$CHUNK_LIB" \
       > "$LOGS/sanitize_plain.txt" 2>&1
   echo "plain exit=$? $(tail -1 "$LOGS/sanitize_plain.txt")" >> "$OUT/sanitizer.txt"
   for tool in memcheck racecheck; do
     PREBUILT=1 compute-sanitizer --tool "$tool" --error-exitcode 3 \
-      python3 ci/kernels/chunk_check.py --sanitize --lib /tmp/mixbench_chunk.so > "$LOGS/sanitizer_$tool.txt" 2>&1
+      python3 ci/kernels/chunk_check.py --sanitize --lib "$CHUNK_LIB" > "$LOGS/sanitizer_$tool.txt" 2>&1
     src=$?
     echo "$tool exit=$src $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOGS/sanitizer_$tool.txt" | tail -1)" >> "$OUT/sanitizer.txt"
     [ $src -eq 0 ] || rc=1
