@@ -561,7 +561,56 @@ def fla_fwd_bwd(row, sets, sc, chunk_simple_gla, chunk_gated_delta_rule):
                                        zip(("dq", "dk", "dv", "dg", "dbeta"), ours, fla_gdn(a))}
 
 
-def timing(out, lengths, sweep=False, fla_bwd=False):
+def backward_parts(row, a, T, sc):
+    """Each kernel of the two backwards timed alone on the first input set (its inputs made once):
+    simple_gla's reverse walk, chunk_dqkv and decay_grad; the gated delta rule's delta_prep with X,
+    forward walk, dv_local, reverse walk, chunk_dqkv (v_new as values), WY backward, decay_grad."""
+    one = [a, a]
+    q, k, v, do, qn, kn = a["q"], a["k"], a["v"], a["do"], a["qn"], a["kn"]
+    B, _, H, K = q.shape
+    V, NT = v.shape[-1], (T + 63) // 64
+    f32 = dict(dtype=torch.float32, device="cuda")
+    dqf, dkf = torch.empty(B, T, H, K, **f32), torch.empty(B, T, H, K, **f32)
+    y, z, x2 = torch.empty(B, T, H, **f32), torch.empty(B, NT, H, **f32), torch.empty(B, T, H, **f32)
+    dgo, dq, dk, dv = torch.empty(B, T, H, **f32), torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    # simple_gla
+    _, _, hs, b = sgla_fwd(q, k, v, a["g"], sc, None)
+    dhs, dh0 = torch.empty_like(hs), torch.empty(B, H, K, V, **f32)
+    parts = {"sgla_walk_bwd": lambda _: call("ck_walk_bwd", 0, p(q), p(do), p(b), p(None), p(dhs), p(dh0),
+                                             ctypes.c_float(sc), B, T, H, K, V, stream()),
+             "sgla_dqkv": lambda _: call("ck_dqkv", 0, p(q), p(k), p(v), p(do), p(b), p(hs), p(dhs), p(dqf), p(dkf),
+                                         p(dv), p(y), p(z), ctypes.c_float(sc), B, T, H, K, V, stream()),
+             "sgla_decay_grad": lambda _: call("ck_decay_grad", 0, p(q), p(dqf), p(k), p(dkf), p(y), p(z), p(None),
+                                               p(dgo), p(dq), p(dk), B, T, H, K, stream())}
+    row["bwd_part_ms"] = {n: time_it(f, one) for n, f in parts.items()}
+    # gated delta rule
+    _, w, u, X = gdn_prep(kn, v, a["g"], a["beta"], with_x=True)
+    betaf = a["beta"].float().contiguous()
+    hs2, vn, ht = torch.empty_like(hs), torch.empty_like(v), torch.empty(B, H, K, V, **f32)
+    call("ck_walk_fwd", 0, p(kn), p(u), p(w), p(b), p(None), p(hs2), p(vn), p(ht), B, T, H, K, V, stream())
+    dvl, du = torch.empty_like(v), torch.empty_like(v)
+    call("ck_dv_local", 0, p(qn), p(kn), p(do), p(b), p(dvl), ctypes.c_float(sc), B, T, H, K, V, stream())
+    wx, ux, X2 = torch.empty_like(w), torch.empty_like(u), torch.empty_like(X)
+    dbeta = torch.empty(B, T, H, **f32)
+    parts = {"gdn_prep_with_x": lambda _: call("ck_prep", 0, p(kn), p(v), p(betaf), p(b), p(wx), p(ux), p(X2),
+                                               B, T, H, K, V, stream()),
+             "gdn_walk_fwd": lambda _: call("ck_walk_fwd", 0, p(kn), p(u), p(w), p(b), p(None), p(hs2), p(vn), p(ht),
+                                            B, T, H, K, V, stream()),
+             "gdn_dv_local": lambda _: call("ck_dv_local", 0, p(qn), p(kn), p(do), p(b), p(dvl), ctypes.c_float(sc),
+                                            B, T, H, K, V, stream()),
+             "gdn_walk_bwd": lambda _: call("ck_walk_bwd_delta", 0, p(qn), p(do), p(kn), p(w), p(dvl), p(b), p(None),
+                                            p(dhs), p(du), p(dh0), ctypes.c_float(sc), B, T, H, K, V, stream()),
+             "gdn_dqkv": lambda _: call("ck_dqkv", 0, p(qn), p(kn), p(vn), p(do), p(b), p(hs2), p(dhs), p(dqf),
+                                        p(dkf), p(dv), p(y), p(z), ctypes.c_float(sc), B, T, H, K, V, stream()),
+             "gdn_wy_bwd": lambda _: call("ck_wy_bwd", 0, p(kn), p(v), p(du), p(hs2), p(X), p(betaf), p(b), p(dkf),
+                                          p(dk), p(dv), p(dbeta), p(x2), B, T, H, K, V, stream()),
+             "gdn_decay_grad": lambda _: call("ck_decay_grad", 0, p(qn), p(dqf), p(kn), p(dkf), p(y), p(z), p(x2),
+                                              p(dgo), p(dq), p(None), B, T, H, K, stream())}
+    row["bwd_part_ms"].update({n: time_it(f, one) for n, f in parts.items()})
+    print(json.dumps({"T": T, "bwd_part_ms": row["bwd_part_ms"]}))
+
+
+def timing(out, lengths, sweep=False, fla_bwd=False, bwd_parts=False):
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
         from fla.ops.simple_gla import chunk_simple_gla
@@ -618,6 +667,8 @@ def timing(out, lengths, sweep=False, fla_bwd=False):
             set_tuning((0, 0))
             row["sweep_ms"] = sw
             print(json.dumps(sw))
+        if bwd_parts:
+            backward_parts(row, a0, T, sc)
         row["note"] = ("ours_*_ms: fused kernel; *_split_ms: walk + output kernels; ours_sgla_fwdbwd_ms and "
                        "ours_gdn_bwd_ms: the backward with its forward recomputation")
         row["ours_sgla_fwd_split_ms"] = time_it(lambda a: sgla_fwd(a["q"], a["k"], a["v"], a["g"], sc, None), sets)
@@ -660,6 +711,7 @@ def main():
     ap.add_argument("--fla-bwd", action="store_true",
                     help="also time flash-linear-attention's forward + backward, lifting its refusal on Hopper with "
                          "Triton < 3.7.1 (the row says so), and compare its gradients with ours")
+    ap.add_argument("--bwd-parts", action="store_true", help="also time each kernel of the two backwards alone")
     ap.add_argument("--build-only", action="store_true", help="build the library into --lib and stop")
     a = ap.parse_args()
     if a.build_only:
@@ -680,7 +732,7 @@ def main():
     POISON = False
     print("checks", "passed" if ok else "FAILED")
     if not a.no_time:
-        timing(res["timing"], [int(x) for x in a.lengths.split(",")], a.sweep, a.fla_bwd)
+        timing(res["timing"], [int(x) for x in a.lengths.split(",")], a.sweep, a.fla_bwd, a.bwd_parts)
     if a.out:
         tmp = a.out + ".tmp"
         with open(tmp, "w") as f:
