@@ -30,9 +30,11 @@ int ck_cumsum(const float* g, float* b, int B, int T, int H, void* stream) {
   return guarded([&] { chunk_cumsum(g, b, B, T, H, stream); });
 }
 int ck_decay_grad(int fp16, const void* q, const float* dqf, const void* k, const float* dkf, const float* y,
-                  const float* z, const float* x2, float* dg, void* dq, void* dk, int B, int T, int H, int K,
-                  void* stream) {
-  return guarded([&] { decay_grad(dtype_of(fp16), q, dqf, k, dkf, y, z, x2, dg, dq, dk, Dims{B, T, H, K, K}, stream); });
+                  const float* z, const float* x2, const float* xdot, float* dg, void* dq, void* dk, int B, int T,
+                  int H, int K, void* stream) {
+  return guarded([&] {
+    decay_grad(dtype_of(fp16), q, dqf, k, dkf, y, z, x2, dg, dq, dk, Dims{B, T, H, K, K}, stream, xdot);
+  });
 }
 int ck_walk_fwd(int fp16, const void* k, const void* v, const void* w, const float* b, const float* h0, void* hs,
                 void* vnew, float* ht, int B, int T, int H, int K, int V, void* stream) {
@@ -73,6 +75,15 @@ int ck_dqkv(int fp16, const void* q, const void* k, const void* v, const void* d
             int K, int V, void* stream) {
   return guarded([&] {
     chunk_dqkv(dtype_of(fp16), q, k, v, d_o, b, hs, dhs, dqf, dkf, dv, y, z, scale, Dims{B, T, H, K, V}, stream);
+  });
+}
+// chunk_dqkv forming the row dots: dq (and dk where not null, dkf otherwise) in the input dtype, xdot
+int ck_dqkv_dots(int fp16, const void* q, const void* k, const void* v, const void* d_o, const float* b,
+                 const void* hs, const void* dhs, float* dkf, void* dq, void* dk, void* dv, float* y, float* z,
+                 float* xdot, float scale, int B, int T, int H, int K, int V, void* stream) {
+  return guarded([&] {
+    chunk_dqkv(dtype_of(fp16), q, k, v, d_o, b, hs, dhs, nullptr, dkf, dv, y, z, scale, Dims{B, T, H, K, V}, stream,
+               dq, dk, xdot);
   });
 }
 int ck_prep(int fp16, const void* k, const void* v, const float* beta, const float* b, void* w, void* u, float* x,

@@ -137,6 +137,8 @@ def sgla_bwd(q, k, v, g, scale, h0, do, dht, fwd=None, errs=None):
     if errs is not None:
         errs.update(decay_grad_errors(q, dqf, k, dkf, y, z))
     dg, dq, dk = kdecay_grad(q, dqf, k, dkf, y, z)
+    if errs is not None:
+        errs.update(dots_errors(q, k, v, do, b, hs, dhs, scale, dq, dk, dv, y, z, dg))
     return dq, dk, dv, dg, dh0
 
 
@@ -153,15 +155,40 @@ def decay_grad(q, dqf, k, dkf, y, z, x2=None):
     return (x.flip(2).cumsum(2).flip(2) + yp.cumsum(2) - yp + z[:, :, None, :]).view(B, NT * 64, H)[:, :T]
 
 
-def kdecay_grad(q, dqf, k, dkf, y, z, x2=None, with_dk=True):
-    """decay_grad on the kernel: dg (fp32 [B,T,H]), dq and (with_dk) dk rounded to q's dtype."""
+def kdecay_grad(q, dqf, k, dkf, y, z, x2=None, with_dk=True, xdot=None):
+    """decay_grad on the kernel: dg (fp32 [B,T,H]), dq and (with_dk) dk rounded to q's dtype; with xdot
+    (chunk_dqkv's row dots) only dg."""
     B, T, H, K = q.shape
     dg = poison(B, T, H, dtype=torch.float32)
-    dq = poison(B, T, H, K, dtype=q.dtype)
-    dk = poison(B, T, H, K, dtype=q.dtype) if with_dk else None
-    call("ck_decay_grad", fp16(q), p(q), p(dqf), p(k), p(dkf), p(y), p(z), p(x2), p(dg), p(dq), p(dk), B, T, H, K,
-         stream())
+    dq = poison(B, T, H, K, dtype=q.dtype) if xdot is None else None
+    dk = poison(B, T, H, K, dtype=q.dtype) if with_dk and xdot is None else None
+    call("ck_decay_grad", fp16(q), p(q), p(dqf), p(k), p(dkf), p(y), p(z), p(x2), p(xdot), p(dg), p(dq), p(dk),
+         B, T, H, K, stream())
     return dg, dq, dk
+
+
+def kdqkv_dots(q, k, v, do, b, hs, dhs, scale, dk_fp32=False):
+    """chunk_dqkv forming the row dots: dq, dk (fp32 with dk_fp32, else q's dtype), dv, y, z, xdot."""
+    B, T, H, K, V = dims(q, v)
+    NT = (T + 63) // 64
+    dq = poison(B, T, H, K, dtype=q.dtype)
+    dk = poison(B, T, H, K, dtype=torch.float32 if dk_fp32 else q.dtype)
+    dv = poison(B, T, H, V, dtype=q.dtype)
+    y, xdot = poison(B, T, H, dtype=torch.float32), poison(B, T, H, dtype=torch.float32)
+    z = poison(B, NT, H, dtype=torch.float32)
+    call("ck_dqkv_dots", fp16(q), p(q), p(k), p(v), p(do), p(b), p(hs), p(dhs), p(dk if dk_fp32 else None), p(dq),
+         p(None if dk_fp32 else dk), p(dv), p(y), p(z), p(xdot), ctypes.c_float(scale), B, T, H, K, V, stream())
+    return dq, dk, dv, y, z, xdot
+
+
+def dots_errors(q, k, v, do, b, hs, dhs, scale, dq, dk, dv, y, z, dg, x2=None, dk_fp32=False):
+    """chunk_dqkv with the row dots against the path without them on the same inputs: dq, dk, dv, y, z
+    must be equal (the same fp32 values, rounded the same way); dg through the dots within fp32 sums."""
+    dq2, dk2, dv2, y2, z2, xdot = kdqkv_dots(q, k, v, do, b, hs, dhs, scale, dk_fp32)
+    dg2, _, _ = kdecay_grad(q, None, k, None, y2, z2, x2, xdot=xdot)
+    same = max((a.float() - b_.float()).abs().max().item() for a, b_ in
+               ((dq2, dq), (dk2, dk), (dv2, dv), (y2, y), (z2, z)))
+    return {"dots_same": same, "dots_dg": rel(dg2, dg)}
 
 
 def decay_grad_errors(q, dqf, k, dkf, y, z, x2=None):
@@ -240,6 +267,9 @@ def gdn_bwd(q, k, v, g, beta, scale, h0, do, dht, errs=None):
     if errs is not None:
         errs.update({"gdn_" + n: e for n, e in decay_grad_errors(q, dqf, k, dkf, y, z, x2).items()})
     dg, dq, _ = kdecay_grad(q, dqf, k, dkf, y, z, x2, with_dk=False)
+    if errs is not None:
+        errs.update({"gdn_" + n: e for n, e in
+                     dots_errors(q, k, vn, do, b, hs, dhs, scale, dq, dkf, dvl, y, z, dg, x2, dk_fp32=True).items()})
     return dq, dk, dv, dg, dbeta, dh0
 
 
@@ -343,7 +373,8 @@ def cotangent(like, gen, dt):
 
 
 def sanitize_run():
-    """Every kernel once on small shapes (for compute-sanitizer); outputs must come back finite."""
+    """Every kernel once on small shapes (for compute-sanitizer); outputs must come back finite. The
+    backwards run with an errs dict so that chunk_dqkv with the row dots and decay_grad run too."""
     ok = True
     # the built-in launch choices on these shapes (V tiles of 32, one output CTA per chunk) and the others
     for tuning, K, V, T in [(t, K, V, T) for t in ((0, 0), (64, 2))
@@ -357,12 +388,12 @@ def sanitize_run():
         outs = dict(zip(("o", "ht"), fwd[:2]))
         outs.update(zip(("o_fused", "ht_fused"), sgla_fused(q, k, v, g, scale, h0)))
         outs.update(zip(("dq", "dk", "dv", "dg", "dh0"),
-                        sgla_bwd(q, k, v, g, scale, h0, torch.randn_like(v), torch.randn_like(h0), fwd)))
+                        sgla_bwd(q, k, v, g, scale, h0, torch.randn_like(v), torch.randn_like(h0), fwd, errs={})))
         outs.update(zip(("gdn_o", "gdn_ht"), gdn_fwd(qd, kd, vd, gd, betad, scale, h0)))
         outs.update(zip(("gdn_o_split", "gdn_ht_split"), gdn_fwd(qd, kd, vd, gd, betad, scale, h0, False)))
         bd, wd, _, _ = gdn_prep(kd, vd, gd, betad)
         outs.update(zip(("gdn_dq", "gdn_dk", "gdn_dv", "gdn_dg", "gdn_dbeta", "gdn_dh0"),
-                        gdn_bwd(qd, kd, vd, gd, betad, scale, h0, torch.randn_like(vd), torch.randn_like(h0))))
+                        gdn_bwd(qd, kd, vd, gd, betad, scale, h0, torch.randn_like(vd), torch.randn_like(h0), errs={})))
         outs.update(zip(("gdn_bwd_dhs", "gdn_bwd_du", "gdn_bwd_dh0"),
                         gdn_bwd_walk(qd, kd, wd, torch.randn_like(vd), torch.randn_like(vd), bd, scale,
                                      torch.randn_like(h0))))
@@ -440,6 +471,8 @@ def check(results, quick=False):
                                for n in errs}
                         # the decay_grad kernel: fp32 sums against float64; its rounding of dq / dk exact
                         lim.update({n: 0.0 if n.endswith("cast") else 1e-4 for n in errs if "decay_grad" in n})
+                        # chunk_dqkv with the row dots: equal outputs; dg within fp32 sums of the other path
+                        lim.update({n: 0.0 if n.endswith("same") else 1e-4 for n in errs if "dots_" in n})
                         bad = {n: e for n, e in errs.items() if not e <= lim[n]}
                         ok &= not bad
                         case = dict(dtype=str(dt).split(".")[-1], K=K, V=V, T=T, h0=with_h0, gate_div=gate_div,
@@ -573,6 +606,7 @@ def backward_parts(row, a, T, sc):
     dqf, dkf = torch.empty(B, T, H, K, **f32), torch.empty(B, T, H, K, **f32)
     y, z, x2 = torch.empty(B, T, H, **f32), torch.empty(B, NT, H, **f32), torch.empty(B, T, H, **f32)
     dgo, dq, dk, dv = torch.empty(B, T, H, **f32), torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    xdot = torch.empty(B, T, H, **f32)
     # simple_gla
     _, _, hs, b = sgla_fwd(q, k, v, a["g"], sc, None)
     dhs, dh0 = torch.empty_like(hs), torch.empty(B, H, K, V, **f32)
@@ -581,7 +615,13 @@ def backward_parts(row, a, T, sc):
              "sgla_dqkv": lambda _: call("ck_dqkv", 0, p(q), p(k), p(v), p(do), p(b), p(hs), p(dhs), p(dqf), p(dkf),
                                          p(dv), p(y), p(z), ctypes.c_float(sc), B, T, H, K, V, stream()),
              "sgla_decay_grad": lambda _: call("ck_decay_grad", 0, p(q), p(dqf), p(k), p(dkf), p(y), p(z), p(None),
-                                               p(dgo), p(dq), p(dk), B, T, H, K, stream())}
+                                               p(None), p(dgo), p(dq), p(dk), B, T, H, K, stream()),
+             # chunk_dqkv forming the row dots, then decay_grad from them
+             "sgla_dqkv_dots": lambda _: call("ck_dqkv_dots", 0, p(q), p(k), p(v), p(do), p(b), p(hs), p(dhs), p(None),
+                                              p(dq), p(dk), p(dv), p(y), p(z), p(xdot), ctypes.c_float(sc),
+                                              B, T, H, K, V, stream()),
+             "sgla_decay_grad_dots": lambda _: call("ck_decay_grad", 0, p(q), p(None), p(k), p(None), p(y), p(z),
+                                                    p(None), p(xdot), p(dgo), p(None), p(None), B, T, H, K, stream())}
     row["bwd_part_ms"] = {n: time_it(f, one) for n, f in parts.items()}
     # gated delta rule
     _, w, u, X = gdn_prep(kn, v, a["g"], a["beta"], with_x=True)
@@ -605,7 +645,12 @@ def backward_parts(row, a, T, sc):
              "gdn_wy_bwd": lambda _: call("ck_wy_bwd", 0, p(kn), p(v), p(du), p(hs2), p(X), p(betaf), p(b), p(dkf),
                                           p(dk), p(dv), p(dbeta), p(x2), B, T, H, K, V, stream()),
              "gdn_decay_grad": lambda _: call("ck_decay_grad", 0, p(qn), p(dqf), p(kn), p(dkf), p(y), p(z), p(x2),
-                                              p(dgo), p(dq), p(None), B, T, H, K, stream())}
+                                              p(None), p(dgo), p(dq), p(None), B, T, H, K, stream()),
+             "gdn_dqkv_dots": lambda _: call("ck_dqkv_dots", 0, p(qn), p(kn), p(vn), p(do), p(b), p(hs2), p(dhs),
+                                             p(dkf), p(dq), p(None), p(dv), p(y), p(z), p(xdot), ctypes.c_float(sc),
+                                             B, T, H, K, V, stream()),
+             "gdn_decay_grad_dots": lambda _: call("ck_decay_grad", 0, p(qn), p(None), p(kn), p(None), p(y), p(z),
+                                                   p(x2), p(xdot), p(dgo), p(None), p(None), B, T, H, K, stream())}
     row["bwd_part_ms"].update({n: time_it(f, one) for n, f in parts.items()})
     print(json.dumps({"T": T, "bwd_part_ms": row["bwd_part_ms"]}))
 

@@ -13,7 +13,9 @@
 //   chunk_output one CTA per (chunk, V tile, b·h), all chunks in parallel: A = q kᵀ, masked and
 //                decayed in fp32, rounded, then o = e^{b}·scale·(q h) + A v. Each warp owns 16 rows.
 //   chunk_dqkv   one CTA per (chunk, b·h), 8 warps: A and dA = do vᵀ, then dq, dk, dv as sums of an
-//                inter-chunk product (with h or dh) and an intra-chunk one (with A or dA).
+//                inter-chunk product (with h or dh) and an intra-chunk one (with A or dA); on request
+//                also the decay gradient's row dots, with dq / dk in the input dtype.
+//   decay_grad   one CTA per (chunk, b·h): the row dots (or chunk_dqkv's), then the chunk's scans.
 //   walk_bwd_delta  the reverse walk of the delta rule's state gradient (du per chunk on the way).
 //   delta_dv_local  Pᵀ do per chunk (the state-free part of du).
 //   delta_wy_bwd    one CTA per (chunk, b·h): the backward through w = X B_k, u = X B_v and the
@@ -815,6 +817,8 @@ struct DqkvArgs {
   float *y, *z;
   float scale;
   int B, T, H, K, V, NT, Tp;
+  void *dq, *dk;  // with xdot: dq (and dk where not null) in the input dtype instead of dqf (dkf)
+  float* xdot;    // null, or the row dots q_i·dq_i − k_i·dk_i, fp32 [B,T,H]
 };
 
 template <typename T, int K, int V>
@@ -839,7 +843,8 @@ __device__ __forceinline__ void scale_rows(Acc (&P)[N], float* stg, int ld, int 
   for (int n = 0; n < N; ++n) wmma::load_matrix_sync(P[n], stg + r * 16 * ld + (ct0 + n) * 16, ld, wmma::mem_row_major);
 }
 
-template <typename T, int K, int V>
+// DOTS: the row dots into a.xdot, dq (and dk where a.dk is set) in the input dtype (see chunk_dqkv).
+template <typename T, int K, int V, bool DOTS = false>
 __global__ void __launch_bounds__(256) dqkv_kernel(DqkvArgs a) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int M = K > V ? K : V;
@@ -856,7 +861,7 @@ __global__ void __launch_bounds__(256) dqkv_kernel(DqkvArgs a) {
   float* af = reinterpret_cast<float*>(dab + kC * LDB);
   float* stg = af + kC * LDA;
   float* rowb = stg + kC * LDG;
-  __shared__ float f_in[kC], f_out[kC], ysm[kC], red[8];
+  __shared__ float f_in[kC], f_out[kC], ysm[kC], xsm[kC], red[8];
 
   const int H = a.H, T_ = a.T, NT = a.NT;
   const int c = blockIdx.x, bh = blockIdx.y, bi = bh / H, h = bh % H;
@@ -871,6 +876,7 @@ __global__ void __launch_bounds__(256) dqkv_kernel(DqkvArgs a) {
   cp_async_commit();
   if (threadIdx.x < kC) {
     ysm[threadIdx.x] = 0.f;
+    if constexpr (DOTS) xsm[threadIdx.x] = 0.f;
     const float* bc = a.b + (size_t(bi) * a.Tp + size_t(c) * kC) * H + h;
     const float bj = bc[size_t(threadIdx.x) * H], bL = bc[size_t(kC - 1) * H];
     rowb[threadIdx.x] = bj;
@@ -915,14 +921,32 @@ __global__ void __launch_bounds__(256) dqkv_kernel(DqkvArgs a) {
       }
     }
   };
-  // The warp's rows of P (N column tiles from ct0) → staging → dst (fp32 or the input dtype).
-  auto finish = [&](auto& P, float* dstf, T* dstt, int D, int ct0) {
+  // The warp's rows of P (N column tiles from ct0) → staging.
+  auto stage = [&](auto& P, int ct0) {
     constexpr int N = std::extent_v<std::remove_reference_t<decltype(P)>>;
 #pragma unroll
     for (int n = 0; n < N; ++n) wmma::store_matrix_sync(stg + r * 16 * LDG + (ct0 + n) * 16, P[n], LDG, wmma::mem_row_major);
     __syncwarp();
+  };
+  // sum[row] += sign · Σ_col x[row, col] · staged[row, col] over the warp's rows and its ncols columns from ct0
+  auto row_dots = [&](const T* x, int ldx, int ct0, int ncols, float sign, float* sum) {
+    for (int i = 0; i < 16; ++i) {
+      const int row = r * 16 + i;
+      float acc = 0.f;
+      for (int col = lane; col < ncols; col += 32)
+        acc += Ty<T>::f(x[row * ldx + ct0 * 16 + col]) * stg[row * LDG + ct0 * 16 + col];
+      for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+      if (lane == 0) atomicAdd(&sum[row], sign * acc);
+    }
+  };
+  // The warp's rows of P → staging → dst (fp32 or the input dtype).
+  auto finish = [&](auto& P, float* dstf, T* dstt, int D, int ct0) {
+    constexpr int N = std::extent_v<std::remove_reference_t<decltype(P)>>;
+    stage(P, ct0);
     store_rows(dstf, dstt, D, ct0, N * 16);
   };
+  T* const dq_t = DOTS ? static_cast<T*>(a.dq) : nullptr;
+  T* const dk_t = DOTS ? static_cast<T*>(a.dk) : nullptr;
   // dq = scale·e^{b} ⊙ (do hᵀ) + dA k
   {
     const int ct0 = hf * NK;
@@ -932,7 +956,9 @@ __global__ void __launch_bounds__(256) dqkv_kernel(DqkvArgs a) {
     mma_span<ARow<T>, BCol<T>>(P, dos + r * 16 * LDV, 16, LDV, hsm + ct0 * 16 * LDV, 16, 16 * LDV, LDV, 0, V / 16);
     scale_rows<NK>(P, stg, LDG, r, ct0, f_in, lane);
     mma_span<ARow<T>, BRow<T>>(P, dab + r * 16 * LDB, 16, LDB, ks + ct0 * 16, 16 * LDK, 16, LDK, 0, r + 1);
-    finish(P, a.dqf, nullptr, K, ct0);
+    stage(P, ct0);
+    if constexpr (DOTS) row_dots(qs, LDK, ct0, NK * 16, 1.f, xsm);
+    store_rows(DOTS ? nullptr : a.dqf, dq_t, K, ct0, NK * 16);
   }
   cp_async_wait<0>();
   __syncthreads();  // dh has arrived
@@ -961,16 +987,11 @@ __global__ void __launch_bounds__(256) dqkv_kernel(DqkvArgs a) {
     mma_span<ARow<T>, BCol<T>>(P, vs + r * 16 * LDV, 16, LDV, dhsm + ct0 * 16 * LDV, 16, 16 * LDV, LDV, 0, V / 16);
     scale_rows<NK>(P, stg, LDG, r, ct0, f_out, lane);
     // y_j = k_j · (inter-chunk part of dk_j), summed over this warp's columns
-    for (int i = 0; i < 16; ++i) {
-      const int row = r * 16 + i;
-      float acc = 0.f;
-      for (int col = lane; col < NK * 16; col += 32)
-        acc += Ty<T>::f(ks[row * LDK + ct0 * 16 + col]) * stg[row * LDG + ct0 * 16 + col];
-      for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-      if (lane == 0) atomicAdd(&ysm[row], acc);
-    }
+    row_dots(ks, LDK, ct0, NK * 16, 1.f, ysm);
     mma_span<ACol<T>, BRow<T>>(P, dab + r * 16, 16 * LDB, LDB, qs + ct0 * 16, 16 * LDK, 16, LDK, r, kC / 16);
-    finish(P, a.dkf, nullptr, K, ct0);
+    stage(P, ct0);
+    if constexpr (DOTS) row_dots(ks, LDK, ct0, NK * 16, -1.f, xsm);
+    store_rows(dk_t ? nullptr : a.dkf, dk_t, K, ct0, NK * 16);
   }
   __syncthreads();  // with K ≠ V the two warps of a row split the staging columns differently below
   // dv = e^{b_L − b} ⊙ (k dh) + Aᵀ do
@@ -985,8 +1006,11 @@ __global__ void __launch_bounds__(256) dqkv_kernel(DqkvArgs a) {
     finish(P, nullptr, static_cast<T*>(a.dv), V, ct0);
   }
   __syncthreads();
-  if (threadIdx.x < kC && T0 + int(threadIdx.x) < T_)
-    a.y[(size_t(bi) * T_ + T0 + threadIdx.x) * H + h] = ysm[threadIdx.x];
+  if (threadIdx.x < kC && T0 + int(threadIdx.x) < T_) {
+    const size_t g = (size_t(bi) * T_ + T0 + threadIdx.x) * H + h;
+    a.y[g] = ysm[threadIdx.x];
+    if constexpr (DOTS) a.xdot[g] = xsm[threadIdx.x];
+  }
 }
 
 struct PrepArgs {
@@ -1551,18 +1575,20 @@ __global__ void cumsum_kernel(const float* g, float* b, int B, int T, int H, int
 // per row (K / 8 threads a row, 8 elements each, 16-byte loads), then one warp forms
 // dg_t = Σ_{i ≥ t} x_i + Σ_{j < t} y_j + z_c with direct suffix / prefix scans over the chunk (no
 // subtraction of partial sums). Rows past T count as 0. dq_out / dk_out (may be null): the fp32
-// gradients rounded to the input dtype on the way.
+// gradients rounded to the input dtype on the way. With xdot (chunk_dqkv's row dots) the dots are
+// read from there and q, dqf, k, dkf, dq_out, dk_out are not used.
 template <typename T>
 __global__ void __launch_bounds__(256) decay_grad_kernel(const T* q, const float* dqf, const T* k, const float* dkf,
-                                                         const float* y, const float* z, const float* x2, float* dg,
-                                                         T* dq_out, T* dk_out, int T_, int H, int K, int NT) {
+                                                         const float* y, const float* z, const float* x2,
+                                                         const float* xdot, float* dg, T* dq_out, T* dk_out, int T_,
+                                                         int H, int K, int NT) {
   __shared__ float xs[kC], ys[kC];
   const int h = blockIdx.x % H, c = (blockIdx.x / H) % NT, bi = blockIdx.x / (H * NT);
   const int tpr = K / 8, sub = threadIdx.x % tpr;
   for (int r = threadIdx.x / tpr; r < kC; r += blockDim.x / tpr) {  // the same trip count in every lane
     const int t = c * kC + r;
     float acc = 0.f;
-    if (t < T_) {
+    if (t < T_ && !xdot) {
       const size_t off = ((size_t(bi) * T_ + t) * H + h) * K + sub * 8;
       const uint4 qv = *reinterpret_cast<const uint4*>(q + off), kv = *reinterpret_cast<const uint4*>(k + off);
       const float4* dq4 = reinterpret_cast<const float4*>(dqf + off);
@@ -1587,7 +1613,7 @@ __global__ void __launch_bounds__(256) decay_grad_kernel(const T* q, const float
     for (int o = tpr / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
     if (sub == 0) {
       const size_t g = (size_t(bi) * T_ + t) * H + h;
-      xs[r] = t < T_ ? acc + y[g] + (x2 ? x2[g] : 0.f) : 0.f;
+      xs[r] = t < T_ ? (xdot ? xdot[g] : acc) + y[g] + (x2 ? x2[g] : 0.f) : 0.f;
       ys[r] = t < T_ ? y[g] : 0.f;
     }
   }
@@ -1679,6 +1705,12 @@ void by_kv(int K, int V, F&& f) {
     static auto kernel() { return KERNEL<T, K, V>; }                 \
   };
 MIXBENCH_PER_CHUNK_KERNEL(DqkvKernel, dqkv_kernel, dqkv_smem)
+struct DqkvDotsKernel {
+  template <typename T, int K, int V>
+  static constexpr size_t smem() { return dqkv_smem<T, K, V>(); }
+  template <typename T, int K, int V>
+  static auto kernel() { return dqkv_kernel<T, K, V, true>; }
+};
 MIXBENCH_PER_CHUNK_KERNEL(DvlKernel, dvl_kernel, dvl_smem)
 MIXBENCH_PER_CHUNK_KERNEL(WyBwdKernel, wy_bwd_kernel, wy_bwd_smem)
 MIXBENCH_PER_CHUNK_KERNEL(PrepKernel, prep_kernel, prep_smem)
@@ -1736,7 +1768,8 @@ void chunk_cumsum(const float* g, float* b, int B, int T, int H, void* stream) {
 }
 
 void decay_grad(Dtype dt, const void* q, const float* dqf, const void* k, const float* dkf, const float* y,
-                const float* z, const float* x2, float* dg, void* dq, void* dk, Dims d, void* stream) {
+                const float* z, const float* x2, float* dg, void* dq, void* dk, Dims d, void* stream,
+                const float* xdot) {
   check_grid(d);
   const int NT = num_chunks(d.T);
   const long long n = (long long)d.B * NT * d.H;
@@ -1745,7 +1778,7 @@ void decay_grad(Dtype dt, const void* q, const float* dqf, const void* k, const 
   by_dtype(dt, [&](auto t) {
     using T = decltype(t);
     decay_grad_kernel<T><<<unsigned(n), 256, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const T*>(q), dqf, static_cast<const T*>(k), dkf, y, z, x2, dg, static_cast<T*>(dq),
+        static_cast<const T*>(q), dqf, static_cast<const T*>(k), dkf, y, z, x2, xdot, dg, static_cast<T*>(dq),
         static_cast<T*>(dk), d.T, d.H, d.K, NT);
   });
   check_launch("decay_grad");
@@ -1859,11 +1892,13 @@ void chunk_output(Dtype dt, const void* q, const void* k, const void* v, const f
 
 void chunk_dqkv(Dtype dt, const void* q, const void* k, const void* v, const void* d_o, const float* b,
                 const void* hs, const void* dhs, float* dqf, float* dkf, void* dv, float* y, float* z, float scale,
-                Dims d, void* stream) {
+                Dims d, void* stream, void* dq, void* dk, float* xdot) {
   check_grid(d);
+  if (xdot && !dq) throw std::invalid_argument("chunk_dqkv: the row dots need dq in the input dtype");
   const int NT = num_chunks(d.T);
-  DqkvArgs a{q, k, v, d_o, b, hs, dhs, dqf, dkf, dv, y, z, scale, d.B, d.T, d.H, d.K, d.V, NT, NT * kC};
-  launch_per_chunk<DqkvKernel>(dt, a, d, NT, stream, "chunk_dqkv");
+  DqkvArgs a{q, k, v, d_o, b, hs, dhs, dqf, dkf, dv, y, z, scale, d.B, d.T, d.H, d.K, d.V, NT, NT * kC, dq, dk, xdot};
+  if (xdot) launch_per_chunk<DqkvDotsKernel>(dt, a, d, NT, stream, "chunk_dqkv");
+  else launch_per_chunk<DqkvKernel>(dt, a, d, NT, stream, "chunk_dqkv");
 }
 
 void delta_prep(Dtype dt, const void* k, const void* v, const float* beta, const float* b, void* w, void* u, float* x,

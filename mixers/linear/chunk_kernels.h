@@ -73,16 +73,21 @@ void chunk_output(Dtype dt, const void* q, const void* k, const void* v, const f
 // terms cancel across the sequence: y_j = k_j·dk_j^inter (fp32 [B,T,H]) and z_c = e^{b_L}⟨dh_c, h_c⟩
 // (fp32 [B,NT,H]). With x_i = q_i·dq_i − k_i·dk_i + y_i, the gradient of g_t in chunk c is
 //   dg_t = Σ_{i ≥ t in c} x_i + Σ_{j < t in c} y_j + z_c.
+// With xdot (fp32 [B,T,H]) the kernel also forms the row dots q_i·dq_i − k_i·dk_i there (from the
+// fp32 gradients) and writes dq in the input dtype into dq instead of dqf, and dk likewise into dk
+// where dk is not null (into dkf otherwise); decay_grad then takes xdot in place of the gradients.
 void chunk_dqkv(Dtype dt, const void* q, const void* k, const void* v, const void* d_o, const float* b,
                 const void* hs, const void* dhs, float* dqf, float* dkf, void* dv, float* y, float* z, float scale,
-                Dims d, void* stream);
+                Dims d, void* stream, void* dq = nullptr, void* dk = nullptr, float* xdot = nullptr);
 
 // The decay gradient from chunk_dqkv's pieces (and delta_wy_bwd's x2, null for simple_gla), all
 // chunks in parallel: x_i = q_i·dq_i − k_i·dk_i + y_i (+ x2_i), dg_t = Σ_{i ≥ t in c} x_i +
 // Σ_{j < t in c} y_j + z_c into dg (fp32 [B,T,H]). dqf, dkf fp32 [B,T,H,K]; on the way they are
-// rounded to the input dtype into dq / dk where those are not null.
+// rounded to the input dtype into dq / dk where those are not null. With xdot (chunk_dqkv's row
+// dots) the dots come from there and q, dqf, k, dkf, dq, dk are not used (may be null).
 void decay_grad(Dtype dt, const void* q, const float* dqf, const void* k, const float* dkf, const float* y,
-                const float* z, const float* x2, float* dg, void* dq, void* dk, Dims d, void* stream);
+                const float* z, const float* x2, float* dg, void* dq, void* dk, Dims d, void* stream,
+                const float* xdot = nullptr);
 
 // Delta-rule preparation of every chunk in parallel (WY / UT form): with
 // A = tril(diag(β) (k kᵀ) ⊙ e^{b_i − b_j}, −1) and X = (I + A)⁻¹,
