@@ -36,6 +36,8 @@ def build(lib):
 
 
 L = None
+# where the tensors live; a test swaps in "cpu" with a stand-in library to check the calls' arguments
+DEV = "cuda"
 
 
 def p(t):
@@ -55,10 +57,10 @@ def call(name, *args):
 POISON = True
 
 
-def poison(*shape, dtype, dev="cuda"):
+def poison(*shape, dtype):
     if not POISON:
-        return torch.empty(shape, dtype=dtype, device=dev)
-    return torch.full(shape, float("nan"), dtype=dtype, device=dev)
+        return torch.empty(shape, dtype=dtype, device=DEV)
+    return torch.full(shape, float("nan"), dtype=dtype, device=DEV)
 
 
 def chunk_cumsum(g, T):
@@ -355,8 +357,8 @@ def rel(a, b):
 
 
 def inputs(B, T, H, K, V, dt, gate_div, seed, delta=False):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    r = lambda *s: torch.randn(*s, device="cuda", generator=gen)
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    r = lambda *s: torch.randn(*s, device=DEV, generator=gen)
     q, k, v = r(B, T, H, K), r(B, T, H, K), r(B, T, H, V)
     if delta:
         q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
@@ -419,7 +421,7 @@ def check(results, quick=False):
                         seed = T * 7 + K + V + (1000 if with_h0 else 0) + 100 * gate_div
                         q, k, v, g, beta, h0 = inputs(2, T, 3, K, V, dt, gate_div, seed=T * 7 + K + V)
                         # cotangents from the case's own generator (recorded seed), as the kernels get them
-                        cg = torch.Generator(device="cuda").manual_seed(seed)
+                        cg = torch.Generator(device=DEV).manual_seed(seed)
                         h0 = h0 if with_h0 else None
                         scale = K ** -0.5
                         # simple_gla forward and backward against float64 autograd
@@ -501,7 +503,7 @@ def check_tunings(results):
             xs = [x.double().requires_grad_() for x in (q, k, v, g)]
             h0d = h0.double()
             o_r, ht_r = ref_sgla(*xs, scale, h0d)
-            do = cotangent(o_r, torch.Generator(device="cuda").manual_seed(T * 3 + K + V), torch.bfloat16)
+            do = cotangent(o_r, torch.Generator(device=DEV).manual_seed(T * 3 + K + V), torch.bfloat16)
             grads = torch.autograd.grad((o_r * do).sum(), xs)
             o2r, ht2r = ref_gdn(qd.double(), kd.double(), vd.double(), gd.double(), betad.double(), scale, h0d)
             for t in TUNINGS:
@@ -602,7 +604,7 @@ def backward_parts(row, a, T, sc):
     q, k, v, do, qn, kn = a["q"], a["k"], a["v"], a["do"], a["qn"], a["kn"]
     B, _, H, K = q.shape
     V, NT = v.shape[-1], (T + 63) // 64
-    f32 = dict(dtype=torch.float32, device="cuda")
+    f32 = dict(dtype=torch.float32, device=DEV)
     dqf, dkf = torch.empty(B, T, H, K, **f32), torch.empty(B, T, H, K, **f32)
     y, z, x2 = torch.empty(B, T, H, **f32), torch.empty(B, NT, H, **f32), torch.empty(B, T, H, **f32)
     dgo, dq, dk, dv = torch.empty(B, T, H, **f32), torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -676,8 +678,8 @@ def timing(out, lengths, sweep=False, fla_bwd=False, bwd_parts=False):
         a0 = sets[0]
         NT = T // 64
         b0 = chunk_cumsum(a0["g"], T)
-        hs0 = torch.empty(B, H, NT, D, D, dtype=torch.bfloat16, device="cuda")
-        ht0 = torch.empty(B, H, D, D, device="cuda")
+        hs0 = torch.empty(B, H, NT, D, D, dtype=torch.bfloat16, device=DEV)
+        ht0 = torch.empty(B, H, D, D, device=DEV)
         o0 = torch.empty_like(a0["v"])
         one = [a0, a0]
         row["part_cumsum_ms"] = time_it(lambda a: kcumsum(a["g"], T), one)
