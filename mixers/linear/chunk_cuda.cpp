@@ -49,11 +49,10 @@ at::Tensor h0_arg(const at::Tensor& h0, const at::Tensor& like) {
 }
 at::Tensor h0_in(const at::Tensor& h0) { return present(h0); }
 
-// Gradient of the log decay g from chunk_dqkv's pieces (chunk_kernels.h), per chunk:
-// x_i = q_i·dq_i − k_i·dk_i + y_i (+ x2_i, the delta rule's direct gradient of the cumulative gates),
-// dg_t = Σ_{i≥t} x_i + Σ_{j<t} y_j + z_c.
-// dg (fp32 [B,T,H]) from chunk_dqkv's pieces on the decay_grad kernel; dq (and dk, where defined)
-// receive dqf (dkf) rounded to the input dtype on the way.
+// Gradient of the log decay g (fp32 [B,T,H]) from chunk_dqkv's pieces on the decay_grad kernel
+// (chunk_kernels.h), per chunk: x_i = q_i·dq_i − k_i·dk_i + y_i (+ x2_i, the delta rule's direct
+// gradient of the cumulative gates), dg_t = Σ_{i≥t} x_i + Σ_{j<t} y_j + z_c. dq (and dk, where
+// defined) receive dqf (dkf) rounded to the input dtype on the way.
 at::Tensor decay_grad(const tc::Dims& d, const at::Tensor& q, const at::Tensor& dqf, const at::Tensor& k,
                       const at::Tensor& dkf, const at::Tensor& y, const at::Tensor& z, const at::Tensor& x2,
                       const at::Tensor& dq, const at::Tensor& dk) {
