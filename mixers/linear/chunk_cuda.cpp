@@ -49,17 +49,14 @@ at::Tensor h0_arg(const at::Tensor& h0, const at::Tensor& like) {
 }
 at::Tensor h0_in(const at::Tensor& h0) { return present(h0); }
 
-// Gradient of the log decay g (fp32 [B,T,H]) from chunk_dqkv's pieces on the decay_grad kernel
-// (chunk_kernels.h), per chunk: x_i = q_i·dq_i − k_i·dk_i + y_i (+ x2_i, the delta rule's direct
-// gradient of the cumulative gates), dg_t = Σ_{i≥t} x_i + Σ_{j<t} y_j + z_c. dq (and dk, where
-// defined) receive dqf (dkf) rounded to the input dtype on the way.
-at::Tensor decay_grad(const tc::Dims& d, const at::Tensor& q, const at::Tensor& dqf, const at::Tensor& k,
-                      const at::Tensor& dkf, const at::Tensor& y, const at::Tensor& z, const at::Tensor& x2,
-                      const at::Tensor& dq, const at::Tensor& dk) {
+// Gradient of the log decay g (fp32 [B,T,H]) on the decay_grad kernel (chunk_kernels.h) from
+// chunk_dqkv's row dots xdot = q_i·dq_i − k_i·dk_i, y and z (and x2, the delta rule's direct gradient
+// of the cumulative gates), per chunk: x_i = xdot_i + y_i (+ x2_i), dg_t = Σ_{i≥t} x_i + Σ_{j<t} y_j + z_c.
+at::Tensor decay_grad(const tc::Dims& d, const at::Tensor& q, const at::Tensor& xdot, const at::Tensor& y,
+                      const at::Tensor& z, const at::Tensor& x2) {
   at::Tensor dg = at::empty({d.B, d.T, d.H}, q.options().dtype(at::kFloat));
-  tc::decay_grad(dtype_of(q), q.data_ptr(), dqf.data_ptr<float>(), k.data_ptr(), dkf.data_ptr<float>(),
-                 y.data_ptr<float>(), z.data_ptr<float>(), fptr(x2), dg.data_ptr<float>(), dq.data_ptr(),
-                 dk.defined() ? dk.data_ptr() : nullptr, d, stream());
+  tc::decay_grad(dtype_of(q), nullptr, nullptr, nullptr, nullptr, y.data_ptr<float>(), z.data_ptr<float>(), fptr(x2),
+                 dg.data_ptr<float>(), nullptr, nullptr, d, stream(), xdot.data_ptr<float>());
   return dg;
 }
 
@@ -120,14 +117,15 @@ struct SimpleGlaTcFn : public torch::autograd::Function<SimpleGlaTcFn> {
     at::Tensor dh0 = at::empty({d.B, d.H, d.K, d.V}, q.options().dtype(at::kFloat));
     tc::walk_bwd(dtype_of(q), q.data_ptr(), d_o.data_ptr(), f.b.data_ptr<float>(), fptr(dht), dhs.data_ptr(),
                  dh0.data_ptr<float>(), float(scale), d, stream());
+    // dq, dk in the input dtype and the decay gradient's row dots straight from chunk_dqkv
     auto f32 = q.options().dtype(at::kFloat);
-    at::Tensor dqf = at::empty({d.B, d.T, d.H, d.K}, f32), dkf = at::empty({d.B, d.T, d.H, d.K}, f32);
-    at::Tensor dv = at::empty_like(v), y = at::empty({d.B, d.T, d.H}, f32), z = at::empty({d.B, NT, d.H}, f32);
+    at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
+    at::Tensor xdot = at::empty({d.B, d.T, d.H}, f32), y = at::empty({d.B, d.T, d.H}, f32);
+    at::Tensor z = at::empty({d.B, NT, d.H}, f32);
     tc::chunk_dqkv(dtype_of(q), q.data_ptr(), k.data_ptr(), v.data_ptr(), d_o.data_ptr(), f.b.data_ptr<float>(),
-                   f.hs.data_ptr(), dhs.data_ptr(), dqf.data_ptr<float>(), dkf.data_ptr<float>(), dv.data_ptr(),
-                   y.data_ptr<float>(), z.data_ptr<float>(), float(scale), d, stream());
-    at::Tensor dq = at::empty_like(q), dk = at::empty_like(k);
-    at::Tensor dg = decay_grad(d, q, dqf, k, dkf, y, z, at::Tensor(), dq, dk);
+                   f.hs.data_ptr(), dhs.data_ptr(), nullptr, nullptr, dv.data_ptr(), y.data_ptr<float>(),
+                   z.data_ptr<float>(), float(scale), d, stream(), dq.data_ptr(), dk.data_ptr(), xdot.data_ptr<float>());
+    at::Tensor dg = decay_grad(d, q, xdot, y, z, at::Tensor());
     return {dq, dk, dv, dg.to(g.scalar_type()),
             h0.defined() ? dh0.to(h0.scalar_type()) : at::Tensor(), at::Tensor()};
   }
@@ -212,19 +210,21 @@ struct GdnTcFn : public torch::autograd::Function<GdnTcFn> {
     tc::walk_bwd_delta(dt, q.data_ptr(), d_o.data_ptr(), k.data_ptr(), w.data_ptr(), dvl.data_ptr(),
                        b.data_ptr<float>(), fptr(dht), dhs.data_ptr(), du.data_ptr(), dh0.data_ptr<float>(),
                        float(scale), d, stream());
-    at::Tensor dqf = at::empty({d.B, d.T, d.H, d.K}, f32), dkf = at::empty({d.B, d.T, d.H, d.K}, f32);
-    at::Tensor y = at::empty({d.B, d.T, d.H}, f32), z = at::empty({d.B, NT, d.H}, f32);
+    // dq in the input dtype, the key gradient in fp32 (delta_wy_bwd adds its part) and the decay
+    // gradient's row dots from chunk_dqkv
+    at::Tensor dq = at::empty_like(q), dkf = at::empty({d.B, d.T, d.H, d.K}, f32);
+    at::Tensor xdot = at::empty({d.B, d.T, d.H}, f32), y = at::empty({d.B, d.T, d.H}, f32);
+    at::Tensor z = at::empty({d.B, NT, d.H}, f32);
     // chunk_dqkv's value gradient is du again (already known): it goes to dvl, no longer needed
     tc::chunk_dqkv(dt, q.data_ptr(), k.data_ptr(), vn.data_ptr(), d_o.data_ptr(), b.data_ptr<float>(), hs.data_ptr(),
-                   dhs.data_ptr(), dqf.data_ptr<float>(), dkf.data_ptr<float>(), dvl.data_ptr(), y.data_ptr<float>(),
-                   z.data_ptr<float>(), float(scale), d, stream());
+                   dhs.data_ptr(), nullptr, dkf.data_ptr<float>(), dvl.data_ptr(), y.data_ptr<float>(),
+                   z.data_ptr<float>(), float(scale), d, stream(), dq.data_ptr(), nullptr, xdot.data_ptr<float>());
     at::Tensor dk = at::empty_like(k), dv = at::empty_like(v);
     at::Tensor dbeta = at::empty({d.B, d.T, d.H}, f32), x2 = at::empty({d.B, d.T, d.H}, f32);
     tc::delta_wy_bwd(dt, k.data_ptr(), v.data_ptr(), du.data_ptr(), hs.data_ptr(), X.data_ptr<float>(),
                      betaf.data_ptr<float>(), b.data_ptr<float>(), dkf.data_ptr<float>(), dk.data_ptr(), dv.data_ptr(),
                      dbeta.data_ptr<float>(), x2.data_ptr<float>(), d, stream());
-    at::Tensor dq = at::empty_like(q);
-    at::Tensor dg = decay_grad(d, q, dqf, k, dkf, y, z, x2, dq, at::Tensor());
+    at::Tensor dg = decay_grad(d, q, xdot, y, z, x2);
     return {dq, dk, dv, dg.to(g.scalar_type()), dbeta.to(beta.scalar_type()),
             h0.defined() ? dh0.to(h0.scalar_type()) : at::Tensor(), at::Tensor()};
   }

@@ -825,22 +825,58 @@ template <typename T, int K, int V>
 constexpr size_t dqkv_smem() {
   constexpr int M = K > V ? K : V;
   return sizeof(T) * (2 * kC * (K + 8) + 2 * kC * (V + 8) + 2 * K * (V + 8) + 2 * kC * (kC + 8)) +
-         sizeof(float) * (kC * (kC + 4) + kC * (M + 4) + kC);
+         sizeof(float) * (kC * (M + 4) + kC);
 }
 
-// Rows of the warp's accumulators → fp32 staging, scaled per row, reloaded (for the inter-chunk term).
-template <int N>
-__device__ __forceinline__ void scale_rows(Acc (&P)[N], float* stg, int ld, int r, int ct0, const float* f, int lane) {
+// Row sums of the lane's two rows (r·16 + lane/4 and + 8) of Σ_n P[n] ⊙ Y, Y read from smem [.][ld] at
+// columns col0 + fragment columns; sign times them added to out[row] (the two warps of a row both add).
+template <typename T, int N>
+__device__ __forceinline__ void row_dots(const Acc (&P)[N], const T* y, int ld, int col0, int r, int lane,
+                                         float* out, float sign = 1.f) {
+  float s0 = 0.f, s1 = 0.f;
 #pragma unroll
-  for (int n = 0; n < N; ++n) wmma::store_matrix_sync(stg + r * 16 * ld + (ct0 + n) * 16, P[n], ld, wmma::mem_row_major);
-  __syncwarp();
-  for (int i = 0; i < 16; ++i) {
-    const float s = f[r * 16 + i];
-    for (int col = lane; col < N * 16; col += 32) stg[(r * 16 + i) * ld + ct0 * 16 + col] *= s;
+  for (int n = 0; n < N; ++n)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int row = r * 16 + acc_row(i, lane), col = col0 + n * 16 + acc_col(i, lane);
+      const float x = Ty<T>::f(y[row * ld + col]) * P[n].x[i];
+      if (i & 2) s1 += x;
+      else s0 += x;
+    }
+  s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+  s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+  s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+  s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+  if ((lane & 3) == 0) {
+    atomicAdd(out + r * 16 + (lane >> 2), sign * s0);
+    atomicAdd(out + r * 16 + (lane >> 2) + 8, sign * s1);
   }
-  __syncwarp();
+}
+// Rows of the warp's accumulators times f[row].
+template <int N>
+__device__ __forceinline__ void scale_rows(Acc (&P)[N], const float* f, int r, int lane) {
+  const float f0 = f[r * 16 + (lane >> 2)], f1 = f[r * 16 + (lane >> 2) + 8];
 #pragma unroll
-  for (int n = 0; n < N; ++n) wmma::load_matrix_sync(P[n], stg + r * 16 * ld + (ct0 + n) * 16, ld, wmma::mem_row_major);
+  for (int n = 0; n < N; ++n)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) P[n].x[i] *= (i & 2) ? f1 : f0;
+}
+// The warp's rows (r·16 … +15) of a staged tile st [64][ld] (W columns of E, fp32 or the input dtype)
+// to rows c·64 … of head h of a [B,T,H,D] tensor, columns col0 …, in 16-byte pieces; rows past T are
+// not stored.
+template <typename E, int W>
+__device__ __forceinline__ void warp_store_rows(E* base, const E* st, int ld, int bi, int h, int c, int T_, int H,
+                                                int D, int col0, int r, int lane) {
+  constexpr int PER = 16 / sizeof(E), SEG = W / PER;
+  E* row0 = chunk_row0(base, bi, h, c, T_, H, D, col0);
+  const int stride = H * D, rows = T_ - c * kC;
+#pragma unroll
+  for (int idx = lane; idx < 16 * SEG; idx += 32) {
+    const int row = r * 16 + idx / SEG, s = idx % SEG;
+    if (row < rows)
+      *reinterpret_cast<uint4*>(row0 + size_t(row) * stride + s * PER) =
+          *reinterpret_cast<const uint4*>(st + row * ld + s * PER);
+  }
 }
 
 // DOTS: the row dots into a.xdot, dq (and dk where a.dk is set) in the input dtype (see chunk_dqkv).
@@ -848,7 +884,7 @@ template <typename T, int K, int V, bool DOTS = false>
 __global__ void __launch_bounds__(256) dqkv_kernel(DqkvArgs a) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int M = K > V ? K : V;
-  constexpr int LDK = K + 8, LDV = V + 8, LDA = kC + 4, LDB = kC + 8, LDG = M + 4;
+  constexpr int LDK = K + 8, LDV = V + 8, LDB = kC + 8, LDG = M + 4;
   constexpr int NK = K / 32, NV = V / 32;  // column tiles per warp (two warps per row tile)
   T* qs = reinterpret_cast<T*>(smem);
   T* ks = qs + kC * LDK;
@@ -858,8 +894,8 @@ __global__ void __launch_bounds__(256) dqkv_kernel(DqkvArgs a) {
   T* dhsm = hsm + K * LDV;
   T* ab = dhsm + K * LDV;
   T* dab = ab + kC * LDB;
-  float* af = reinterpret_cast<float*>(dab + kC * LDB);
-  float* stg = af + kC * LDA;
+  float* stg = reinterpret_cast<float*>(dab + kC * LDB);  // output staging: fp32 [64][LDG] or T [64][2·LDG]
+  T* stg_t = reinterpret_cast<T*>(stg);
   float* rowb = stg + kC * LDG;
   __shared__ float f_in[kC], f_out[kC], ysm[kC], xsm[kC], red[8];
 
@@ -876,7 +912,7 @@ __global__ void __launch_bounds__(256) dqkv_kernel(DqkvArgs a) {
   cp_async_commit();
   if (threadIdx.x < kC) {
     ysm[threadIdx.x] = 0.f;
-    if constexpr (DOTS) xsm[threadIdx.x] = 0.f;
+    xsm[threadIdx.x] = 0.f;
     const float* bc = a.b + (size_t(bi) * a.Tp + size_t(c) * kC) * H + h;
     const float bj = bc[size_t(threadIdx.x) * H], bL = bc[size_t(kC - 1) * H];
     rowb[threadIdx.x] = bj;
@@ -886,67 +922,47 @@ __global__ void __launch_bounds__(256) dqkv_kernel(DqkvArgs a) {
   cp_async_wait<1>();
   __syncthreads();
 
-  // A = q kᵀ (warps 0–3) and dA = do vᵀ (warps 4–7), lower tiles only
+  // A = q kᵀ (warps 0–3) and dA = do vᵀ (warps 4–7), lower tiles only (the only ones read below),
+  // masked and decayed in fp32, rounded into ab / dab
   {
     const T* x = hf ? dos : qs;
     const T* y = hf ? vs : ks;
     const int ld = hf ? LDV : LDK, nk = (hf ? V : K) / 16;
-    float* dst = hf ? stg : af;
+    T* dst = hf ? dab : ab;
     for (int ct = 0; ct <= r; ++ct) {
       Acc acc;
       tile_xyT(acc, x, y, ld, nk * 16, r, ct);
-      wmma::store_matrix_sync(dst + r * 16 * LDA + ct * 16, acc, LDA, wmma::mem_row_major);
+#pragma unroll
+      for (int i = 0; i < 8; i += 2) {
+        const int row = r * 16 + acc_row(i, lane), col = ct * 16 + acc_col(i, lane);
+        float e[2];
+#pragma unroll
+        for (int u = 0; u < 2; ++u)
+          e[u] = col + u <= row ? acc.x[i + u] * (__expf(rowb[row] - rowb[col + u]) * a.scale) : 0.f;
+        store2<T>(dst + row * LDB + col, e[0], e[1]);
+      }
     }
-  }
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < kC * kC; idx += blockDim.x) {
-    const int i = idx / kC, j = idx % kC;
-    const bool lower = j <= i;
-    const float d = lower ? __expf(rowb[i] - rowb[j]) * a.scale : 0.f;
-    ab[i * LDB + j] = Ty<T>::from(lower ? af[i * LDA + j] * d : 0.f);
-    dab[i * LDB + j] = Ty<T>::from(lower ? stg[i * LDA + j] * d : 0.f);
   }
   __syncthreads();
 
-  const int T0 = c * kC;
-  auto store_rows = [&](float* dstf, T* dstt, int D, int ct0, int ncols) {
-    for (int i = 0; i < 16; ++i) {
-      const int row = r * 16 + i, t = T0 + row;
-      if (t >= T_) break;
-      const size_t g = ((size_t(bi) * T_ + t) * H + h) * size_t(D) + ct0 * 16;
-      for (int col = lane; col < ncols; col += 32) {
-        const float x = stg[row * LDG + ct0 * 16 + col];
-        if (dstf) dstf[g + col] = x;
-        else dstt[g + col] = Ty<T>::from(x);
-      }
-    }
-  };
-  // The warp's rows of P (N column tiles from ct0) → staging.
-  auto stage = [&](auto& P, int ct0) {
+  // The warp's rows of P (N column tiles from ct0): the row dots with x (q or k rows, DOTS only) times
+  // sign into xsm, then through the staging tile to dstf (fp32) or dstt (the input dtype) [B,T,H,D].
+  auto finish = [&](auto& P, const T* x, float sign, float* dstf, T* dstt, int D, int ct0) {
     constexpr int N = std::extent_v<std::remove_reference_t<decltype(P)>>;
+    if constexpr (DOTS)
+      if (x) row_dots<T, N>(P, x, LDK, ct0 * 16, r, lane, xsm, sign);
+    if (dstf) {
 #pragma unroll
-    for (int n = 0; n < N; ++n) wmma::store_matrix_sync(stg + r * 16 * LDG + (ct0 + n) * 16, P[n], LDG, wmma::mem_row_major);
-    __syncwarp();
-  };
-  // sum[row] += sign · Σ_col x[row, col] · staged[row, col] over the warp's rows and its ncols columns from ct0
-  auto row_dots = [&](const T* x, int ldx, int ct0, int ncols, float sign, float* sum) {
-    for (int i = 0; i < 16; ++i) {
-      const int row = r * 16 + i;
-      float acc = 0.f;
-      for (int col = lane; col < ncols; col += 32)
-        acc += Ty<T>::f(x[row * ldx + ct0 * 16 + col]) * stg[row * LDG + ct0 * 16 + col];
-      for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-      if (lane == 0) atomicAdd(&sum[row], sign * acc);
+      for (int n = 0; n < N; ++n)
+        wmma::store_matrix_sync(stg + r * 16 * LDG + (ct0 + n) * 16, P[n], LDG, wmma::mem_row_major);
+      __syncwarp();
+      warp_store_rows<float, N * 16>(dstf, stg + ct0 * 16, LDG, bi, h, c, T_, H, D, ct0 * 16, r, lane);
+    } else {
+      stage_chunk_rows<T, N>(P, stg_t, 2 * LDG, r, ct0, lane);
+      __syncwarp();
+      warp_store_rows<T, N * 16>(dstt, stg_t + ct0 * 16, 2 * LDG, bi, h, c, T_, H, D, ct0 * 16, r, lane);
     }
   };
-  // The warp's rows of P → staging → dst (fp32 or the input dtype).
-  auto finish = [&](auto& P, float* dstf, T* dstt, int D, int ct0) {
-    constexpr int N = std::extent_v<std::remove_reference_t<decltype(P)>>;
-    stage(P, ct0);
-    store_rows(dstf, dstt, D, ct0, N * 16);
-  };
-  T* const dq_t = DOTS ? static_cast<T*>(a.dq) : nullptr;
-  T* const dk_t = DOTS ? static_cast<T*>(a.dk) : nullptr;
   // dq = scale·e^{b} ⊙ (do hᵀ) + dA k
   {
     const int ct0 = hf * NK;
@@ -954,20 +970,23 @@ __global__ void __launch_bounds__(256) dqkv_kernel(DqkvArgs a) {
 #pragma unroll
     for (int n = 0; n < NK; ++n) wmma::fill_fragment(P[n], 0.f);
     mma_span<ARow<T>, BCol<T>>(P, dos + r * 16 * LDV, 16, LDV, hsm + ct0 * 16 * LDV, 16, 16 * LDV, LDV, 0, V / 16);
-    scale_rows<NK>(P, stg, LDG, r, ct0, f_in, lane);
+    scale_rows<NK>(P, f_in, r, lane);
     mma_span<ARow<T>, BRow<T>>(P, dab + r * 16 * LDB, 16, LDB, ks + ct0 * 16, 16 * LDK, 16, LDK, 0, r + 1);
-    stage(P, ct0);
-    if constexpr (DOTS) row_dots(qs, LDK, ct0, NK * 16, 1.f, xsm);
-    store_rows(DOTS ? nullptr : a.dqf, dq_t, K, ct0, NK * 16);
+    finish(P, qs, 1.f, DOTS ? nullptr : a.dqf, DOTS ? static_cast<T*>(a.dq) : nullptr, K, ct0);
   }
   cp_async_wait<0>();
   __syncthreads();  // dh has arrived
   // z_c = e^{b_L} ⟨dh, h⟩: the decay gradient of the state entering the chunk
   {
     float acc = 0.f;
-    for (int idx = threadIdx.x; idx < K * V; idx += blockDim.x) {
-      const int kk = idx / V, vv = idx % V;
-      acc += Ty<T>::f(hsm[kk * LDV + vv]) * Ty<T>::f(dhsm[kk * LDV + vv]);
+    for (int idx = threadIdx.x; idx < K * V / 8; idx += blockDim.x) {
+      const int kk = idx / (V / 8), vv = (idx % (V / 8)) * 8;
+      const uint4 hv = *reinterpret_cast<const uint4*>(hsm + kk * LDV + vv);
+      const uint4 dv = *reinterpret_cast<const uint4*>(dhsm + kk * LDV + vv);
+      const T* he = reinterpret_cast<const T*>(&hv);
+      const T* de = reinterpret_cast<const T*>(&dv);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc += Ty<T>::f(he[e]) * Ty<T>::f(de[e]);
     }
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
     if (lane == 0) red[wi] = acc;
@@ -985,13 +1004,12 @@ __global__ void __launch_bounds__(256) dqkv_kernel(DqkvArgs a) {
 #pragma unroll
     for (int n = 0; n < NK; ++n) wmma::fill_fragment(P[n], 0.f);
     mma_span<ARow<T>, BCol<T>>(P, vs + r * 16 * LDV, 16, LDV, dhsm + ct0 * 16 * LDV, 16, 16 * LDV, LDV, 0, V / 16);
-    scale_rows<NK>(P, stg, LDG, r, ct0, f_out, lane);
+    scale_rows<NK>(P, f_out, r, lane);
     // y_j = k_j · (inter-chunk part of dk_j), summed over this warp's columns
-    row_dots(ks, LDK, ct0, NK * 16, 1.f, ysm);
+    row_dots<T, NK>(P, ks, LDK, ct0 * 16, r, lane, ysm);
     mma_span<ACol<T>, BRow<T>>(P, dab + r * 16, 16 * LDB, LDB, qs + ct0 * 16, 16 * LDK, 16, LDK, r, kC / 16);
-    stage(P, ct0);
-    if constexpr (DOTS) row_dots(ks, LDK, ct0, NK * 16, -1.f, xsm);
-    store_rows(dk_t ? nullptr : a.dkf, dk_t, K, ct0, NK * 16);
+    T* const dk_t = DOTS ? static_cast<T*>(a.dk) : nullptr;
+    finish(P, ks, -1.f, dk_t ? nullptr : a.dkf, dk_t, K, ct0);
   }
   __syncthreads();  // with K ≠ V the two warps of a row split the staging columns differently below
   // dv = e^{b_L − b} ⊙ (k dh) + Aᵀ do
@@ -1001,13 +1019,13 @@ __global__ void __launch_bounds__(256) dqkv_kernel(DqkvArgs a) {
 #pragma unroll
     for (int n = 0; n < NV; ++n) wmma::fill_fragment(P[n], 0.f);
     mma_span<ARow<T>, BRow<T>>(P, ks + r * 16 * LDK, 16, LDK, dhsm + ct0 * 16, 16 * LDV, 16, LDV, 0, K / 16);
-    scale_rows<NV>(P, stg, LDG, r, ct0, f_out, lane);
+    scale_rows<NV>(P, f_out, r, lane);
     mma_span<ACol<T>, BRow<T>>(P, ab + r * 16, 16 * LDB, LDB, dos + ct0 * 16, 16 * LDV, 16, LDV, r, kC / 16);
-    finish(P, nullptr, static_cast<T*>(a.dv), V, ct0);
+    finish(P, nullptr, 0.f, nullptr, static_cast<T*>(a.dv), V, ct0);
   }
   __syncthreads();
-  if (threadIdx.x < kC && T0 + int(threadIdx.x) < T_) {
-    const size_t g = (size_t(bi) * T_ + T0 + threadIdx.x) * H + h;
+  if (threadIdx.x < kC && c * kC + int(threadIdx.x) < T_) {
+    const size_t g = (size_t(bi) * T_ + c * kC + threadIdx.x) * H + h;
     a.y[g] = ysm[threadIdx.x];
     if constexpr (DOTS) a.xdot[g] = xsm[threadIdx.x];
   }
@@ -1325,35 +1343,16 @@ struct WyBwdArgs {
   int B, T, H, K, V, NT, Tp;
 };
 
+// ks, dws, vs, dus, then one region that holds the state tile S0 for step 1 and X, dX, Y, E after it
+// (the dv staging tile in Y and E), then the per-row sums: two CTAs per SM at K = V = 128.
+template <typename T, int K, int V>
+constexpr size_t wy_bwd_region() {
+  constexpr size_t s0 = size_t(K) * (V + 8), x = 4 * size_t(kC) * (kC + 8);
+  return sizeof(T) * (s0 > x ? s0 : x);
+}
 template <typename T, int K, int V>
 constexpr size_t wy_bwd_smem() {
-  return sizeof(T) * (2 * kC * (K + 8) + 2 * kC * (V + 8) + K * (V + 8) + 4 * kC * (kC + 8)) +
-         sizeof(float) * (kC * (kC + 4) + 7 * kC);
-}
-
-// Row sums of the lane's two rows (r·16 + lane/4 and + 8) of Σ_n P[n] ⊙ Y, Y read from smem [.][ld] at
-// columns col0 + fragment columns; added to out[row] (the two warps of a row both add).
-template <typename T, int N>
-__device__ __forceinline__ void row_dots(const Acc (&P)[N], const T* y, int ld, int col0, int r, int lane,
-                                         float* out) {
-  float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-  for (int n = 0; n < N; ++n)
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int row = r * 16 + acc_row(i, lane), col = col0 + n * 16 + acc_col(i, lane);
-      const float x = Ty<T>::f(y[row * ld + col]) * P[n].x[i];
-      if (i & 2) s1 += x;
-      else s0 += x;
-    }
-  s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
-  s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
-  s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
-  s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
-  if ((lane & 3) == 0) {
-    atomicAdd(out + r * 16 + (lane >> 2), s0);
-    atomicAdd(out + r * 16 + (lane >> 2) + 8, s1);
-  }
+  return sizeof(T) * (2 * kC * (K + 8) + 2 * kC * (V + 8)) + wy_bwd_region<T, K, V>() + sizeof(float) * 7 * kC;
 }
 
 // Backward through the delta rule's WY preparation (w = X B_k, u = X B_v with B_k = β e^{b} ⊙ k,
@@ -1365,27 +1364,30 @@ __device__ __forceinline__ void row_dots(const Acc (&P)[N], const T* y, int ld, 
 //   dβ = Σ v ⊙ dB_v + e^{b} Σ k ⊙ dB_k + Σ_j dA ⊙ (k kᵀ ⊙ Γ),
 //   x2 = β e^{b} Σ k ⊙ dB_k + rows(M) − columns(M), M = dA ⊙ (k kᵀ ⊙ Γ) ⊙ β_row  (the direct gradient
 //   of the chunk's cumulative gates b; the caller turns it into dg).
+// X (fp32 in global memory) is read into registers first and written to shared memory over S0 once
+// step 1 is done.
 template <typename T, int K, int V>
-__global__ void __launch_bounds__(256) wy_bwd_kernel(WyBwdArgs a) {
+__global__ void __launch_bounds__(256, 2) wy_bwd_kernel(WyBwdArgs a) {
   extern __shared__ __align__(128) unsigned char smem[];
-  constexpr int LDK = K + 8, LDV = V + 8, LDB = kC + 8, LDA = kC + 4, NK = K / 32, NV = V / 32;
+  constexpr int LDK = K + 8, LDV = V + 8, LDB = kC + 8, NK = K / 32, NV = V / 32;
   T* ks = reinterpret_cast<T*>(smem);
   T* dws = ks + kC * LDK;
   T* vs = dws + kC * LDK;
   T* dus = vs + kC * LDV;
-  T* hsm = dus + kC * LDV;
-  T* xs = hsm + K * LDV;
+  T* hsm = dus + kC * LDV;  // step 1 only; then xs, dxs, ys, es
+  T* xs = hsm;
   T* dxs = xs + kC * LDB;
   T* ys = dxs + kC * LDB;
   T* es = ys + kC * LDB;
-  float* dak = reinterpret_cast<float*>(es + kC * LDB);  // dA ⊙ (k kᵀ ⊙ Γ), strictly lower
-  float* rowb = dak + kC * LDA;
+  T* dvst = ys;  // dv staging [64][LDV] over ys and es (free until step 4)
+  static_assert(kC * (V + 8) <= 2 * kC * (kC + 8), "the dv staging tile fits in Y and E");
+  float* rowb = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(hsm) + wy_bwd_region<T, K, V>());
   float* rowbeta = rowb + kC;
   float* roweg = rowbeta + kC;  // e^{b}
   float* kdbk = roweg + kC;     // Σ k ⊙ dB_k per row
   float* vdbv = kdbk + kC;      // Σ v ⊙ dB_v per row
-  float* rsum = vdbv + kC;      // Σ_j dak_ij
-  float* csum = rsum + kC;      // Σ_i β_i dak_ij
+  float* rsum = vdbv + kC;      // Σ_j (dA ⊙ (k kᵀ ⊙ Γ))_ij
+  float* csum = rsum + kC;      // Σ_i β_i (dA ⊙ (k kᵀ ⊙ Γ))_ij
 
   const int H = a.H, T_ = a.T, NT = a.NT;
   const int c = blockIdx.x, bh = blockIdx.y, bi = bh / H, h = bh % H;
@@ -1396,14 +1398,12 @@ __global__ void __launch_bounds__(256) wy_bwd_kernel(WyBwdArgs a) {
   cp_async_commit();
   load_rows<T, V>(vs, static_cast<const T*>(a.v), bi, h, c, T_, H, V, 0);
   cp_async_commit();
+  constexpr int XN = kC * kC / 4 / 256;  // float4 pieces of X per thread
+  float4 xr[XN];
   {
-    const float* xg = a.x + (size_t(bh) * NT + c) * kC * kC;
-    for (int idx = threadIdx.x; idx < kC * kC / 4; idx += blockDim.x) {
-      const int i = idx / (kC / 4), j = (idx % (kC / 4)) * 4;
-      const float4 x4 = *reinterpret_cast<const float4*>(xg + i * kC + j);
-      store2<T>(xs + i * LDB + j, x4.x, x4.y);
-      store2<T>(xs + i * LDB + j + 2, x4.z, x4.w);
-    }
+    const float4* xg = reinterpret_cast<const float4*>(a.x + (size_t(bh) * NT + c) * kC * kC);
+#pragma unroll
+    for (int j = 0; j < XN; ++j) xr[j] = xg[threadIdx.x + j * 256];
   }
   if (threadIdx.x < kC) {
     const int t = c * kC + threadIdx.x;
@@ -1413,6 +1413,8 @@ __global__ void __launch_bounds__(256) wy_bwd_kernel(WyBwdArgs a) {
     roweg[threadIdx.x] = __expf(bt);
     kdbk[threadIdx.x] = 0.f;
     vdbv[threadIdx.x] = 0.f;
+    rsum[threadIdx.x] = 0.f;
+    csum[threadIdx.x] = 0.f;
   }
   cp_async_wait<1>();
   __syncthreads();
@@ -1432,6 +1434,13 @@ __global__ void __launch_bounds__(256) wy_bwd_kernel(WyBwdArgs a) {
       }
   }
   cp_async_wait<0>();
+  __syncthreads();  // S0 is no longer read: X goes over it
+#pragma unroll
+  for (int j = 0; j < XN; ++j) {
+    const int idx = threadIdx.x + j * 256, i = idx / (kC / 4), col = (idx % (kC / 4)) * 4;
+    store2<T>(xs + i * LDB + col, xr[j].x, xr[j].y);
+    store2<T>(xs + i * LDB + col + 2, xr[j].z, xr[j].w);
+  }
   __syncthreads();
   // 2. dB_k = Xᵀ dw (→ the dk accumulators, scaled by β e^{b}), dB_v = Xᵀ du (→ dv = β ⊙ dB_v)
   const int kc0 = hf * NK;
@@ -1455,16 +1464,10 @@ __global__ void __launch_bounds__(256) wy_bwd_kernel(WyBwdArgs a) {
     for (int n = 0; n < NV; ++n) wmma::fill_fragment(P[n], 0.f);
     mma_span<ACol<T>, BRow<T>>(P, xs + r * 16, 16 * LDB, LDB, dus + ct0 * 16, 16 * LDV, 16, LDV, r, kC / 16);
     row_dots<T, NV>(P, vs, LDV, ct0 * 16, r, lane, vdbv);
-    T* dv = static_cast<T*>(a.dv);
-#pragma unroll
-    for (int n = 0; n < NV; ++n)
-#pragma unroll
-      for (int i = 0; i < 8; i += 2) {
-        const int row = r * 16 + acc_row(i, lane), col = (ct0 + n) * 16 + acc_col(i, lane), t = c * kC + row;
-        if (t < T_)
-          store2<T>(dv + ((size_t(bi) * T_ + t) * H + h) * V + col, P[n].x[i] * rowbeta[row],
-                    P[n].x[i + 1] * rowbeta[row]);
-      }
+    scale_rows<NV>(P, rowbeta, r, lane);
+    stage_chunk_rows<T, NV>(P, dvst, LDV, r, ct0, lane);
+    __syncwarp();
+    warp_store_rows<T, NV * 16>(static_cast<T*>(a.dv), dvst + ct0 * 16, LDV, bi, h, c, T_, H, V, ct0 * 16, r, lane);
   }
   // 3. dX = dw B_kᵀ + du B_vᵀ, i.e. dX_ij = β_j (e^{b_j} (dw kᵀ)_ij + (du vᵀ)_ij), all 16 tiles
   for (int ct = hf; ct < 4; ct += 2) {
@@ -1490,41 +1493,47 @@ __global__ void __launch_bounds__(256) wy_bwd_kernel(WyBwdArgs a) {
     }
   }
   __syncthreads();
-  // 5. dA = −Xᵀ Y on the lower tiles, with k kᵀ ⊙ Γ: E = dA ⊙ Γ ⊙ β_row → es, dA ⊙ (k kᵀ ⊙ Γ) → dak
+  // 5. dA = −Xᵀ Y on the lower tiles, with k kᵀ ⊙ Γ: E = dA ⊙ Γ ⊙ β_row → es; the row sums of
+  //    dA ⊙ (k kᵀ ⊙ Γ) → rsum, its column sums weighted by β_row → csum
   for (int ct = hf; ct <= r; ct += 2) {
     Acc P[1], kk;
     wmma::fill_fragment(P[0], 0.f);
     mma_span<ACol<T>, BRow<T>>(P, xs + r * 16, 16 * LDB, LDB, ys + ct * 16, 16 * LDB, 0, LDB, r, kC / 16);
     tile_xyT(kk, ks, ks, LDK, K, r, ct);
+    float rs[2] = {0.f, 0.f}, cs[4] = {0.f, 0.f, 0.f, 0.f};  // rows lane/4 (+8); columns (i&1) + 2·(i>>2)
 #pragma unroll
     for (int i = 0; i < 8; i += 2) {
       const int row = r * 16 + acc_row(i, lane), col = ct * 16 + acc_col(i, lane);
-      float e[2], m[2];
+      float e[2];
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
         const bool in = col + u < row;
         const float g = in ? __expf(rowb[row] - rowb[col + u]) : 0.f;
         const float dA = -P[0].x[i + u];
         e[u] = dA * g * rowbeta[row];
-        m[u] = in ? dA * kk.x[i + u] * g : 0.f;
+        const float m = in ? dA * kk.x[i + u] * g : 0.f;
+        rs[(i >> 1) & 1] += m;
+        cs[u + 2 * (i >> 2)] += rowbeta[row] * m;
       }
       store2<T>(es + row * LDB + col, e[0], e[1]);
-      dak[row * LDA + col] = m[0];
-      dak[row * LDA + col + 1] = m[1];
     }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      rs[u] += __shfl_xor_sync(0xffffffffu, rs[u], 1);
+      rs[u] += __shfl_xor_sync(0xffffffffu, rs[u], 2);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      for (int o = 4; o < 32; o <<= 1) cs[u] += __shfl_xor_sync(0xffffffffu, cs[u], o);
+    if ((lane & 3) == 0) {
+      atomicAdd(rsum + r * 16 + (lane >> 2), rs[0]);
+      atomicAdd(rsum + r * 16 + (lane >> 2) + 8, rs[1]);
+    }
+    if (lane < 4)
+#pragma unroll
+      for (int u = 0; u < 4; ++u) atomicAdd(csum + ct * 16 + 2 * lane + (u & 1) + 8 * (u >> 1), cs[u]);
   }
   __syncthreads();
-  if (threadIdx.x < kC) {
-    const int i = threadIdx.x;
-    float s = 0.f;
-    for (int j = 0; j < i; ++j) s += dak[i * LDA + j];
-    rsum[i] = s;
-  } else if (threadIdx.x < 2 * kC) {
-    const int j = threadIdx.x - kC;
-    float s = 0.f;
-    for (int i = j + 1; i < kC; ++i) s += rowbeta[i] * dak[i * LDA + j];
-    csum[j] = s;
-  }
   // 6. dk += E k + Eᵀ k; dk = dk_in + accumulators
   mma_span<ARow<T>, BRow<T>>(D, es + r * 16 * LDB, 16, LDB, ks + kc0 * 16, 16 * LDK, 16, LDK, 0, r + 1);
   mma_span<ACol<T>, BRow<T>>(D, es + r * 16, 16 * LDB, LDB, ks + kc0 * 16, 16 * LDK, 16, LDK, r, kC / 16);
@@ -1542,7 +1551,6 @@ __global__ void __launch_bounds__(256) wy_bwd_kernel(WyBwdArgs a) {
         }
       }
   }
-  __syncthreads();
   if (threadIdx.x < kC) {
     const int i = threadIdx.x, t = c * kC + i;
     if (t < T_) {
