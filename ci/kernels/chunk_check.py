@@ -169,13 +169,14 @@ def kdecay_grad(q, dqf, k, dkf, y, z, x2=None, with_dk=True, xdot=None):
     return dg, dq, dk
 
 
-def kdqkv_dots(q, k, v, do, b, hs, dhs, scale, dk_fp32=False):
-    """chunk_dqkv forming the row dots: dq, dk (fp32 with dk_fp32, else q's dtype), dv, y, z, xdot."""
+def kdqkv_dots(q, k, v, do, b, hs, dhs, scale, dk_fp32=False, with_dv=True):
+    """chunk_dqkv forming the row dots: dq, dk (fp32 with dk_fp32, else q's dtype), dv (None without
+    with_dv: the kernel then skips it), y, z, xdot."""
     B, T, H, K, V = dims(q, v)
     NT = (T + 63) // 64
     dq = poison(B, T, H, K, dtype=q.dtype)
     dk = poison(B, T, H, K, dtype=torch.float32 if dk_fp32 else q.dtype)
-    dv = poison(B, T, H, V, dtype=q.dtype)
+    dv = poison(B, T, H, V, dtype=q.dtype) if with_dv else None
     y, xdot = poison(B, T, H, dtype=torch.float32), poison(B, T, H, dtype=torch.float32)
     z = poison(B, NT, H, dtype=torch.float32)
     call("ck_dqkv_dots", fp16(q), p(q), p(k), p(v), p(do), p(b), p(hs), p(dhs), p(dk if dk_fp32 else None), p(dq),
@@ -184,15 +185,15 @@ def kdqkv_dots(q, k, v, do, b, hs, dhs, scale, dk_fp32=False):
 
 
 def dots_errors(q, k, v, do, b, hs, dhs, scale, dq, dk, dv, y, z, dg, x2=None, dk_fp32=False):
-    """chunk_dqkv with the row dots against the path without them on the same inputs: dq, dk, dv, y, z
-    must be equal (the same fp32 values, rounded the same way); dg through the dots within fp32 sums.
+    """chunk_dqkv with the row dots against the path without them on the same inputs: dq, dk, dv (when
+    given; None: the kernel runs without dv, as the delta rule's backward uses it), y, z must be equal (the same fp32 values, rounded the same way); dg through the dots within fp32 sums.
     The dots are the same fp32 products summed in another order, so the difference of the two dg is
     measured against the same sums taken over the terms' magnitudes (dg itself can be exactly 0, e.g.
     T = 1 without a state: q·dq − k·dk cancels)."""
-    dq2, dk2, dv2, y2, z2, xdot = kdqkv_dots(q, k, v, do, b, hs, dhs, scale, dk_fp32)
+    dq2, dk2, dv2, y2, z2, xdot = kdqkv_dots(q, k, v, do, b, hs, dhs, scale, dk_fp32, with_dv=dv is not None)
     dg2, _, _ = kdecay_grad(q, None, k, None, y2, z2, x2, xdot=xdot)
-    same = max((a.float() - b_.float()).abs().max().item() for a, b_ in
-               ((dq2, dq), (dk2, dk), (dv2, dv), (y2, y), (z2, z)))
+    pairs = ((dq2, dq), (dk2, dk), (y2, y), (z2, z)) + (((dv2, dv),) if dv is not None else ())
+    same = max((a.float() - b_.float()).abs().max().item() for a, b_ in pairs)
     mag = decay_grad(q.abs(), dq.float().abs(), k.abs(), -dk.float().abs(), y.abs(), z.abs(),
                      x2.abs() if x2 is not None else None)
     err = (dg2.double() - dg.double()).norm().item() / max(dg.double().norm().item(), mag.double().norm().item(), 1e-300)
@@ -277,7 +278,7 @@ def gdn_bwd(q, k, v, g, beta, scale, h0, do, dht, errs=None):
     dg, dq, _ = kdecay_grad(q, dqf, k, dkf, y, z, x2, with_dk=False)
     if errs is not None:
         errs.update({"gdn_" + n: e for n, e in
-                     dots_errors(q, k, vn, do, b, hs, dhs, scale, dq, dkf, dvl, y, z, dg, x2, dk_fp32=True).items()})
+                     dots_errors(q, k, vn, do, b, hs, dhs, scale, dq, dkf, None, y, z, dg, x2, dk_fp32=True).items()})
     return dq, dk, dv, dg, dbeta, dh0
 
 
@@ -655,7 +656,7 @@ def backward_parts(row, a, T, sc):
              "gdn_decay_grad": lambda _: call("ck_decay_grad", 0, p(qn), p(dqf), p(kn), p(dkf), p(y), p(z), p(x2),
                                               p(None), p(dgo), p(dq), p(None), B, T, H, K, stream()),
              "gdn_dqkv_dots": lambda _: call("ck_dqkv_dots", 0, p(qn), p(kn), p(vn), p(do), p(b), p(hs2), p(dhs),
-                                             p(dkf), p(dq), p(None), p(dv), p(y), p(z), p(xdot), ctypes.c_float(sc),
+                                             p(dkf), p(dq), p(None), p(None), p(y), p(z), p(xdot), ctypes.c_float(sc),
                                              B, T, H, K, V, stream()),
              "gdn_decay_grad_dots": lambda _: call("ck_decay_grad", 0, p(qn), p(None), p(kn), p(None), p(y), p(z),
                                                    p(x2), p(xdot), p(dgo), p(None), p(None), B, T, H, K, stream())}

@@ -215,9 +215,9 @@ struct GdnTcFn : public torch::autograd::Function<GdnTcFn> {
     at::Tensor dq = at::empty_like(q), dkf = at::empty({d.B, d.T, d.H, d.K}, f32);
     at::Tensor xdot = at::empty({d.B, d.T, d.H}, f32), y = at::empty({d.B, d.T, d.H}, f32);
     at::Tensor z = at::empty({d.B, NT, d.H}, f32);
-    // chunk_dqkv's value gradient is du again (already known): it goes to dvl, no longer needed
+    // chunk_dqkv's value gradient would be du again (already known): not formed
     tc::chunk_dqkv(dt, q.data_ptr(), k.data_ptr(), vn.data_ptr(), d_o.data_ptr(), b.data_ptr<float>(), hs.data_ptr(),
-                   dhs.data_ptr(), nullptr, dkf.data_ptr<float>(), dvl.data_ptr(), y.data_ptr<float>(),
+                   dhs.data_ptr(), nullptr, dkf.data_ptr<float>(), nullptr, y.data_ptr<float>(),
                    z.data_ptr<float>(), float(scale), d, stream(), dq.data_ptr(), nullptr, xdot.data_ptr<float>());
     at::Tensor dk = at::empty_like(k), dv = at::empty_like(v);
     at::Tensor dbeta = at::empty({d.B, d.T, d.H}, f32), x2 = at::empty({d.B, d.T, d.H}, f32);

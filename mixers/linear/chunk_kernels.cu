@@ -419,7 +419,7 @@ __global__ void __launch_bounds__(K * 2) walk_kernel(WalkArgs a) {
       for (int ct = 0; ct < GCT; ++ct)
 #pragma unroll
         for (int i = 0; i < 8; i += 2) {
-          const int row = r * 16 + acc_row(i, lane), col = (g * GCT + ct) * 16 + acc_col(i, lane), t = c * kC + row;
+          const int row = r * 16 + acc_row(i, lane), col = (g * GCT + ct) * 16 + acc_col(i, lane);
           const float f = __expf(bL - bc[row]);
           T* e = vs + row * LDV + col;
           const float y0 = Ty<T>::f(Ty<T>::from(Ty<T>::f(e[0]) - P[ct].x[i]));
@@ -453,20 +453,23 @@ struct DeltaBwdArgs {
 template <typename T, int K, int BV>
 constexpr size_t delta_bwd_smem() {
   return sizeof(T) * (2 * (3 * kC * (K + 8) + 2 * kC * (BV + 8)) + K * (BV + 8) + kC * (BV + 8)) +
-         sizeof(float) * 4 * kC;
+         sizeof(float) * 3 * kC;
 }
 
 // Reverse walk of the delta rule's state gradient: one CTA per (b, h, V tile of BV columns), K/16
 // warps, warp w owning rows w·16 … +15 of dS [K × BV] (fp32 fragments for the whole walk). Per chunk,
 // last to first (the next chunk's q, k, w, do, dv_local, b arriving meanwhile):
-//   1. dS (the gradient of the state at the chunk's end) → dhs[c] and, rounded, to shared memory;
-//   2. du = dv_local + e^{b_L − b} ⊙ (k dS), rounded to the input dtype, → du (warps 0–3, 16 rows
-//      each); do ← scale·e^{b} ⊙ do;
-//   3. dS ← e^{b_L} dS + qᵀ do − wᵀ du.
+//   1. dS (the gradient of the state at the chunk's end), rounded, to shared memory; do ← scale·e^{b} ⊙ do;
+//   2. dS ← e^{b_L} dS + qᵀ do; du = dv_local + e^{b_L − b} ⊙ (k dS_end), rounded to the input dtype,
+//      negated into shared memory (warp (r, g): rows r·16 … +15, column group g); dS_end → dhs[c];
+//   3. du → global memory; dS ← dS − wᵀ du.
+// dhs and du leave in 16-byte pieces from shared memory (du with its sign bits flipped back).
 template <typename T, int K, int BV>
 __global__ void __launch_bounds__(K * 2) delta_walk_bwd_kernel(DeltaBwdArgs a) {
   extern __shared__ __align__(128) unsigned char smem[];
-  constexpr int LDK = K + 8, LDV = BV + 8, CT = BV / 16;
+  constexpr int LDK = K + 8, LDV = BV + 8, CT = BV / 16, NW = K / 16, NTH = K * 2;
+  constexpr int NG = NW / 4, GCT = CT / NG;
+  static_assert(GCT >= 1 && CT % NG == 0, "every warp owns whole column tiles of du");
   T* qbuf = reinterpret_cast<T*>(smem);
   T* kbuf = qbuf + 2 * kC * LDK;
   T* wbuf = kbuf + 2 * kC * LDK;
@@ -475,24 +478,22 @@ __global__ void __launch_bounds__(K * 2) delta_walk_bwd_kernel(DeltaBwdArgs a) {
   T* sb = dvbuf + 2 * kC * LDV;
   T* dub = sb + K * LDV;
   float* rowr = reinterpret_cast<float*>(dub + kC * LDV);  // e^{b_L − b_j}
-  float* rows = rowr + kC;                                 // scale·e^{b_j}
-  float* bbuf = rows + kC;                                 // 2 × 64 cumulative gates
+  float* bbuf = rowr + kC;                                 // 2 × 64 cumulative gates
 
   const int H = a.H, T_ = a.T, V = a.V, NT = a.NT;
   const int bh = blockIdx.y, bi = bh / H, h = bh % H, v0 = blockIdx.x * BV;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = warp % 4, g = warp / 4;
   T* dhs = static_cast<T*>(a.dhs);
-  T* du = static_cast<T*>(a.du);
 
   Acc S[CT];
   const size_t sbase = size_t(bh) * K * V + v0;
   init_state<CT>(S, a.dht, sbase, V, warp);
   auto issue = [&](int c, int buf) {
-    load_rows<T, K, K * 2>(qbuf + buf * kC * LDK, static_cast<const T*>(a.q), bi, h, c, T_, H, K, 0);
-    load_rows<T, K, K * 2>(kbuf + buf * kC * LDK, static_cast<const T*>(a.k), bi, h, c, T_, H, K, 0);
-    load_rows<T, K, K * 2>(wbuf + buf * kC * LDK, static_cast<const T*>(a.w), bi, h, c, T_, H, K, 0);
-    load_rows<T, BV, K * 2>(dobuf + buf * kC * LDV, static_cast<const T*>(a.d_o), bi, h, c, T_, H, V, v0);
-    load_rows<T, BV, K * 2>(dvbuf + buf * kC * LDV, static_cast<const T*>(a.dvl), bi, h, c, T_, H, V, v0);
+    load_rows<T, K, NTH>(qbuf + buf * kC * LDK, static_cast<const T*>(a.q), bi, h, c, T_, H, K, 0);
+    load_rows<T, K, NTH>(kbuf + buf * kC * LDK, static_cast<const T*>(a.k), bi, h, c, T_, H, K, 0);
+    load_rows<T, K, NTH>(wbuf + buf * kC * LDK, static_cast<const T*>(a.w), bi, h, c, T_, H, K, 0);
+    load_rows<T, BV, NTH>(dobuf + buf * kC * LDV, static_cast<const T*>(a.d_o), bi, h, c, T_, H, V, v0);
+    load_rows<T, BV, NTH>(dvbuf + buf * kC * LDV, static_cast<const T*>(a.dvl), bi, h, c, T_, H, V, v0);
     if (threadIdx.x < kC)
       cp_async4(bbuf + buf * kC + threadIdx.x, a.b + (size_t(bi) * a.Tp + size_t(c) * kC + threadIdx.x) * H + h);
     cp_async_commit();
@@ -509,45 +510,57 @@ __global__ void __launch_bounds__(K * 2) delta_walk_bwd_kernel(DeltaBwdArgs a) {
     __syncthreads();
     const float* bc = bbuf + buf * kC;
     const float bL = bc[kC - 1];
-    if (threadIdx.x < kC) {
-      const float bj = bc[threadIdx.x];
-      rowr[threadIdx.x] = __expf(bL - bj);
-      rows[threadIdx.x] = a.scale * __expf(bj);
-    }
+    if (threadIdx.x < kC) rowr[threadIdx.x] = __expf(bL - bc[threadIdx.x]);
     const T* qs = qbuf + buf * kC * LDK;
     const T* ks = kbuf + buf * kC * LDK;
     const T* ws = wbuf + buf * kC * LDK;
     T* dos = dobuf + buf * kC * LDV;
     const T* dvs = dvbuf + buf * kC * LDV;
-    // 1. dS → dhs[c] and sb
-    T* dhc = dhs + (size_t(bh) * NT + c) * K * V + v0;
-    store_state<T, CT>(S, dhc, V, sb, LDV, warp, lane);
+    // 1. dS → sb; do ← scale·e^{b} ⊙ do
+    store_state<T, CT>(S, nullptr, 0, sb, LDV, warp, lane);
+    for_pieces<kC * BV / 2, NTH>([&](int idx) {
+      const int row = idx / (BV / 2), col = (idx % (BV / 2)) * 2;
+      const float f = a.scale * __expf(bc[row]);
+      T* e = dos + row * LDV + col;
+      store2<T>(e, Ty<T>::f(e[0]) * f, Ty<T>::f(e[1]) * f);
+    });
     __syncthreads();
-    // 2. du = dv_local + e^{b_L − b} ⊙ (k dS); dub ← −du
-    if (warp < 4) {
-      Acc P[CT];
-      rows_times_state<T, K, CT>(P, ks, LDK, sb, LDV, warp);
+    // 2. dS ← e^{b_L} dS + qᵀ (scale·e^{b} ⊙ do); du = dv_local + e^{b_L − b} ⊙ (k dS_end) → dub = −du
+    state_update<T, CT>(S, __expf(bL), qs + warp * 16, LDK, dos, LDV);
+    {
+      Acc P[GCT];
+      rows_times_state<T, K, GCT>(P, ks, LDK, sb + g * GCT * 16, LDV, r);
 #pragma unroll
-      for (int ct = 0; ct < CT; ++ct)
+      for (int ct = 0; ct < GCT; ++ct)
 #pragma unroll
         for (int i = 0; i < 8; i += 2) {
-          const int row = warp * 16 + acc_row(i, lane), col = ct * 16 + acc_col(i, lane), t = c * kC + row;
+          const int row = r * 16 + acc_row(i, lane), col = (g * GCT + ct) * 16 + acc_col(i, lane);
           const float f = rowr[row];
           const T* e = dvs + row * LDV + col;
           const float y0 = Ty<T>::f(Ty<T>::from(Ty<T>::f(e[0]) + f * P[ct].x[i]));
           const float y1 = Ty<T>::f(Ty<T>::from(Ty<T>::f(e[1]) + f * P[ct].x[i + 1]));
-          if (t < T_) store2<T>(du + ((size_t(bi) * T_ + t) * H + h) * V + v0 + col, y0, y1);
           store2<T>(dub + row * LDV + col, -y0, -y1);
         }
     }
-    for (int idx = threadIdx.x; idx < kC * BV / 2; idx += blockDim.x) {
-      const int row = idx / (BV / 2), col = (idx % (BV / 2)) * 2;
-      T* e = dos + row * LDV + col;
-      store2<T>(e, Ty<T>::f(e[0]) * rows[row], Ty<T>::f(e[1]) * rows[row]);
-    }
+    copy_state<T, K, BV, NTH>(dhs + (size_t(bh) * NT + c) * K * V + v0, V, sb, LDV);
     __syncthreads();
-    // 3. dS ← e^{b_L} dS + qᵀ (scale·e^{b} ⊙ do) − wᵀ du
-    state_update<T, CT>(S, __expf(bL), qs + warp * 16, LDK, dos, LDV);
+    // 3. du (the negation of dub, exact: the sign bits) → global; dS ← dS − wᵀ du
+    {
+      constexpr int SEG = BV / 8;
+      T* row0 = chunk_row0(static_cast<T*>(a.du), bi, h, c, T_, H, V, v0);
+      const int rows_left = T_ - c * kC;
+      for_pieces<kC * SEG, NTH>([&](int idx) {
+        const int row = idx / SEG, sg = idx % SEG;
+        if (row < rows_left) {
+          uint4 x = *reinterpret_cast<const uint4*>(dub + row * LDV + sg * 8);
+          x.x ^= 0x80008000u;
+          x.y ^= 0x80008000u;
+          x.z ^= 0x80008000u;
+          x.w ^= 0x80008000u;
+          *reinterpret_cast<uint4*>(row0 + size_t(row) * H * V + sg * 8) = x;
+        }
+      });
+    }
     mma_span<ACol<T>, BRow<T>>(S, ws + warp * 16, 16 * LDK, LDK, dub, 16 * LDV, 16, LDV, 0, kC / 16);
     __syncthreads();
   }
@@ -923,8 +936,9 @@ __global__ void __launch_bounds__(256) dqkv_kernel(DqkvArgs a) {
   __syncthreads();
 
   // A = q kᵀ (warps 0–3) and dA = do vᵀ (warps 4–7), lower tiles only (the only ones read below),
-  // masked and decayed in fp32, rounded into ab / dab
-  {
+  // masked and decayed in fp32, rounded into ab / dab; A only serves dv
+  const bool with_dv = a.dv != nullptr;
+  if (hf || with_dv) {
     const T* x = hf ? dos : qs;
     const T* y = hf ? vs : ks;
     const int ld = hf ? LDV : LDK, nk = (hf ? V : K) / 16;
@@ -1013,7 +1027,7 @@ __global__ void __launch_bounds__(256) dqkv_kernel(DqkvArgs a) {
   }
   __syncthreads();  // with K ≠ V the two warps of a row split the staging columns differently below
   // dv = e^{b_L − b} ⊙ (k dh) + Aᵀ do
-  {
+  if (with_dv) {
     const int ct0 = hf * NV;
     Acc P[NV];
 #pragma unroll
@@ -1332,7 +1346,11 @@ __global__ void __launch_bounds__(256) dvl_kernel(DvlArgs a) {
 #pragma unroll
   for (int n = 0; n < NV; ++n) wmma::fill_fragment(P[n], 0.f);
   mma_span<ACol<T>, BRow<T>>(P, ab + r * 16, 16 * LDB, LDB, dos + ct0 * 16, 16 * LDV, 16, LDV, r, kC / 16);
-  store_chunk_rows<T, NV>(P, static_cast<T*>(a.dvl), bi, h, c, T_, H, V, 0, r, ct0, lane);
+  // staged over q and k (no longer read: the scores are in ab) and stored in 16-byte pieces
+  static_assert(kC * LDV <= 2 * kC * LDK, "the staging tile fits over q and k");
+  stage_chunk_rows<T, NV>(P, qs, LDV, r, ct0, lane);
+  __syncwarp();
+  warp_store_rows<T, NV * 16>(static_cast<T*>(a.dvl), qs + ct0 * 16, LDV, bi, h, c, T_, H, V, ct0 * 16, r, lane);
 }
 
 struct WyBwdArgs {

@@ -76,6 +76,7 @@ void chunk_output(Dtype dt, const void* q, const void* k, const void* v, const f
 // With xdot (fp32 [B,T,H]) the kernel also forms the row dots q_i·dq_i − k_i·dk_i there (from the
 // fp32 gradients) and writes dq in the input dtype into dq instead of dqf, and dk likewise into dk
 // where dk is not null (into dkf otherwise); decay_grad then takes xdot in place of the gradients.
+// dv may be null (the delta rule's backward has its value gradient already): neither dv nor A is formed.
 void chunk_dqkv(Dtype dt, const void* q, const void* k, const void* v, const void* d_o, const float* b,
                 const void* hs, const void* dhs, float* dqf, float* dkf, void* dv, float* y, float* z, float scale,
                 Dims d, void* stream, void* dq = nullptr, void* dk = nullptr, float* xdot = nullptr);
