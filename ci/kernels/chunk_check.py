@@ -499,7 +499,8 @@ def check(results, quick=False):
 
 def check_tunings(results):
     """Every launch choice of TUNINGS against the float64 references: simple_gla forward (walk +
-    output) and backward (reverse walk), gated delta rule forward through walk + output."""
+    output) and backward (reverse walk), gated delta rule forward through walk + output and its
+    reverse walk."""
     ok = True
     for K, V in ((64, 128), (128, 128), (128, 64)):
         for T in (65, 200):
@@ -521,6 +522,8 @@ def check_tunings(results):
                 errs = {"o": rel(fwd[0], o_r), "ht": rel(fwd[1], ht_r), "dq": rel(dq, grads[0]),
                         "dk": rel(dk, grads[1]), "dv": rel(dv, grads[2]), "dg": rel(dg, grads[3]),
                         "gdn_o_split": rel(o3, o2r), "gdn_ht_split": rel(ht3, ht2r)}
+                errs.update(gdn_bwd_walk_errors(qd, kd, vd, gd, betad, scale, h0,
+                                                torch.Generator(device=DEV).manual_seed(T * 7 + K + V)))
                 lim = {n: 5e-3 if n in ("o", "ht", "gdn_o_split", "gdn_ht_split") else 1e-2 for n in errs}
                 bad = {n: e for n, e in errs.items() if not e <= lim[n]}
                 ok &= not bad

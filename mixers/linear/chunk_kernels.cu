@@ -1880,8 +1880,13 @@ void walk_bwd_delta(Dtype dt, const void* q, const void* d_o, const void* k, con
       set_smem(kern, sm);
       kern<<<dim3(d.V / BV, d.B * d.H), K * 2, sm, s>>>(a);
     };
-    // narrow V tiles when the heads alone do not fill the machine (as the forward walk)
-    const bool narrow = d.B * d.H * (d.V / 64) < 2 * sm_count();
+    // One CTA per SM walks either tile width (shared memory); a 64-column step costs about 1.35 of a
+    // 32-column one (H200, K = 128). Narrow tiles when their waves of walks (twice the CTAs) cost
+    // less than the wide tiles' waves: B·H = 32 at V = 128 (one wave either way) → 32; 128 (four
+    // waves against two) → 64.
+    const int wide = d.B * d.H * (d.V / 64), waves64 = (wide + sm_count() - 1) / sm_count();
+    const int waves32 = (2 * wide + sm_count() - 1) / sm_count();
+    const bool narrow = g_tuning.walk_bv ? g_tuning.walk_bv == 32 : 100 * waves32 < 135 * waves64;
     auto pk = [&](auto kc) {
       if (narrow) go(kc, std::integral_constant<int, 32>{});
       else go(kc, std::integral_constant<int, 64>{});

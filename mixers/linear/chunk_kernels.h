@@ -115,7 +115,7 @@ void delta_wy_bwd(Dtype dt, const void* k, const void* v, const void* du, const 
 // Launch choices for every later launch in the process, for measuring alternatives on a device
 // (ci/kernels/chunk_check.py --sweep); 0 = the built-in rule, tuned on an H200.
 struct Tuning {
-  int walk_bv = 0;    // V tile of the state walks (walk_fwd, walk_bwd): 32 or 64
+  int walk_bv = 0;    // V tile of the state walks (walk_fwd, walk_bwd, walk_bwd_delta): 32 or 64
   int out_split = 0;  // CTAs per chunk and head in chunk_output for V = 128: 1 or 2 (V tiles of 64)
 };
 void set_tuning(const Tuning& t);
