@@ -1,6 +1,11 @@
 #!/usr/bin/env python3
 """Merge mixbench's Google Benchmark JSON (GPU run) with the peers' timings into one comparison
-report with ratios.  Usage: ci/compare.py bench_cuda.json peers.json --out comparison.json
+report with ratios.  Usage:
+  ci/compare.py bench_cuda.json peers.json [--gpu-info gpu.txt] [--lifted chunk_fla_bwd.json] --out comparison.json
+gpu.txt: nvidia-smi's CSV (name, driver_version, memory.total), as ci/gpu.sh writes it.
+chunk_fla_bwd.json: `ci/kernels/chunk_check.py --fla-bwd` from the same call: flash-linear-attention's
+forward + backward timed with its Hopper/Triton refusal lifted; each becomes a row of its own
+(peer_status "ok_refusal_lifted") next to the refusal recorded by peers.py.
 
 ratio_peer_over_ours = peer_ms / ours_ms  (> 1: mixbench is faster).
 FLOP model for the chunked linear ops (chunk C = 64, per token and head, D = K = V):
@@ -24,14 +29,46 @@ def linear_flops(op, D):
     return f
 
 
+def gpu_info(path):
+    """name, driver and memory from nvidia-smi's CSV (header line, then one line per GPU)."""
+    if not path or not os.path.exists(path):
+        return {}
+    lines = [l.strip() for l in open(path) if l.strip()]
+    if len(lines) < 2 or not lines[0].startswith("name"):
+        raise SystemExit(f"compare.py: {path} is not nvidia-smi's CSV (name, driver_version, memory.total)")
+    name, driver, mem = (x.strip() for x in lines[1].split(",")[:3])
+    return {"gpu": name, "driver": driver, "gpu_memory": mem}
+
+
+def lifted_rows(path):
+    """Peer rows from chunk_check.py --fla-bwd: flash-linear-attention forward + backward with its
+    refusal lifted, with the relative differences of its gradients from ours."""
+    doc = json.load(open(path))
+    rows = []
+    for t in doc.get("timing", []):
+        for op, key in (("simple_gla", "sgla"), ("gated_delta_rule", "gdn")):
+            ms = t.get(f"fla_{key}_fwdbwd_ms")
+            if ms is None:
+                continue
+            rows.append(dict(peer="flash-linear-attention", peer_version=doc.get("fla"), triton=doc.get("triton"),
+                             op=op, phase="fwd_bwd", B=t["B"], T=t["T"], H=t["H"], D=t["D"], dtype="bf16",
+                             status="ok_refusal_lifted" if t.get("fla_bwd_refusal_lifted") else "ok", median_ms=ms,
+                             grad_rel_diff_vs_ours=t.get(f"{key}_grad_rel_diff_vs_fla")))
+    return rows, doc
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("bench")
     ap.add_argument("peers")
+    ap.add_argument("--gpu-info", help="nvidia-smi CSV (name, driver_version, memory.total)")
+    ap.add_argument("--lifted", help="chunk_check.py --fla-bwd output of the same call")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     bench = json.load(open(a.bench))
     peers = json.load(open(a.peers)) if os.path.exists(a.peers) else {"results": []}
+    extra, lifted_doc = lifted_rows(a.lifted) if a.lifted else ([], {})
+    peer_rows = peers["results"] + extra
     ours, attention, ceilings = {}, [], {}
     for b in bench["benchmarks"]:
         name = b["name"]
@@ -52,7 +89,7 @@ def main():
         elif name.startswith("ceiling_cuda/copy"):
             ceilings["copy_GBps"] = b.get("GBps_rw")
     rows = []
-    for p in peers["results"]:
+    for p in peer_rows:
         key = (p["op"], p["phase"], p["T"])
         o = ours.get(key, {})
         B, T, H, D = p["B"], p["T"], p["H"], p["D"]
@@ -60,9 +97,11 @@ def main():
         fl = linear_flops(p["op"], D) * tokens_heads * (3 if p["phase"] == "fwd_bwd" else 1)
         by = tokens_heads * (8 * D + (4 if p["op"] == "gated_delta_rule" else 2))
         row = dict(op=p["op"], phase=p["phase"], B=B, T=T, H=H, D=D, dtype=p["dtype"],
-                   peer=p["peer"], peer_version=p.get("peer_version"), peer_status=p["status"],
-                   peer_ms=p.get("median_ms"), peer_message=p.get("message"),
+                   peer=p["peer"], peer_version=p.get("peer_version"), peer_triton=p.get("triton"),
+                   peer_status=p["status"], peer_ms=p.get("median_ms"), peer_message=p.get("message"),
                    ours_ms=o.get("ms"), ours_error=o.get("error"))
+        if p.get("grad_rel_diff_vs_ours") is not None:
+            row["peer_grad_rel_diff_vs_ours"] = p["grad_rel_diff_vs_ours"]
         if row["ours_ms"]:
             row["ours_TFLOPs"] = fl / row["ours_ms"] / 1e9
             row["ours_GBps"] = by / row["ours_ms"] / 1e6
@@ -86,8 +125,16 @@ def main():
     for r in attention:
         if "T" in r and r["window"] > 0 and (r["T"], r["phase"]) in full:
             r["speedup_vs_full"] = full[(r["T"], r["phase"])] / r["ms"]
-    doc = dict(kind="comparison", gpu=peers.get("gpu"), torch=peers.get("torch"), context=bench.get("context"),
-               ceilings=ceilings, linear=rows, attention=attention, flop_model=__doc__)
+    info = gpu_info(a.gpu_info)
+    versions = {"torch": peers.get("torch") or lifted_doc.get("torch")}
+    for r in peer_rows:
+        versions.setdefault(r["peer"], r.get("peer_version"))
+        if r.get("triton"):
+            versions.setdefault("triton", r["triton"])
+    doc = dict(kind="comparison", gpu=info.get("gpu") or peers.get("gpu") or lifted_doc.get("device"),
+               driver=info.get("driver"), gpu_memory=info.get("gpu_memory"), versions=versions,
+               torch=versions["torch"], context=bench.get("context"), ceilings=ceilings, linear=rows,
+               attention=attention, flop_model=__doc__)
     with open(a.out + ".tmp", "w") as f:
         json.dump(doc, f, indent=2)
     os.replace(a.out + ".tmp", a.out)

@@ -55,7 +55,8 @@ fi
 if part peers && [ -f ci/peers.py ]; then
   log peers
   python3 ci/peers.py --out "$OUT/peers.json" || rc=1
-  python3 ci/compare.py "$OUT/bench_cuda.json" "$OUT/peers.json" --out "$OUT/comparison.json" || rc=1
+  python3 ci/compare.py "$OUT/bench_cuda.json" "$OUT/peers.json" --gpu-info "$OUT/gpu.txt" \
+      --out "$OUT/comparison.json" || rc=1
 fi
 if [ -n "$CHUNK_BUILD" ] && ! wait "$CHUNK_BUILD"; then
   echo "building the chunk kernels' library failed:"; tail -20 "$LOGS/chunk_build.log"; exit 1

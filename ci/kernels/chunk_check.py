@@ -779,6 +779,11 @@ def main():
         print("accumulator fragment layout differs from the one the kernels assume")
         sys.exit(1)
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "checks": [], "timing": []}
+    for mod, key in (("fla", "fla"), ("triton", "triton")):  # the peer's versions, where importable
+        try:
+            res[key] = getattr(__import__(mod), "__version__", "?")
+        except Exception:  # noqa: BLE001 — absent peer: no version
+            res[key] = None
     global POISON
     if a.sanitize:
         sys.exit(0 if sanitize_run() else 1)
