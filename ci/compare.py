@@ -4,8 +4,8 @@ report with ratios.  Usage:
   ci/compare.py bench_cuda.json peers.json [--gpu-info gpu.txt] [--lifted chunk_fla_bwd.json] --out comparison.json
 gpu.txt: nvidia-smi's CSV (name, driver_version, memory.total), as ci/gpu.sh writes it.
 chunk_fla_bwd.json: `ci/kernels/chunk_check.py --fla-bwd` from the same call: flash-linear-attention's
-forward + backward timed with its Hopper/Triton refusal lifted; each becomes a row of its own
-(peer_status "ok_refusal_lifted") next to the refusal recorded by peers.py.
+forward (peer_status "ok") and forward + backward timed with its Hopper/Triton refusal lifted
+(peer_status "ok_refusal_lifted"), rows of their own next to those of peers.py.
 
 ratio_peer_over_ours = peer_ms / ours_ms  (> 1: mixbench is faster).
 FLOP model for the chunked linear ops (chunk C = 64, per token and head, D = K = V):
@@ -47,13 +47,14 @@ def lifted_rows(path):
     rows = []
     for t in doc.get("timing", []):
         for op, key in (("simple_gla", "sgla"), ("gated_delta_rule", "gdn")):
-            ms = t.get(f"fla_{key}_fwdbwd_ms")
-            if ms is None:
-                continue
-            rows.append(dict(peer="flash-linear-attention", peer_version=doc.get("fla"), triton=doc.get("triton"),
-                             op=op, phase="fwd_bwd", B=t["B"], T=t["T"], H=t["H"], D=t["D"], dtype="bf16",
-                             status="ok_refusal_lifted" if t.get("fla_bwd_refusal_lifted") else "ok", median_ms=ms,
-                             grad_rel_diff_vs_ours=t.get(f"{key}_grad_rel_diff_vs_fla")))
+            for phase, name in (("fwd", f"fla_{key}_fwd_ms"), ("fwd_bwd", f"fla_{key}_fwdbwd_ms")):
+                if t.get(name) is None:
+                    continue
+                lifted = phase == "fwd_bwd" and t.get("fla_bwd_refusal_lifted")
+                rows.append(dict(peer="flash-linear-attention", peer_version=doc.get("fla"), triton=doc.get("triton"),
+                                 op=op, phase=phase, B=t["B"], T=t["T"], H=t["H"], D=t["D"], dtype="bf16",
+                                 status="ok_refusal_lifted" if lifted else "ok", median_ms=t[name],
+                                 grad_rel_diff_vs_ours=t.get(f"{key}_grad_rel_diff_vs_fla") if phase == "fwd_bwd" else None))
     return rows, doc
 
 

@@ -32,6 +32,7 @@ def main():
         dict(common, op="simple_gla", phase="fwd_bwd", status="error", message="RuntimeError: refused")]})
     j("lifted.json", {"device": "H", "torch": "2.11.0", "fla": "0.6.0", "triton": "3.6.0", "timing": [
         dict(B=8, T=8192, H=16, D=128, fla_bwd_refusal_lifted=True, fla_sgla_fwdbwd_ms=6.0, fla_gdn_fwdbwd_ms=4.0,
+             fla_sgla_fwd_ms=2.0,
              sgla_grad_rel_diff_vs_fla={"dq": 1e-3}, gdn_grad_rel_diff_vs_fla={"dq": 2e-3})]})
     open(os.path.join(d, "gpu.txt"), "w").write("name, driver_version, memory.total [MiB]\n"
                                                 "NVIDIA H200, 580.159.04, 143771 MiB\n")
@@ -44,8 +45,10 @@ def main():
     doc = json.load(open(out))
     assert doc["gpu"] == "NVIDIA H200" and doc["driver"] == "580.159.04", doc
     assert doc["versions"] == {"torch": "2.11.0", "flash-linear-attention": "0.6.0", "triton": "3.6.0"}, doc["versions"]
-    rows = {(x["op"], x["phase"], x["peer_status"]): x for x in doc["linear"]}
-    assert len(rows) == 4, rows.keys()
+    assert len(doc["linear"]) == 5, doc["linear"]
+    rows = {(x["op"], x["phase"], x["peer_status"], x["peer_ms"]): x for x in doc["linear"]}
+    rows = {k[:3] if k[3] != 2.0 else k[:3] + ("lifted doc",): x for k, x in rows.items()}
+    assert abs(rows[("simple_gla", "fwd", "ok", "lifted doc")]["ratio_peer_over_ours"] - 2.0) < 1e-12
     fwd = rows[("simple_gla", "fwd", "ok")]
     assert abs(fwd["ratio_peer_over_ours"] - 1.5) < 1e-12 and fwd["peer_triton"] == "3.6.0"
     refused = rows[("simple_gla", "fwd_bwd", "error")]
