@@ -14,7 +14,8 @@
 //                decayed in fp32, rounded, then o = e^{b}·scale·(q h) + A v. Each warp owns 16 rows.
 //   chunk_dqkv   one CTA per (chunk, b·h), 8 warps: A and dA = do vᵀ, then dq, dk, dv as sums of an
 //                inter-chunk product (with h or dh) and an intra-chunk one (with A or dA); on request
-//                also the decay gradient's row dots, with dq / dk in the input dtype.
+//                also the decay gradient's row dots, with dq / dk in the input dtype, and without
+//                dv (then without A).
 //   decay_grad   one CTA per (chunk, b·h): the row dots (or chunk_dqkv's), then the chunk's scans.
 //   walk_bwd_delta  the reverse walk of the delta rule's state gradient (du per chunk on the way).
 //   delta_dv_local  Pᵀ do per chunk (the state-free part of du).
@@ -25,9 +26,11 @@
 //                each, right after its tile of A), the blocks below them as halves of 32 in four
 //                rounds on tensor cores (tf32, split into high and low parts); then w and u as
 //                products with X (rounded to the input dtype).
-// The per-chunk states of the walks and the outputs of chunk_output and delta_prep leave through
-// shared memory in 16-byte pieces per thread (stores straight from accumulator fragments write 16
-// bytes per row and instruction). Masking is a select before exp (exponents are ≤ 0 wherever they
+// The per-chunk states of the walks, the outputs of chunk_output and delta_prep, and the gradients
+// of chunk_dqkv, delta_dv_local, walk_bwd_delta (du) and delta_wy_bwd (dv) leave through shared
+// memory in 16-byte pieces per thread (stores straight from accumulator fragments write 16 bytes per
+// row and instruction); delta_wy_bwd's dk, which adds chunk_dqkv's fp32 part, still stores from the
+// fragments. Masking is a select before exp (exponents are ≤ 0 wherever they
 // are used). Rows past T are read as zero (cp.async with source size 0) and never stored.
 #include "mixers/linear/chunk_kernels.h"
 
