@@ -72,6 +72,10 @@ struct Timer {
 void BM_attention(benchmark::State& state) {
   const int64_t T = state.range(0), window = state.range(1);
   const bool backward = state.range(2) != 0, cuda = state.range(3) != 0;
+  if (cuda && !at::hasCUDA()) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
   const int64_t H = 16, D = 128;
   const int64_t B = std::max<int64_t>(1, (cuda ? 65536 : 4096) / T);
   auto opts = at::TensorOptions().dtype(cuda ? at::kBFloat16 : at::kFloat).device(cuda ? at::kCUDA : at::kCPU);
@@ -121,6 +125,10 @@ BENCHMARK(BM_attention)->Name("attention_cuda")->Apply([](auto* b) { attention_a
 
 // Ceilings measured in the same run: bf16 matmul rate and device-to-device copy bandwidth.
 void BM_ceiling_matmul(benchmark::State& state) {
+  if (!at::hasCUDA()) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
   const int64_t n = 8192;
   auto o = at::TensorOptions().dtype(at::kBFloat16).device(at::kCUDA);
   at::Tensor a = at::randn({n, n}, o), b = at::randn({n, n}, o);
@@ -136,6 +144,10 @@ void BM_ceiling_matmul(benchmark::State& state) {
 BENCHMARK(BM_ceiling_matmul)->Name("ceiling_cuda/matmul_bf16_8192")->UseManualTime()->Unit(benchmark::kMillisecond);
 
 void BM_ceiling_copy(benchmark::State& state) {
+  if (!at::hasCUDA()) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
   const int64_t bytes = int64_t(1) << 30;
   auto o = at::TensorOptions().dtype(at::kByte).device(at::kCUDA);
   at::Tensor a = at::empty({bytes}, o), b = at::empty({bytes}, o);

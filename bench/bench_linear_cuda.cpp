@@ -12,9 +12,20 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include "harness/registry.h"
+#include "mixers/linear/delta_chunk.h"
+#include "mixers/linear/gla_ops.h"
 
 namespace {
 using namespace mixbench;
+
+// FLOPs of one forward call from the ops' accountant functions (mixers/linear): the chunked
+// algorithm's matrix products per padded chunk and head (simple_gla), or per token with the
+// unit-triangular solve (the delta rule). Forward + backward counts 3× the forward, the convention
+// of the training FLOPs (harness/backbone.h, ModelCost::train_flops_nanochat).
+double linear_fwd_flops(const std::string& op, int64_t B, int64_t T, int64_t H, int64_t D) {
+  if (op == "gated_delta_rule") return linear::delta_chunk_flops(T, H, D, D).total() * double(B * T);
+  return linear::simple_gla_chunk_flops(D, D) * double(linear::gla_padded_len(T) / linear::kGlaChunk) * double(B * H);
+}
 
 mixbench::TensorMap linear_inputs(const std::string& op, int64_t B, int64_t T, int64_t H, int64_t D, bool grad) {
   auto o = at::TensorOptions().dtype(at::kBFloat16).device(at::kCUDA);
@@ -37,8 +48,8 @@ mixbench::TensorMap linear_inputs(const std::string& op, int64_t B, int64_t T, i
 void BM_linear_cuda(benchmark::State& state, std::string op_name, bool backward) {
   const int64_t T = state.range(0), H = 16, D = 128, B = std::max<int64_t>(1, 65536 / T);
   const OpSpec& op = Registry::get().op(op_name);
-  if (!op.cuda) {
-    state.SkipWithError("no CUDA path");
+  if (!op.cuda || !at::hasCUDA()) {
+    state.SkipWithError(op.cuda ? "no CUDA device" : "no CUDA path");
     return;
   }
   Config p = op.params.defaults();
@@ -78,6 +89,9 @@ void BM_linear_cuda(benchmark::State& state, std::string op_name, bool backward)
   state.counters["T"] = double(T);
   state.counters["H"] = double(H);
   state.counters["D"] = double(D);
+  const double flops = linear_fwd_flops(op_name, B, T, H, D) * (backward ? 3.0 : 1.0);
+  state.counters["flops_per_call"] = flops;
+  state.counters["TFLOPs"] = benchmark::Counter(flops / 1e12, benchmark::Counter::kIsIterationInvariantRate);
   state.SetLabel(fmt::format("{} B={} T={} H={} D={} bf16 {}", op_name, B, T, H, D, backward ? "fwd+bwd" : "fwd"));
 }
 

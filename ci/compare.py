@@ -8,7 +8,10 @@ forward (peer_status "ok") and forward + backward timed with its Hopper/Triton r
 (peer_status "ok_refusal_lifted"), rows of their own next to those of peers.py.
 
 ratio_peer_over_ours = peer_ms / ours_ms  (> 1: mixbench is faster).
-FLOP model for the chunked linear ops (chunk C = 64, per token and head, D = K = V):
+FLOPs of a linear op call: the accountant's (mixbench_bench's `flops_per_call` counter: the chunked
+algorithm's matrix products, and the delta rule's triangular solve, from mixers/linear; fwd+bwd 3×
+fwd), the same for ours and the peer (flops_source "accountant"). Benchmarks without that counter
+fall back to this model (flops_source "model"), chunk C = 64, per token and head, D = K = V:
   simple_gla fwd = 4·C·D + 4·D²        (QKᵀ and AV inside the chunk; QS and the state update)
   gated_delta_rule fwd = simple_gla fwd + 2·C·D + 2·C·D + 2·D²   (KKᵀ, the WY solve applied to K and V, Sᵀk)
   fwd+bwd = 3 × fwd.  Minimal bytes per token and head: bf16 q, k, v read and o written (4·D·2)
@@ -81,7 +84,8 @@ def main():
             continue
         m = re.match(r"linear_cuda/(\w+)/(\w+)/(\d+)", name)
         if m:
-            ours[(m.group(1), m.group(2), int(m.group(3)))] = {"ms": ms, "B": b.get("B"), "label": b.get("label")}
+            ours[(m.group(1), m.group(2), int(m.group(3)))] = {"ms": ms, "B": b.get("B"), "label": b.get("label"),
+                                                               "flops": b.get("flops_per_call")}
         elif name.startswith("attention_cuda"):
             attention.append({"name": name, "label": b.get("label"), "ms": ms, "TFLOPs": b.get("TFLOPs"),
                               "tokens_per_s": b.get("tokens_per_s")})
@@ -95,12 +99,15 @@ def main():
         o = ours.get(key, {})
         B, T, H, D = p["B"], p["T"], p["H"], p["D"]
         tokens_heads = B * T * H
-        fl = linear_flops(p["op"], D) * tokens_heads * (3 if p["phase"] == "fwd_bwd" else 1)
+        fl = o.get("flops") if o.get("flops") and o.get("B") == B else None
+        source = "accountant" if fl else "model"
+        if not fl:
+            fl = linear_flops(p["op"], D) * tokens_heads * (3 if p["phase"] == "fwd_bwd" else 1)
         by = tokens_heads * (8 * D + (4 if p["op"] == "gated_delta_rule" else 2))
         row = dict(op=p["op"], phase=p["phase"], B=B, T=T, H=H, D=D, dtype=p["dtype"],
                    peer=p["peer"], peer_version=p.get("peer_version"), peer_triton=p.get("triton"),
                    peer_status=p["status"], peer_ms=p.get("median_ms"), peer_message=p.get("message"),
-                   ours_ms=o.get("ms"), ours_error=o.get("error"))
+                   ours_ms=o.get("ms"), ours_error=o.get("error"), flops_per_call=fl, flops_source=source)
         if p.get("grad_rel_diff_vs_ours") is not None:
             row["peer_grad_rel_diff_vs_ours"] = p["grad_rel_diff_vs_ours"]
         if row["ours_ms"]:

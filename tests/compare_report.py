@@ -22,7 +22,7 @@ def main():
     j("bench.json", {"context": {"date": "x"}, "benchmarks": [
         bench("linear_cuda/simple_gla/fwd/8192/min_time:0.2/manual_time", 1.0, B=8),
         bench("linear_cuda/simple_gla/fwd_bwd/8192/min_time:0.2/manual_time", 4.0, B=8),
-        bench("linear_cuda/gated_delta_rule/fwd_bwd/8192/min_time:0.2/manual_time", 5.0, B=8),
+        bench("linear_cuda/gated_delta_rule/fwd_bwd/8192/min_time:0.2/manual_time", 5.0, B=8, flops_per_call=3e12),
         bench("ceiling_cuda/matmul_bf16/manual_time", 1.0, TFLOPs=600.0),
         bench("ceiling_cuda/copy/manual_time", 1.0, GBps_rw=4000.0)]})
     common = dict(peer="flash-linear-attention", peer_version="0.6.0", triton="3.6.0", B=8, T=8192, H=16, D=128,
@@ -57,6 +57,9 @@ def main():
     assert abs(lifted["ratio_peer_over_ours"] - 1.5) < 1e-12 and lifted["peer_grad_rel_diff_vs_ours"] == {"dq": 1e-3}
     gdn = rows[("gated_delta_rule", "fwd_bwd", "ok_refusal_lifted")]
     assert abs(gdn["ratio_peer_over_ours"] - 0.8) < 1e-12
+    # the benchmark's accountant FLOPs where it reports them (else the model, and the row says which)
+    assert gdn["flops_source"] == "accountant" and abs(gdn["ours_TFLOPs"] - 3e12 / 5.0 / 1e9) < 1e-9, gdn
+    assert abs(gdn["peer_TFLOPs"] - 3e12 / 4.0 / 1e9) < 1e-9 and fwd["flops_source"] == "model"
     # TFLOP/s from the FLOP model and % of the measured ceilings
     fl = (4 * 64 * 128 + 4 * 128 * 128) * 8 * 8192 * 16
     assert abs(fwd["ours_TFLOPs"] - fl / 1.0 / 1e9) < 1e-6 and abs(fwd["ours_pct_matmul_ceiling"] - 100 * fl / 1e9 / 600) < 1e-6
