@@ -4,7 +4,9 @@
 # GPU benchmarks and the peer timings, and write every JSON into OUT_DIR.
 # Usage: ci/gpu.sh OUT_DIR [DEPS_DIR]   (DEPS_DIR from ci/gpu_stage.sh when the machine lacks the
 # Debian packages; default .deps if present). MIXBENCH_GPU_PARTS (default
-# "conformance,bench,peers,chunk,sanitizer") picks the parts to run after the build.
+# "conformance,bench,peers,chunk,sanitizer") picks the parts to run after the build; "fla_bwd"
+# (not in the default: several minutes of Triton autotuning) also times flash-linear-attention's
+# forward + backward with its Hopper refusal lifted and merges it into comparison_lifted.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: ci/gpu.sh OUT_DIR [DEPS_DIR]}
@@ -22,7 +24,7 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMIXBENCH_CUDA=ON -
 log build
 CHUNK_LIB=/tmp/mixbench_chunk.so
 CHUNK_BUILD=
-if part chunk || part sanitizer; then
+if part chunk || part sanitizer || part fla_bwd; then
   # the kernels' stand-alone library for chunk_check.py, built alongside the project
   python3 ci/kernels/chunk_check.py --build-only --lib "$CHUNK_LIB" > "$LOGS/chunk_build.log" 2>&1 &
   CHUNK_BUILD=$!
@@ -66,6 +68,13 @@ log "chunk kernels: check against float64 and time next to flash-linear-attentio
 PREBUILT=1 python3 ci/kernels/chunk_check.py --quick --sweep --lib "$CHUNK_LIB" --out "$OUT/chunk_kernels.json" \
     > "$LOGS/chunk.txt" 2>&1 || rc=1
 grep -vi warn "$LOGS/chunk.txt" | grep -v '^{' | tail -6
+fi
+if part fla_bwd; then
+  log "flash-linear-attention forward + backward, its refusal lifted, next to ours"
+  PREBUILT=1 python3 ci/kernels/chunk_check.py --no-check --fla-bwd --lib "$CHUNK_LIB" \
+      --out "$OUT/chunk_fla_bwd.json" > "$LOGS/fla_bwd.txt" 2>&1 || { rc=1; tail -5 "$LOGS/fla_bwd.txt"; }
+  python3 ci/compare.py "$OUT/bench_cuda.json" "$OUT/peers.json" --gpu-info "$OUT/gpu.txt" \
+      --lifted "$OUT/chunk_fla_bwd.json" --out "$OUT/comparison_lifted.json" || rc=1
 fi
 if part sanitizer && command -v compute-sanitizer > /dev/null; then
   log "compute-sanitizer (memcheck, racecheck) on the chunk kernels"
