@@ -32,6 +32,18 @@ def linear_flops(op, D):
     return f
 
 
+def load_json(path, what, key):
+    """A JSON report with a top-level `key`, or a clear error naming the file (non-zero exit)."""
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"compare.py: cannot read {what} {path}: {e}")
+    if not isinstance(doc, dict) or key not in doc:
+        raise SystemExit(f"compare.py: {path} is not {what} (no '{key}')")
+    return doc
+
+
 def gpu_info(path):
     """name, driver and memory from nvidia-smi's CSV (header line, then one line per GPU)."""
     if not path or not os.path.exists(path):
@@ -46,9 +58,9 @@ def gpu_info(path):
 def lifted_rows(path):
     """Peer rows from chunk_check.py --fla-bwd: flash-linear-attention forward + backward with its
     refusal lifted, with the relative differences of its gradients from ours."""
-    doc = json.load(open(path))
+    doc = load_json(path, "chunk_check.py output", "timing")
     rows = []
-    for t in doc.get("timing", []):
+    for t in doc["timing"]:
         for op, key in (("simple_gla", "sgla"), ("gated_delta_rule", "gdn")):
             for phase, name in (("fwd", f"fla_{key}_fwd_ms"), ("fwd_bwd", f"fla_{key}_fwdbwd_ms")):
                 if t.get(name) is None:
@@ -69,8 +81,8 @@ def main():
     ap.add_argument("--lifted", help="chunk_check.py --fla-bwd output of the same call")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    bench = json.load(open(a.bench))
-    peers = json.load(open(a.peers)) if os.path.exists(a.peers) else {"results": []}
+    bench = load_json(a.bench, "Google Benchmark JSON", "benchmarks")
+    peers = load_json(a.peers, "peers.py output", "results") if os.path.exists(a.peers) else {"results": []}
     extra, lifted_doc = lifted_rows(a.lifted) if a.lifted else ([], {})
     peer_rows = peers["results"] + extra
     ours, attention, ceilings = {}, [], {}

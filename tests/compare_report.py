@@ -68,6 +68,13 @@ def main():
     open(os.path.join(d, "bad.txt"), "w").write("garbage\n")
     r = run("--gpu-info", os.path.join(d, "bad.txt"))
     assert r.returncode != 0 and "nvidia-smi" in (r.stderr + r.stdout) and not os.path.exists(out), r
+    # a truncated benchmark report and a lifted file of the wrong kind: clear errors, no report
+    open(os.path.join(d, "trunc.json"), "w").write('{"benchmarks": [')
+    r = subprocess.run([sys.executable, COMPARE, os.path.join(d, "trunc.json"), os.path.join(d, "peers.json"),
+                        "--out", out], capture_output=True, text=True)
+    assert r.returncode != 0 and "cannot read Google Benchmark JSON" in r.stderr and not os.path.exists(out), r
+    r = run("--lifted", os.path.join(d, "peers.json"))
+    assert r.returncode != 0 and "is not chunk_check.py output" in r.stderr and not os.path.exists(out), r
     print("compare.py report checks passed")
 
 
