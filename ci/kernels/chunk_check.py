@@ -186,7 +186,8 @@ def kdqkv_dots(q, k, v, do, b, hs, dhs, scale, dk_fp32=False, with_dv=True):
 
 def dots_errors(q, k, v, do, b, hs, dhs, scale, dq, dk, dv, y, z, dg, x2=None, dk_fp32=False):
     """chunk_dqkv with the row dots against the path without them on the same inputs: dq, dk, dv (when
-    given; None: the kernel runs without dv, as the delta rule's backward uses it), y, z must be equal (the same fp32 values, rounded the same way); dg through the dots within fp32 sums.
+    given; None: the kernel runs without dv, as the delta rule's backward uses it), y, z must be equal
+    (the same fp32 values, rounded the same way); dg through the dots within fp32 sums.
     The dots are the same fp32 products summed in another order, so the difference of the two dg is
     measured against the same sums taken over the terms' magnitudes (dg itself can be exactly 0, e.g.
     T = 1 without a state: q·dq − k·dk cancels)."""
