@@ -111,10 +111,9 @@ def main():
         o = ours.get(key, {})
         B, T, H, D = p["B"], p["T"], p["H"], p["D"]
         tokens_heads = B * T * H
-        fl = o.get("flops") if o.get("flops") and o.get("B") == B else None
+        fl = o.get("flops") if o.get("B") == B else None  # the benchmark's accountant count, same shape
         source = "accountant" if fl else "model"
-        if not fl:
-            fl = linear_flops(p["op"], D) * tokens_heads * (3 if p["phase"] == "fwd_bwd" else 1)
+        fl = fl or linear_flops(p["op"], D) * tokens_heads * (3 if p["phase"] == "fwd_bwd" else 1)
         by = tokens_heads * (8 * D + (4 if p["op"] == "gated_delta_rule" else 2))
         row = dict(op=p["op"], phase=p["phase"], B=B, T=T, H=H, D=D, dtype=p["dtype"],
                    peer=p["peer"], peer_version=p.get("peer_version"), peer_triton=p.get("triton"),
