@@ -69,6 +69,23 @@ std::vector<LayerMethod> layer_methods(const MethodSpec& method, const Config& c
   return out;
 }
 
+ExecPlan model_plan(const MethodSpec& method, const Config& cfg) {
+  const int64_t L = cfg.i("n_layer");
+  if (!method.plan) return ExecPlan::stack(L);
+  ExecPlan p = method.plan(cfg);
+  p.validate();
+  if (p.n_blocks != L)
+    throw InputError(fmt::format("method {}: its execution plan has {} blocks for n_layer {}", method.name, p.n_blocks, L));
+  return p;
+}
+
+std::shared_ptr<const ResidualStream> model_stream(const MethodSpec& method, const Config& cfg) {
+  if (!method.residual) return nanochat_stream();
+  auto s = method.residual(cfg);
+  if (!s) throw std::logic_error("method " + method.name + ": its residual stream factory returned none");
+  return s;
+}
+
 namespace {
 std::vector<ParamDef> backbone_defs(const MethodSpec& method, const Config& cfg, std::vector<std::string>* owner) {
   ModelDims d = model_dims(cfg);
@@ -83,9 +100,7 @@ std::vector<ParamDef> backbone_defs(const MethodSpec& method, const Config& cfg,
   add({"lm_head", {d.vocab, d.d_model}, ParamGroup::LmHead, true, "normal", 0.0, 0.001}, "");
   add({"smear_gate", {1, 24}, ParamGroup::Scalar, true, "uniform", 0.0, 0.02}, "");
   add({"smear_lambda", {1}, ParamGroup::Scalar, false, "const", 0.0, 0}, "");
-  add({"backout_lambda", {1}, ParamGroup::Scalar, false, "const", 0.2, 0}, "");
-  add({"resid_lambdas", {d.n_layer}, ParamGroup::Scalar, false, "resid_lambdas", 0, 0}, "");
-  add({"x0_lambdas", {d.n_layer}, ParamGroup::Scalar, false, "x0_lambdas", 0, 0}, "");
+  for (auto p : model_stream(method, cfg)->params(d, model_plan(method, cfg))) add(std::move(p), "");
   for (int64_t i = 0; i < d.n_layer; ++i) {
     LayerCtx ctx{i, d.n_layer};
     const MethodSpec& mixer = *lm[size_t(i)].method;
@@ -144,8 +159,11 @@ Model build_model(const MethodSpec& method, const Config& cfg, at::Generator& ge
   m.dims = model_dims(cfg);
   for (auto& l : layer_methods(method, cfg)) {
     m.layer_mixers.push_back(l.method->name);
+    m.layer_specs.push_back(l.method);
     m.layer_cfgs.push_back(std::move(l.cfg));
   }
+  m.plan = model_plan(method, cfg);
+  m.stream = model_stream(method, cfg);
   for (const auto& def : backbone_defs(method, cfg, nullptr)) {
     at::Tensor t;
     if (random_nonzero) t = random_param(def, gen, opts);
@@ -200,18 +218,24 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
     at::Tensor gate = P.at("smear_lambda") * at::sigmoid(at::linear(x.slice(1, 1).slice(2, 0, 24), P.at("smear_gate")));
     x = at::cat({x.slice(1, 0, 1), x.slice(1, 1) + gate * x.slice(1, 0, T - 1)}, 1);
   }
-  if (pass == Pass::Prefill) cache->layers.assign(size_t(d.n_layer), TensorMap());
+  if (!m.stream || m.layer_specs.size() != size_t(d.n_layer) || m.layer_cfgs.size() != size_t(d.n_layer))
+    throw std::logic_error("run_model needs a model made by build_model");
+  const ExecPlan& plan = m.plan;
+  const ResidualStream& stream = *m.stream;
+  if (pass == Pass::Prefill) cache->layers.assign(size_t(plan.n_slots), TensorMap());
   if (aux) *aux = ModelAux();
-  at::Tensor x0 = x, x_backout;
-  const int64_t backout_layer = d.n_layer / 2;
-  for (int64_t i = 0; i < d.n_layer; ++i) {
-    const MethodSpec& mixer = Registry::get().method(m.layer_mixers[size_t(i)]);
-    const Config& lcfg = m.layer_cfgs.size() == size_t(d.n_layer) ? m.layer_cfgs[size_t(i)] : m.cfg;
+  TensorMap state = stream.begin(x, P);
+  const char* pass_name = pass == Pass::Forward ? "forward" : pass == Pass::Prefill ? "prefill" : "decode";
+  for (int64_t s = 0; s < plan.n_steps(); ++s) {
+    const PlanStep& st = plan.steps[size_t(s)];
+    const int64_t i = st.block;
+    const MethodSpec& mixer = *m.layer_specs[size_t(i)];
+    const Config& lcfg = m.layer_cfgs[size_t(i)];
     ScopedMethod sm(mixer.name);
-    LayerCtx ctx{i, d.n_layer, m.step};
-    x = P.at("resid_lambdas")[i] * x + P.at("x0_lambdas")[i] * x0;
+    LayerCtx ctx{i, d.n_layer, m.step, st.iteration, st.n_iterations};
+    const Sublayer mix{s, plan.n_steps(), i, Sublayer::Kind::Mixer}, mlp{s, plan.n_steps(), i, Sublayer::Kind::Mlp};
     TensorMap in;
-    in.set("x", rms_norm(x));
+    in.set("x", rms_norm(stream.read(state, mix, P)));
     std::string ve_name = fmt::format("ve.{}", i);
     if (P.has(ve_name)) in.set("ve", at::embedding(P.at(ve_name), idx));
     std::string prefix = fmt::format("layers.{}.mixer.", i);
@@ -219,24 +243,23 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
       if (name.rfind(prefix, 0) == 0) in.set(name.substr(prefix.size()), t);
     TensorMap out;
     {
-      NvtxRange r(fmt::format("{}/layer{}/{}", mixer.name, i,
-                              pass == Pass::Forward ? "forward" : pass == Pass::Prefill ? "prefill" : "decode"));
+      NvtxRange r(st.n_iterations == 1 ? fmt::format("{}/layer{}/{}", mixer.name, i, pass_name)
+                                       : fmt::format("{}/layer{}.{}/{}", mixer.name, i, st.iteration, pass_name));
       if (pass == Pass::Forward && backend == Backend::Reference) out = mixer.reference(in, lcfg, ctx);
       else if (pass == Pass::Forward) out = mixer.forward(in, lcfg, ctx, backend);
-      else if (pass == Pass::Prefill) out = mixer.prefill(in, cache->layers[size_t(i)], lcfg, ctx, backend);
-      else out = mixer.decode(in, cache->layers[size_t(i)], lcfg, ctx, backend);
+      else if (pass == Pass::Prefill) out = mixer.prefill(in, cache->layers[size_t(st.slot)], lcfg, ctx, backend);
+      else out = mixer.decode(in, cache->layers[size_t(st.slot)], lcfg, ctx, backend);
     }
-    x = x + out.at("y");
+    stream.write(state, mix, out.at("y"), P);
     if (aux) {
       at::Tensor a = out.get_or("aux_loss", at::Tensor());
       aux->layer_aux.push_back(a);
       if (a.defined()) aux->aux_loss = aux->aux_loss.defined() ? aux->aux_loss + a : a;
     }
-    at::Tensor h = at::relu(at::linear(rms_norm(x), P.at(fmt::format("layers.{}.mlp.c_fc", i)))).square();
-    x = x + at::linear(h, P.at(fmt::format("layers.{}.mlp.c_proj", i)));
-    if (i == backout_layer) x_backout = x;
+    at::Tensor h = at::relu(at::linear(rms_norm(stream.read(state, mlp, P)), P.at(fmt::format("layers.{}.mlp.c_fc", i)))).square();
+    stream.write(state, mlp, at::linear(h, P.at(fmt::format("layers.{}.mlp.c_proj", i))), P);
   }
-  if (x_backout.defined()) x = x - P.at("backout_lambda") * x_backout;
+  x = stream.finish(state, P);
   if (last_only && x.size(1) > 1) x = x.slice(1, x.size(1) - 1);
   x = rms_norm(x);
   // nanochat upcasts the logits to fp32 (from its bf16 compute dtype); an fp64 model stays fp64
@@ -261,8 +284,8 @@ int64_t ModelCache::bytes() const {
 }
 
 bool model_has_decode(const Model& m) {
-  for (const auto& name : m.layer_mixers)
-    if (!Registry::get().method(name).has_decode()) return false;
+  for (const MethodSpec* s : m.layer_specs)
+    if (!s->has_decode()) return false;
   return true;
 }
 
@@ -270,10 +293,10 @@ namespace {
 std::string no_decode_message(const Model& m) {
   std::string missing;
   std::vector<std::string> seen;
-  for (const auto& name : m.layer_mixers)
-    if (!Registry::get().method(name).has_decode() && std::find(seen.begin(), seen.end(), name) == seen.end()) {
-      seen.push_back(name);
-      missing += (missing.empty() ? "" : ", ") + name;
+  for (const MethodSpec* s : m.layer_specs)
+    if (!s->has_decode() && std::find(seen.begin(), seen.end(), s->name) == seen.end()) {
+      seen.push_back(s->name);
+      missing += (missing.empty() ? "" : ", ") + s->name;
     }
   if (missing == m.method->name) return fmt::format("method {} registers no decode path", missing);
   return fmt::format("method {}: layer method(s) {} register no decode path", m.method->name, missing);
@@ -289,7 +312,7 @@ at::Tensor model_prefill(const Model& m, const at::Tensor& idx, Backend backend,
 
 at::Tensor model_decode_step(const Model& m, const at::Tensor& idx_t, ModelCache& cache, Backend backend) {
   if (!model_has_decode(m)) throw UsageError(no_decode_message(m));
-  if (cache.layers.size() != size_t(m.dims.n_layer)) throw InputError("model_decode_step needs a cache filled by model_prefill");
+  if (cache.layers.size() != size_t(m.plan.n_slots)) throw InputError("model_decode_step needs a cache filled by model_prefill");
   return run_model(m, idx_t, backend, Pass::Decode, &cache, true);
 }
 
@@ -329,13 +352,19 @@ ModelCost account_model(const MethodSpec& method, const Config& cfg, const CostQ
     mc.params += c;
   }
   double mixer_core_train = 0, mixer_fwd = 0, mixer_decode = 0;
+  // Matmul parameters applied again by a plan that runs a block more than once: their FLOPs count
+  // per application, their parameters once.
+  double repeated_matmul = 0;
   const std::vector<LayerMethod> lm = layer_methods(method, cfg);
-  for (int64_t i = 0; i < d.n_layer; ++i) {
-    // each layer's own method and config (a hybrid's layers differ)
+  const ExecPlan plan = model_plan(method, cfg);
+  for (const PlanStep& st : plan.steps) {
+    // each block's own method and config (a hybrid's layers differ)
+    const int64_t i = st.block;
     const MethodSpec& mixer = *lm[size_t(i)].method;
-    LayerCost lc = mixer.account(lm[size_t(i)].cfg, LayerCtx{i, d.n_layer}, q);
+    LayerCost lc = mixer.account(lm[size_t(i)].cfg, LayerCtx{i, d.n_layer, -1, st.iteration, st.n_iterations}, q);
     if (method.is_hybrid()) lc.formula = mixer.name + ": " + lc.formula;
-    mc.params += lc.params;
+    if (st.iteration == 0) mc.params += lc.params;
+    else repeated_matmul += double(lc.params.matmul) + 2.0 * double(d.d_model) * double(d.mlp_hidden);
     mixer_core_train += lc.nanochat_core_flops;
     mc.uncounted_flops += lc.uncounted_flops;
     mixer_fwd += lc.fwd_flops - 2.0 * double(lc.params.matmul);
@@ -344,14 +373,16 @@ ModelCost account_model(const MethodSpec& method, const Config& cfg, const CostQ
     mc.cache_bytes_per_token += lc.cache_bytes_per_token;
     mc.state_bytes += lc.state_bytes;
     mc.layers.push_back(std::move(lc));
+    mc.steps.push_back(st);
   }
-  const double N = double(mc.params.matmul);
-  mc.train_flops_nanochat = 6.0 * N + mixer_core_train;
-  mc.fwd_flops = 2.0 * N + mixer_fwd;
-  mc.decode_flops = 2.0 * N + mixer_decode;
-  // Backbone activations kept for backward per token: residual stream at each layer boundary,
+  const double N = double(mc.params.matmul) + repeated_matmul;
+  const double stream_fwd = model_stream(method, cfg)->fwd_flops(d, plan);
+  mc.train_flops_nanochat = 6.0 * N + mixer_core_train + 3.0 * stream_fwd;
+  mc.fwd_flops = 2.0 * N + mixer_fwd + stream_fwd;
+  mc.decode_flops = 2.0 * N + mixer_decode + stream_fwd;
+  // Backbone activations kept for backward per token: residual stream at each step boundary,
   // both norms' inputs, the MLP hidden (4d) before and after relu², and the fp32 logits.
-  mc.act_bytes += double(d.n_layer) * (3.0 * d.d_model + 2.0 * d.mlp_hidden) * double(q.dtype_bytes) + 4.0 * d.vocab;
+  mc.act_bytes += double(plan.n_steps()) * (3.0 * d.d_model + 2.0 * d.mlp_hidden) * double(q.dtype_bytes) + 4.0 * d.vocab;
   return mc;
 }
 

@@ -1,17 +1,22 @@
 // The nanochat GPT backbone (karpathy/nanochat 92d63d4, nanochat/gpt.py), with the token mixer
-// of each layer taken from the registry. Parameters are plain tensors in a TensorMap named
-// "wte", "lm_head", "smear_gate", "smear_lambda", "backout_lambda", "resid_lambdas",
-// "x0_lambdas", "ve.<i>", "layers.<i>.mlp.c_fc", "layers.<i>.mlp.c_proj" and
-// "layers.<i>.mixer.<name>" for the mixer's own parameters.
+// of each layer taken from the registry: embed → for each step of the execution plan
+// (harness/plan.h) the step's block (mixer + ReLU² MLP) inside the residual stream
+// (harness/residual.h) → head. Parameters are plain tensors in a TensorMap named "wte", "lm_head",
+// "smear_gate", "smear_lambda", the stream's own (nanochat's: "backout_lambda", "resid_lambdas",
+// "x0_lambdas"), "ve.<i>", "layers.<i>.mlp.c_fc", "layers.<i>.mlp.c_proj" and
+// "layers.<i>.mixer.<name>" for block i's mixer parameters.
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <ATen/core/Generator.h>
 #include <string>
+#include <memory>
 #include <vector>
 
 #include "harness/accountant.h"
 #include "harness/config.h"
+#include "harness/plan.h"
 #include "harness/registry.h"
+#include "harness/residual.h"
 
 namespace mixbench {
 
@@ -28,6 +33,11 @@ ModelDims model_dims(const Config& cfg);
 // RMSNorm eps: nanochat calls F.rms_norm with eps=None, i.e. the float32 machine epsilon.
 constexpr double kRmsEps = 1.1920928955078125e-07;
 
+// The execution plan a method's model runs (MethodSpec::plan, else the plain n_layer stack), and
+// its residual stream (MethodSpec::residual, else nanochat's). The plan's block count must be n_layer.
+ExecPlan model_plan(const MethodSpec& method, const Config& cfg);
+std::shared_ptr<const ResidualStream> model_stream(const MethodSpec& method, const Config& cfg);
+
 // The method and config each layer runs: for a hybrid (MethodSpec::layout) the layout's method
 // with its overrides applied to cfg, else the method itself with cfg, n_layer times.
 struct LayerMethod {
@@ -42,6 +52,9 @@ struct Model {
   ModelDims dims{};
   std::vector<std::string> layer_mixers;  // per-layer method name (a hybrid's layout; else method->name)
   std::vector<Config> layer_cfgs;         // per-layer config (cfg plus the layout's overrides)
+  std::vector<const MethodSpec*> layer_specs;  // per-layer method (outlives the model: the registry's, or the caller's)
+  ExecPlan plan;                               // which block runs at each step
+  std::shared_ptr<const ResidualStream> stream;
   TensorMap params;
   std::map<std::string, ParamDef> defs;   // name -> definition (group, init)
   int64_t step = -1;  // training step handed to every layer (LayerCtx::step); -1 = not training
@@ -67,7 +80,7 @@ at::Tensor model_forward(const Model& m, const at::Tensor& idx, Backend backend,
 // Incremental decoding state of a model: one cache per layer (MethodSpec::prefill/decode), the
 // previous token's normalized embedding (the smear reads it) and the tokens consumed.
 struct ModelCache {
-  std::vector<TensorMap> layers;
+  std::vector<TensorMap> layers;  // one per plan slot (a block applied k times has k caches)
   at::Tensor prev_embed;  // [B,1,d]
   int64_t pos = 0;
   int64_t bytes() const;  // Σ cache_bytes over layers (the smear's one embedding excluded)
@@ -103,7 +116,8 @@ struct ModelCost {
   double act_bytes = 0;             // activation bytes per token (training)
   double cache_bytes_per_token = 0; // KV cache growth per token (all layers)
   double state_bytes = 0;           // fixed state per sequence (all layers)
-  std::vector<LayerCost> layers;
+  std::vector<LayerCost> layers;  // per plan step (a block applied k times appears k times)
+  std::vector<PlanStep> steps;    // the plan step of each entry of `layers`
 };
 ModelCost account_model(const MethodSpec& method, const Config& cfg, const CostQuery& q);
 

@@ -7,17 +7,20 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "harness/accountant.h"
 #include "harness/config.h"
+#include "harness/plan.h"
 #include "harness/tensor_map.h"
 
 namespace mixbench {
 
 enum class Backend { Reference, CPU, CUDA };
+class ResidualStream;
 const char* backend_name(Backend b);
 
 // One conformance case: a configuration and a shape. For methods, `layer` selects which layer of
@@ -85,6 +88,10 @@ struct LayerCtx {
   // -1 = not training (conformance, sweeps, benchmarks). Methods with a training schedule (the
   // sparse methods' full-attention warm-up) read it.
   int64_t step = -1;
+  // Which application of this parameter block the execution plan runs (loops apply a block
+  // several times; a plain stack applies each block once: iteration 0 of 1).
+  int64_t iteration = 0;
+  int64_t n_iterations = 1;
 };
 
 // One layer of a hybrid's layout: the registered method the layer runs and config overrides
@@ -126,6 +133,11 @@ struct MethodSpec {
   // with its overrides. Empty for a single mixer.
   std::function<std::vector<LayerChoice>(const Config&)> layout;
   bool is_hybrid() const { return bool(layout); }
+  // The model's execution plan (which parameter block runs at each step, harness/plan.h); unset =
+  // the plain stack of n_layer blocks. A looped method applies blocks several times.
+  std::function<ExecPlan(const Config&)> plan;
+  // The residual stream around the sublayers (harness/residual.h); unset = nanochat's.
+  std::function<std::shared_ptr<const ResidualStream>(const Config&)> residual;
   // Runs once, after every static registration and before the first lookup (a hybrid builds its
   // config, ops and decode hooks from its components' specs, which may register later).
   std::function<void(MethodSpec&)> complete;

@@ -1,0 +1,57 @@
+// The residual stream around a model's sublayers. The backbone asks the stream for each
+// sublayer's input (it applies the sublayer's RMSNorm to what `read` returns), hands the
+// sublayer's output to `write`, and takes the hidden state before the final norm from `finish`.
+// The stream owns the residual update and its parameters; nanochat's resid_lambdas / x0_lambdas /
+// backout stream is the default (`nanochat_stream()`). Variants (hyper-connections, attention
+// residuals, …) implement this interface and a method selects one with MethodSpec::residual.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "harness/plan.h"
+#include "harness/registry.h"
+#include "harness/tensor_map.h"
+
+namespace mixbench {
+
+struct ModelDims;
+
+// One sublayer of the forward pass: the mixer or the MLP of plan step `step`.
+struct Sublayer {
+  enum class Kind { Mixer, Mlp };
+  int64_t step = 0;     // plan step
+  int64_t n_steps = 1;  // steps in the plan
+  int64_t block = 0;    // the step's parameter block
+  Kind kind = Kind::Mixer;
+  int64_t index() const { return 2 * step + (kind == Kind::Mlp ? 1 : 0); }  // depth in sublayers
+};
+
+class ResidualStream {
+ public:
+  virtual ~ResidualStream() = default;
+  virtual std::string name() const = 0;
+  // Parameters the stream owns (full names, with their group, optimizer rule and init).
+  virtual std::vector<ParamDef> params(const ModelDims& d, const ExecPlan& plan) const = 0;
+  // The stream's state for one pass, started from the smeared, normalized embedding x [B,T,d].
+  virtual TensorMap begin(const at::Tensor& x, const TensorMap& params) const = 0;
+  // The input of sublayer `s` before its RMSNorm ([B,T,d]).
+  virtual at::Tensor read(TensorMap& state, const Sublayer& s, const TensorMap& params) const = 0;
+  // Takes the sublayer's output y [B,T,d].
+  virtual void write(TensorMap& state, const Sublayer& s, const at::Tensor& y, const TensorMap& params) const = 0;
+  // The hidden state before the final norm ([B,T,d]).
+  virtual at::Tensor finish(TensorMap& state, const TensorMap& params) const = 0;
+  // Forward FLOPs per token of the stream's own arithmetic that the accountant adds (the default
+  // stream's scalar mixes are not counted, as nanochat does not count them).
+  virtual double fwd_flops(const ModelDims& d, const ExecPlan& plan) const { return 0; }
+};
+
+// nanochat's stream: before step i's mixer x ← resid_lambdas[i]·x + x0_lambdas[i]·x0 (x0 the
+// embedding); each sublayer adds its output; the state after step n_steps/2 is kept and
+// backout_lambda times it is subtracted at the end. resid_lambdas / x0_lambdas have one entry per
+// plan step.
+std::shared_ptr<const ResidualStream> nanochat_stream();
+
+}  // namespace mixbench
