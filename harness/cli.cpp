@@ -20,6 +20,7 @@
 #include "harness/safetensors.h"
 #include "reports/plot.h"
 #include "suites/conformance.h"
+#include "suites/model_golden.h"
 #include "suites/sweep.h"
 #include "suites/train.h"
 #include "suites/train_eval.h"
@@ -43,6 +44,9 @@ commands:
                 parameters, FLOPs/token, decode FLOPs, activation and cache bytes
   golden        --op NAME [--config k=v,...] [--batch B] [--seq-len T] [--seed N] --out FILE.safetensors
                 write a golden file from the FP64 reference (inputs, outputs, cotangents, gradients)
+  golden        --model NAME|all --out-dir DIR
+                model-level goldens: a whole small FP64 model's parameters, logits and gradients
+                (+ DIR/account.json, the accountant's numbers, with all)
   sweep         --mode prefill|decode|train [--methods a,b|all] [--level op|layer|model] [--batch 1,2,4,8]
                 [--lengths 1k:1m | 256,512,...] [--device cpu|cuda] [--dtype bf16|fp32|fp64] [--preset NAME]
                 [--config k=v,...] [--reps N] [--warmup N] [--memory-limit BYTES|2G] [--out FILE]
@@ -293,10 +297,29 @@ int cmd_account(const std::vector<std::string>& args) {
 
 // ------------------------------------------------------------------ golden
 int cmd_golden(const std::vector<std::string>& args) {
-  Args a(args, {"op", "config", "batch", "seq-len", "seed", "out", "dtype"});
+  Args a(args, {"op", "config", "batch", "seq-len", "seed", "out", "dtype", "model", "out-dir"});
+  if (auto model = a.get("model")) {
+    // model-level goldens: every parameter, the inputs, logits and gradients of a whole small model
+    if (a.get("op") || a.get("out")) throw UsageError("golden --model takes --out-dir DIR, not --op / --out");
+    const std::string dir = a.get_or("out-dir", "");
+    if (dir.empty()) throw UsageError("golden --model NAME|all needs --out-dir DIR");
+    std::vector<const MethodSpec*> methods;
+    if (*model == "all") methods = Registry::get().methods();
+    else
+      for (const auto& n : split(*model, ',')) methods.push_back(&Registry::get().method(n));
+    for (const MethodSpec* m : methods) {
+      write_model_golden(*m, dir);
+      std::cout << fmt::format("wrote {}/{}.safetensors\n", dir, m->name);
+    }
+    if (*model == "all") {
+      write_file_atomic(dir + "/account.json", account_golden().dump(1) + "\n");
+      std::cout << fmt::format("wrote {}/account.json\n", dir);
+    }
+    return 0;
+  }
   auto op = a.get("op");
   auto out = a.get("out");
-  if (!op || !out) throw UsageError("golden needs --op NAME and --out FILE");
+  if (!op || !out) throw UsageError("golden needs --op NAME and --out FILE (or --model NAME|all --out-dir DIR)");
   const OpSpec& spec = Registry::get().op(*op);
   Config cfg = spec.params.parse(a.get_or("config", ""));
   const int64_t B = a.get_int("batch", 2), T = a.get_int("seq-len", 33);
