@@ -144,7 +144,8 @@ TEST(ExecPlan, PlanWithTheWrongBlockCountIsAnInputError) {
 }
 
 // A residual stream of the test's own: the plain pre-norm residual h ← h + F(norm(h)) with one
-// learnable output gain ("stream_gain") — parameters and update rule owned by the stream.
+// learnable gain on every sublayer's output ("stream_gain") — parameters and update rule owned by
+// the stream.
 class GainStream final : public ResidualStream {
  public:
   std::string name() const override { return "gain"; }
@@ -153,10 +154,10 @@ class GainStream final : public ResidualStream {
   }
   TensorMap begin(const at::Tensor& x, const TensorMap&) const override { return TensorMap{{"h", x}}; }
   at::Tensor read(TensorMap& st, const Sublayer&, const TensorMap&) const override { return st.at("h"); }
-  void write(TensorMap& st, const Sublayer&, const at::Tensor& y, const TensorMap&) const override {
-    st.set("h", st.at("h") + y);
+  void write(TensorMap& st, const Sublayer&, const at::Tensor& y, const TensorMap& P) const override {
+    st.set("h", st.at("h") + P.at("stream_gain") * y);
   }
-  at::Tensor finish(TensorMap& st, const TensorMap& P) const override { return P.at("stream_gain") * st.at("h"); }
+  at::Tensor finish(TensorMap& st, const TensorMap&) const override { return st.at("h"); }
 };
 
 TEST(ResidualStream, AStreamOwnsItsParametersAndUpdate) {
