@@ -243,8 +243,9 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
       if (name.rfind(prefix, 0) == 0) in.set(name.substr(prefix.size()), t);
     TensorMap out;
     {
-      NvtxRange r(st.n_iterations == 1 ? fmt::format("{}/layer{}/{}", mixer.name, i, pass_name)
-                                       : fmt::format("{}/layer{}.{}/{}", mixer.name, i, st.iteration, pass_name));
+      NvtxRange r(nvtx_name({mixer.name,
+                             st.n_iterations == 1 ? fmt::format("layer{}", i) : fmt::format("layer{}_{}", i, st.iteration),
+                             pass_name}));
       if (pass == Pass::Forward && backend == Backend::Reference) out = mixer.reference(in, lcfg, ctx);
       else if (pass == Pass::Forward) out = mixer.forward(in, lcfg, ctx, backend);
       else if (pass == Pass::Prefill) out = mixer.prefill(in, cache->layers[size_t(st.slot)], lcfg, ctx, backend);

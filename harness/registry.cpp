@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 
 #include "harness/errors.h"
 #include "harness/nvtx.h"
@@ -191,6 +192,8 @@ namespace {
 thread_local std::string g_current_method = "op";
 thread_local bool g_nvtx_recording = false;
 thread_local std::vector<std::string> g_nvtx_names;
+thread_local std::vector<std::string> g_nvtx_stack;  // open ranges of this thread (kept while recording)
+thread_local std::vector<std::vector<std::string>> g_nvtx_stacks;
 }  // namespace
 
 namespace {
@@ -213,7 +216,7 @@ const std::string& ScopedMethod::current() { return g_current_method; }
 
 TensorMap call_op(const std::string& op, Backend backend, const TensorMap& inputs, const Config& params) {
   const OpSpec& spec = Registry::get().op(op);
-  NvtxRange range(fmt::format("{}/{}/forward", ScopedMethod::current(), op));
+  NvtxRange range(nvtx_name({ScopedMethod::current(), op, "forward"}));
   switch (backend) {
     case Backend::Reference: return spec.reference(inputs, params);
     case Backend::CPU: return spec.cpu(inputs, params);
@@ -225,6 +228,15 @@ TensorMap call_op(const std::string& op, Backend backend, const TensorMap& input
 }
 
 // ------------------------------------------------------------------ NVTX
+std::string nvtx_name(std::initializer_list<std::string> parts) {
+  std::string out;
+  for (const auto& p : parts) {
+    if (!out.empty()) out += '.';
+    for (char c : p) out += (c == '/' || c == '.' || c == '@' || c == '[' || c == ']' || c == '*' || c == ',' || std::isspace((unsigned char)c)) ? '_' : c;
+  }
+  return out;
+}
+
 #if defined(MIXBENCH_NVTX)
 static nvtxDomainHandle_t nvtx_domain() {
   static nvtxDomainHandle_t d = nvtxDomainCreateA("mixbench");
@@ -233,7 +245,12 @@ static nvtxDomainHandle_t nvtx_domain() {
 #endif
 
 NvtxRange::NvtxRange(const std::string& name) {
-  if (g_nvtx_recording) g_nvtx_names.push_back(name);
+  if (g_nvtx_recording) {
+    g_nvtx_names.push_back(name);
+    g_nvtx_stack.push_back(name);
+    g_nvtx_stacks.push_back(g_nvtx_stack);
+    recorded_ = true;
+  }
 #if defined(MIXBENCH_NVTX)
   nvtxEventAttributes_t a{};
   a.version = NVTX_VERSION;
@@ -244,6 +261,7 @@ NvtxRange::NvtxRange(const std::string& name) {
 #endif
 }
 NvtxRange::~NvtxRange() {
+  if (recorded_ && !g_nvtx_stack.empty()) g_nvtx_stack.pop_back();
 #if defined(MIXBENCH_NVTX)
   nvtxDomainRangePop(nvtx_domain());
 #endif
@@ -251,10 +269,13 @@ NvtxRange::~NvtxRange() {
 void NvtxRange::start_recording() {
   g_nvtx_recording = true;
   g_nvtx_names.clear();
+  g_nvtx_stack.clear();
+  g_nvtx_stacks.clear();
 }
 std::vector<std::string> NvtxRange::stop_recording() {
   g_nvtx_recording = false;
   return std::move(g_nvtx_names);
 }
+std::vector<std::vector<std::string>> NvtxRange::recorded_stacks() { return g_nvtx_stacks; }
 
 }  // namespace mixbench

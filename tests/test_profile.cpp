@@ -1,0 +1,154 @@
+// `mixbench profile`: the NVTX filter it hands ncu selects exactly the ranges the harness opens for
+// the work (for every registered method and op and each phase it has), ncu's raw CSV page is read
+// into per-kernel numbers (a real H200 page as the fixture), and bad input is refused.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "harness/args.h"
+#include "harness/errors.h"
+#include "harness/io.h"
+#include "harness/nvtx.h"
+#include "harness/registry.h"
+#include "suites/profile.h"
+#include "suites/sweep.h"
+
+namespace mixbench {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(Profile, ReadsNcuRawCsv) {
+  // ncu 2025.3.1 on an H200: two kernels under one range, one launched from another thread
+  const std::string text = read_file((fs::path(MIXBENCH_SOURCE_DIR) / "tests" / "data" / "ncu_raw_h200.csv").string());
+  std::vector<KernelProfile> k = parse_ncu_raw_csv(text);
+  ASSERT_EQ(k.size(), 3u);
+  EXPECT_EQ(k[0].name, "k_other(float *, int)");
+  EXPECT_DOUBLE_EQ(k[0].duration_s, 5184e-9);
+  EXPECT_DOUBLE_EQ(k[0].flops, 1048576.0);  // one fadd per element
+  EXPECT_DOUBLE_EQ(k[0].dram_bytes, 4197120.0);
+  EXPECT_EQ(k[0].registers_per_thread, 16);
+  EXPECT_EQ(k[0].grid_size, 4096);
+  EXPECT_NE(k[0].nvtx.find("dense.attention.forward"), std::string::npos);
+  // a 2048³ bf16 GEMM: 2·2048³ tensor-core FLOPs
+  EXPECT_DOUBLE_EQ(k[1].tensor_flops, 2.0 * 2048.0 * 2048.0 * 2048.0);
+  EXPECT_DOUBLE_EQ(k[1].flops, k[1].tensor_flops);
+  EXPECT_EQ(k[1].registers_per_thread, 168);
+  EXPECT_EQ(k[1].shared_mem_dynamic, 213156);
+  EXPECT_DOUBLE_EQ(k[1].duration_s, 32608e-9);
+  EXPECT_NEAR(k[1].sm_pct, 71.07, 1e-9);
+  EXPECT_NEAR(k[1].achieved_occupancy_pct, 14.07, 1e-9);
+  EXPECT_DOUBLE_EQ(k[2].flops, 2.0 * 1048576.0);  // one ffma per element
+  EXPECT_NE(k[2].nvtx.find("dense.layer.backward"), std::string::npos);
+}
+
+TEST(Profile, MalformedCsvIsAnInputError) {
+  EXPECT_THROW(parse_ncu_raw_csv(""), InputError);
+  EXPECT_THROW(parse_ncu_raw_csv("==WARNING== No kernels were profiled.\n"), InputError);
+  EXPECT_THROW(parse_ncu_raw_csv("\"ID\",\"Kernel Name\",\"a\",\"b\"\n\"0\",\"k\",\"1\",\"2\"\n"), InputError);
+}
+
+TEST(Profile, BadInputIsAUsageError) {
+  ProfileOptions o;
+  EXPECT_THROW(profile_plan(o), UsageError);  // neither method nor op
+  o.method = "dense";
+  o.op = "attention";
+  EXPECT_THROW(profile_plan(o), UsageError);  // both
+  o.op.clear();
+  o.phase = "sideways";
+  EXPECT_THROW(profile_plan(o), UsageError);
+  o.phase = "forward";
+  o.method = "no_such_method";
+  EXPECT_THROW(profile_plan(o), UsageError);
+  o.method.clear();
+  o.op = "attention";
+  o.phase = "decode";
+  EXPECT_THROW(profile_plan(o), UsageError);  // ops have forward and backward only
+  o.op = "no_such_op";
+  o.phase = "forward";
+  EXPECT_THROW(profile_plan(o), UsageError);
+  for (const MethodSpec* m : Registry::get().methods()) {
+    if (m->has_decode() || m->is_hybrid()) continue;
+    ProfileOptions d;
+    d.method = m->name;
+    d.phase = "decode";
+    EXPECT_THROW(profile_plan(d), UsageError) << m->name << " has no decode path";
+  }
+  ProfileOptions missing;
+  missing.method = "dense";
+  missing.ncu = "/nonexistent/ncu";
+  EXPECT_THROW(run_profile(missing, "/bin/true", {"mixbench", "profile"}), UsageError);
+}
+
+TEST(Profile, StackMatchingIsDirectNesting) {
+  EXPECT_TRUE(nvtx_stack_matches({"p", "p.timed", "p.forward", "x"}, {"p.timed", "p.forward"}));
+  EXPECT_FALSE(nvtx_stack_matches({"p", "p.timed", "y", "p.forward"}, {"p.timed", "p.forward"}));
+  EXPECT_FALSE(nvtx_stack_matches({"p", "p.warmup", "p.forward"}, {"p.timed", "p.forward"}));
+  EXPECT_FALSE(nvtx_stack_matches({}, {"a"}));
+}
+
+// Runs the plan's sweep point on the CPU (tiny shapes) with range recording and returns the stacks.
+std::vector<std::vector<std::string>> recorded_work(const ProfilePlan& plan) {
+  std::vector<std::string> args(plan.sweep_args.begin() + 1, plan.sweep_args.end());
+  SweepOptions so = sweep_options_from_args(Args(args, sweep_valued_options(), sweep_flag_options()));
+  so.progress = false;
+  SweepSummary sum;
+  NvtxRange::start_recording();
+  run_sweep(so, sum);
+  auto stacks = NvtxRange::recorded_stacks();
+  NvtxRange::stop_recording();
+  EXPECT_EQ(sum.errors, 0);
+  return stacks;
+}
+
+// For every registered method and op and every phase it has, the filter selects ranges the work
+// really opens, with work nested inside them, and selects nothing of another subject's work.
+TEST(Profile, FiltersMatchTheRangesTheWorkOpens) {
+  auto check = [](ProfileOptions o, const std::string& what) {
+    o.device = "cpu";
+    o.dtype = "fp32";
+    o.preset = "cpu-tiny";
+    o.seq_len = 32;
+    ProfilePlan p = profile_plan(o);
+    EXPECT_EQ(p.nvtx_include.find("mixbench@"), 0u);
+    for (const auto& r : p.range_path) EXPECT_EQ(r.find('/'), std::string::npos) << r << ": '/' splits ncu's filter";
+    auto stacks = recorded_work(p);
+    int hits = 0, nested = 0;
+    for (const auto& s : stacks)
+      if (nvtx_stack_matches(s, p.range_path)) {
+        ++hits;
+        nested += s.size() > p.range_path.size() + 1 ? 1 : 0;
+      }
+    EXPECT_GT(hits, 0) << what << ": filter " << p.nvtx_include << " matches no range the work opens";
+    if (o.phase == "forward" && o.op.empty()) EXPECT_GT(nested, 0) << what << ": no layer or op range inside " << p.nvtx_include;
+    // another subject's filter never selects this work
+    ProfileOptions other = o;
+    if (!o.method.empty()) other.method = o.method == "dense" ? "gdn" : "dense";
+    else other.op = o.op == "attention" ? "simple_gla" : "attention";
+    ProfilePlan q = profile_plan(other);
+    for (const auto& s : stacks) EXPECT_FALSE(nvtx_stack_matches(s, q.range_path)) << what << " vs " << q.nvtx_include;
+  };
+  for (const MethodSpec* m : Registry::get().methods())
+    for (const auto& phase : profile_phases()) {
+      if (phase == "decode" && !m->has_decode()) continue;
+      ProfileOptions o;
+      o.method = m->name;
+      o.phase = phase;
+      check(o, m->name + " " + phase);
+    }
+  for (const OpSpec* op : Registry::get().ops()) {
+    bool called = false;
+    for (const MethodSpec* m : Registry::get().methods())
+      for (const auto& n : m->ops) called = called || (n == op->name && !m->is_hybrid());
+    if (!called) continue;
+    for (const char* phase : {"forward", "backward"}) {
+      ProfileOptions o;
+      o.op = op->name;
+      o.phase = phase;
+      check(o, op->name + " " + phase);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mixbench
