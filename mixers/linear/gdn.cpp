@@ -14,6 +14,7 @@
 #include <ATen/ATen.h>
 
 #include "harness/registry.h"
+#include "mixers/common/layers.h"
 #include "mixers/linear/delta_layer.h"
 #include "reference/delta.h"
 
@@ -59,7 +60,7 @@ TensorMap run(const TensorMap& in, const Config& c, Backend backend, TensorMap* 
 LayerCost account(const Config& c, const LayerCtx& ctx, const CostQuery& q) {
   DeltaDims d = delta_dims(c);
   const int64_t n = d.d * (2 * d.H * d.K + d.H * d.V) + 2 * d.d * d.H + 2 * d.d * d.H * d.V +
-                    (delta_has_ve(ctx) ? kDeltaVeGateChannels * d.H : 0);
+                    layers::ve_gate_params(ctx, d.H);
   const int64_t conv = d.W * (2 * d.H * d.K + d.H * d.V);
   return delta_account(d, n, conv, d.V + 2 * d.H, d.H * d.V + d.H, DeltaGate::Head, q, "gdn");
 }
