@@ -54,7 +54,7 @@ LayerCost account(const Config& c, const LayerCtx& ctx, const CostQuery& q) {
 
 TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx&) {
   DeltaDims d = delta_dims(c);
-  return {{"y", reference::delta_family_layer("deltanet", in, {d.H, d.K, d.V, d.W, d.eps})}};
+  return {{"y", reference::delta_family_layer(reference::DeltaKind::DeltaNet, in, {d.H, d.K, d.V, d.W, d.eps})}};
 }
 
 MethodSpec make_spec() {

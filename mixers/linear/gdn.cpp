@@ -67,7 +67,8 @@ LayerCost account(const Config& c, const LayerCtx& ctx, const CostQuery& q) {
 
 TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx&) {
   DeltaDims d = delta_dims(c);
-  return {{"y", reference::delta_family_layer("gdn", in, {d.H, d.K, d.V, d.W, d.eps, c.f("gate_bias_offset")})}};
+  return {{"y", reference::delta_family_layer(reference::DeltaKind::Gdn, in,
+                                              {d.H, d.K, d.V, d.W, d.eps, c.f("gate_bias_offset")})}};
 }
 
 MethodSpec make_spec() {
