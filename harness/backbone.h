@@ -20,6 +20,12 @@
 
 namespace mixbench {
 
+// Value embeddings (nanochat): layer i of n_layer adds one iff i % 2 == (n_layer − 1) % 2
+// (alternate layers, the last always), to v through the gate 3·sigmoid(x[..., :kVeGateChannels]
+// W_vegᵀ), one gate per value head. Defined in value_embed.cpp.
+constexpr int64_t kVeGateChannels = 12;
+bool layer_has_ve(const LayerCtx& ctx);
+
 // Fields every method's config starts with.
 ConfigSpec backbone_config();
 

@@ -19,13 +19,14 @@ std::pair<at::Tensor, at::Tensor> delta_recurrent(const at::Tensor& q, const at:
                                                   const at::Tensor& h0);
 
 // Layer references (flash-linear-attention's DeltaNet / GatedDeltaNet / KDA layers with the
-// choices documented in mixers/linear/*.cpp). `kind` is "deltanet", "gdn" or "kda"; `in` holds
-// x [B,T,d], optional ve [B,T,H·V] and the layer's parameters by name. Returns y [B,T,d].
+// choices documented in mixers/linear/*.cpp). `in` holds x [B,T,d], optional ve [B,T,H·V] and the
+// layer's parameters by name. Returns y [B,T,d].
+enum class DeltaKind { DeltaNet, Gdn, Kda };
 struct DeltaLayerShape {
   int64_t H, K, V, conv;
   double norm_eps;
   double gate_offset = 0;  // added inside the decay gate's softplus (gdn, kda)
 };
-at::Tensor delta_family_layer(const std::string& kind, const TensorMap& in, const DeltaLayerShape& s);
+at::Tensor delta_family_layer(DeltaKind kind, const TensorMap& in, const DeltaLayerShape& s);
 
 }  // namespace mixbench::reference

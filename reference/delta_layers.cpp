@@ -3,8 +3,6 @@
 // per-token recurrence of reference/delta.cpp.
 #include <ATen/ATen.h>
 
-#include <stdexcept>
-
 #include "reference/delta.h"
 
 namespace mixbench::reference {
@@ -31,7 +29,7 @@ at::Tensor softplus_ref(const at::Tensor& x) { return at::relu(x) + at::log1p(at
 
 }  // namespace
 
-at::Tensor delta_family_layer(const std::string& kind, const TensorMap& in, const DeltaLayerShape& s) {
+at::Tensor delta_family_layer(DeltaKind kind, const TensorMap& in, const DeltaLayerShape& s) {
   const at::Tensor& x = in.at("x");
   const int64_t B = x.size(0), T = x.size(1), H = s.H, K = s.K, V = s.V;
   at::Tensor q = causal_conv_silu(project(x, in.at("q_proj")), in.at("q_conv")).reshape({B, T, H, K});
@@ -46,20 +44,18 @@ at::Tensor delta_family_layer(const std::string& kind, const TensorMap& in, cons
   k = l2n(k);
   at::Tensor beta = at::sigmoid(project(x, in.at("b_proj")));  // [B,T,H]
   at::Tensor g;
-  if (kind == "gdn") {
+  if (kind == DeltaKind::Gdn) {
     g = -at::exp(in.at("A_log")) * softplus_ref(project(x, in.at("a_proj")) + in.at("dt_bias") + s.gate_offset);
-  } else if (kind == "kda") {
+  } else if (kind == DeltaKind::Kda) {
     at::Tensor f = project(project(x, in.at("f_proj1")), in.at("f_proj2")).reshape({B, T, H, K});
     g = -at::exp(in.at("A_log")).reshape({H, 1}) * softplus_ref(f + in.at("dt_bias").reshape({H, K}) + s.gate_offset);
-  } else if (kind != "deltanet") {
-    throw std::invalid_argument("delta_family_layer: unknown kind " + kind);
   }
   at::Tensor o = delta_recurrent(q, k, v, beta, g, 1.0 / std::sqrt(double(K)), at::Tensor()).first;
   o = o / ((o * o).mean(-1, true) + s.norm_eps).sqrt() * in.at("o_norm");
-  if (kind == "gdn") {
+  if (kind == DeltaKind::Gdn) {
     at::Tensor z = project(x, in.at("g_proj")).reshape({B, T, H, V});
     o = o * z * at::sigmoid(z);
-  } else if (kind == "kda") {
+  } else if (kind == DeltaKind::Kda) {
     at::Tensor z = project(project(x, in.at("g_proj1")), in.at("g_proj2")) + in.at("g_proj2_bias");
     o = o * at::sigmoid(z).reshape({B, T, H, V});
   }

@@ -2,10 +2,41 @@
 #include "reference/gla.h"
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
+
 #include <cmath>
+#include <utility>
 #include <vector>
 
+#include "harness/errors.h"
+
 namespace mixbench::reference {
+
+namespace {
+template <typename E>
+E parse_kind(const char* knob, const std::string& s, const std::vector<std::pair<const char*, E>>& kinds) {
+  std::string names;
+  for (const auto& [name, kind] : kinds) {
+    if (s == name) return kind;
+    names += names.empty() ? name : std::string(", ") + name;
+  }
+  throw InputError(fmt::format("{} '{}' is not one of {}", knob, s, names));
+}
+}  // namespace
+
+GlaDecay parse_gla_decay(const std::string& s) {
+  return parse_kind<GlaDecay>("decay", s, {{"zero", GlaDecay::Zero}, {"retnet", GlaDecay::Retnet},
+                                           {"lightning", GlaDecay::Lightning}, {"lowrank", GlaDecay::LowRank}});
+}
+
+GlaFeature parse_gla_feature(const std::string& s) {
+  return parse_kind<GlaFeature>("feature map", s, {{"none", GlaFeature::None}, {"elu1", GlaFeature::Elu1}});
+}
+
+GlaOutGate parse_gla_out_gate(const std::string& s) {
+  return parse_kind<GlaOutGate>("output gate", s,
+                                {{"none", GlaOutGate::None}, {"silu", GlaOutGate::Silu}, {"sigmoid", GlaOutGate::Sigmoid}});
+}
 
 namespace {
 // shared recurrence: decay [B,H] or [B,H,K] already exponentiated per token
@@ -77,7 +108,7 @@ at::Tensor gla_family_layer(const at::Tensor& x, const at::Tensor& ve, const Gla
     q = rms(q) * s.qk_tau;
     k = rms(k) * s.qk_tau;
   }
-  if (s.feature == "elu1") {
+  if (s.feature == GlaFeature::Elu1) {
     q = at::elu(q) + 1.0;
     k = at::elu(k) + 1.0;
   }
@@ -88,23 +119,23 @@ at::Tensor gla_family_layer(const at::Tensor& x, const at::Tensor& ve, const Gla
   if (s.k_inv_sqrt) k = k / std::sqrt(double(K));
   at::Tensor o;
   auto opts = x.options().requires_grad(false);
-  if (s.decay == "lowrank") {
+  if (s.decay == GlaDecay::LowRank) {
     at::Tensor gk = project(project(x, w.w_gk1), w.w_gk2) + w.b_gk;
     at::Tensor g = at::log_sigmoid(gk).view({B, T, H, K}) / s.gate_normalizer;
     o = gla(q, k, v, g, s.scale, at::Tensor()).first;
   } else {
     std::vector<double> gh(size_t(H), 0.0);
     for (int64_t h = 0; h < H; ++h) {
-      if (s.decay == "retnet") gh[size_t(h)] = std::log(1.0 - std::pow(2.0, -5.0 - double(h)));
-      else if (s.decay == "lightning") gh[size_t(h)] = -std::pow(2.0, -8.0 * double(h + 1) / double(H));
+      if (s.decay == GlaDecay::Retnet) gh[size_t(h)] = std::log(1.0 - std::pow(2.0, -5.0 - double(h)));
+      else if (s.decay == GlaDecay::Lightning) gh[size_t(h)] = -std::pow(2.0, -8.0 * double(h + 1) / double(H));
     }
     at::Tensor g = at::tensor(gh, opts).view({1, 1, H}).expand({B, T, H});
     o = simple_gla(q, k, v, g, s.scale, at::Tensor()).first;
   }
   o = rms(o);
   if (w.o_norm.defined()) o = o * w.o_norm;
-  if (s.out_gate == "silu") o = o * at::silu(project(x, w.w_g)).view({B, T, H, V});
-  else if (s.out_gate == "sigmoid") o = o * at::sigmoid(project(x, w.w_g)).view({B, T, H, V});
+  if (s.out_gate == GlaOutGate::Silu) o = o * at::silu(project(x, w.w_g)).view({B, T, H, V});
+  else if (s.out_gate == GlaOutGate::Sigmoid) o = o * at::sigmoid(project(x, w.w_g)).view({B, T, H, V});
   return project(o.reshape({B, T, H * V}), w.w_o);
 }
 

@@ -1,12 +1,22 @@
 // FP64 references of the gated linear-attention ops (simple_gla, gla) and of the layers built on
 // them (retnet, gla, elu_norm, elu_qknorm, lightning): per-token recurrences over LibTorch FP64
-// tensors, differentiable through autograd. Nothing here is shared with mixers/.
+// tensors, differentiable through autograd. No computation here is shared with mixers/; the
+// layer's knob kinds below are (mixers/linear/gla_family.cpp parses its descriptor into them).
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <string>
 #include <utility>
 
 namespace mixbench::reference {
+
+// The gated linear-attention layer's knobs. Each parse function maps the knob's text (the names
+// in the comments) to its kind and throws InputError naming the knob and the choices otherwise.
+enum class GlaDecay { Zero, Retnet, Lightning, LowRank };  // "zero" | "retnet" | "lightning" | "lowrank"
+enum class GlaFeature { None, Elu1 };                      // "none" | "elu1" (φ = elu + 1)
+enum class GlaOutGate { None, Silu, Sigmoid };             // "none" | "silu" | "sigmoid"
+GlaDecay parse_gla_decay(const std::string& s);
+GlaFeature parse_gla_feature(const std::string& s);
+GlaOutGate parse_gla_out_gate(const std::string& s);
 
 // q,k [B,T,H,K], v [B,T,H,V], g [B,T,H] log decay, h0 [B,H,K,V] or undefined.
 // S_t = exp(g_t) S_{t-1} + k_t v_tᵀ, o_t = S_tᵀ (scale q_t). Returns (o [B,T,H,V], S_T).
@@ -27,14 +37,14 @@ struct GlaLayerRefSpec {
   int64_t H = 1, K = 1, V = 1;
   bool qk_norm = false;
   double qk_tau = 1.0;
-  std::string feature = "none";  // "none" | "elu1"
+  GlaFeature feature = GlaFeature::None;
   bool rope = false;
   double rope_base = 10000.0;
   bool k_inv_sqrt = false;
   double scale = 1.0;
-  std::string decay = "zero";    // "retnet" | "lightning" | "zero" | "lowrank"
+  GlaDecay decay = GlaDecay::Zero;
   double gate_normalizer = 16.0;
-  std::string out_gate = "none"; // "none" | "silu" | "sigmoid"
+  GlaOutGate out_gate = GlaOutGate::None;
 };
 struct GlaLayerRefWeights {
   at::Tensor w_q, w_k, w_v, w_o, w_g, o_norm, ve_gate, w_gk1, w_gk2, b_gk;  // undefined when unused

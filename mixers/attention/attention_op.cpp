@@ -12,30 +12,16 @@
 #include "harness/registry.h"
 #include "mixers/attention/attention.h"
 #include "mixers/common/layers.h"
+#include "mixers/common/qkv_op.h"
 #include "reference/reference.h"
 
 namespace mixbench {
 
 namespace {
 
-double resolve_scale(const Config& p, int64_t D) {
-  double s = p.f("scale");
-  return s > 0 ? s : 1.0 / std::sqrt(double(D));
-}
+using qkv_op::resolve_scale;
 
-void check_attention_inputs(const TensorMap& in, const Config& p) {
-  for (const char* n : {"q", "k", "v"}) {
-    if (!in.has(n)) throw InputError(fmt::format("attention: missing input '{}'", n));
-    if (in.at(n).dim() != 4) throw InputError(fmt::format("attention: '{}' must be [B,T,H,D], got {} dims", n, in.at(n).dim()));
-  }
-  const auto &q = in.at("q"), &k = in.at("k"), &v = in.at("v");
-  if (k.size(0) != q.size(0) || v.size(0) != q.size(0) || k.size(1) != q.size(1) || v.size(1) != q.size(1))
-    throw InputError("attention: q, k, v must share batch and length");
-  if (k.size(2) != v.size(2)) throw InputError("attention: k and v must have the same number of heads");
-  if (k.size(2) == 0 || q.size(2) % k.size(2) != 0)
-    throw InputError(fmt::format("attention: {} query heads are not a multiple of {} KV heads", q.size(2), k.size(2)));
-  if (k.size(3) != q.size(3)) throw InputError("attention: q and k head dims differ");
-}
+void check_attention_inputs(const TensorMap& in, const Config&) { qkv_op::check_inputs("attention", in); }
 
 TensorMap reference_fn(const TensorMap& in, const Config& p) {
   check_attention_inputs(in, p);
@@ -51,30 +37,16 @@ TensorMap cpu_fn(const TensorMap& in, const Config& p) {
                               p.f("logit_scale_a"))}};
 }
 
-TensorMap make_inputs(const Config& c, int64_t B, int64_t T, at::Generator& gen) {
-  auto o = at::TensorOptions().dtype(at::kDouble);
-  const int64_t H = c.i("H"), Hkv = c.i("Hkv"), D = c.i("D"), Dv = c.i("Dv") > 0 ? c.i("Dv") : c.i("D");
-  return {{"q", at::randn({B, T, H, D}, gen, o)},
-          {"k", at::randn({B, T, Hkv, D}, gen, o)},
-          {"v", at::randn({B, T, Hkv, Dv}, gen, o)}};
-}
-
 ConfigSpec params_spec() {
-  ConfigSpec s;
-  s.f("scale", 0.0, "softmax scale; 0 = D^-0.5", 0.0)
-      .i("window", 0, "visible keys including self; 0 = unlimited", 0)
-      .f("logit_scale_a", 0.0, "HypeNet logit scale base a (s_t = log_a(t+a)); 0 = off", 0.0)
-      .i("H", 4, "query heads (case shape)", 1)
-      .i("Hkv", 4, "KV heads (case shape)", 1)
-      .i("D", 16, "q/k head dim (case shape)", 1)
-      .i("Dv", 0, "v head dim (case shape); 0 = D", 0)
+  return qkv_op::params("attention",
+                        [](ConfigSpec& s) {
+                          s.i("window", 0, "visible keys including self; 0 = unlimited", 0)
+                              .f("logit_scale_a", 0.0, "HypeNet logit scale base a (s_t = log_a(t+a)); 0 = off", 0.0);
+                        })
       .rule([](const Config& c) {
-        if (c.i("H") % c.i("Hkv") != 0)
-          throw InputError(fmt::format("attention: H={} is not divisible by Hkv={}", c.i("H"), c.i("Hkv")));
         double a = c.f("logit_scale_a");
         if (a > 0 && a <= 1) throw InputError("attention: logit_scale_a must be > 1 (or 0 = off)");
       });
-  return s;
 }
 
 std::vector<CaseDef> cases() {
@@ -96,15 +68,10 @@ std::vector<CaseDef> cases() {
 }
 
 OpSpec make_spec() {
-  OpSpec s;
-  s.name = "attention";
-  s.family = "attention";
-  s.summary = "causal softmax attention: GQA, sliding window, optional HypeNet logit scale";
-  s.citation = "Vaswani et al. 2017; GQA (Ainslie et al. 2023); HypeNet logit scale (seed 000)";
-  s.params = params_spec();
-  s.inputs = {{"q"}, {"k"}, {"v"}};
-  s.outputs = {"o"};
-  s.make_inputs = make_inputs;
+  OpSpec s = qkv_op::spec("attention", "attention", "causal softmax attention: GQA, sliding window, optional HypeNet logit scale",
+                           "Vaswani et al. 2017; GQA (Ainslie et al. 2023); HypeNet logit scale (seed 000)",
+                           params_spec(), {}, check_attention_inputs);
+  s.make_inputs = qkv_op::make_inputs;
   s.reference = reference_fn;
   s.cpu = cpu_fn;
 #if defined(MIXBENCH_WITH_CUDA)
@@ -116,7 +83,6 @@ OpSpec make_spec() {
   };
 #endif
   s.cases = cases;
-  s.check_inputs = check_attention_inputs;
   return s;
 }
 

@@ -22,8 +22,6 @@
 namespace mixbench {
 namespace {
 
-constexpr int64_t kVeGateChannels = 12;
-
 struct AttnDims {
   ModelDims m;
   int64_t n_kv_head;
@@ -35,8 +33,6 @@ AttnDims attn_dims(const Config& c) {
   d.n_kv_head = ratio == 0 ? 1 : d.m.n_head / ratio;
   return d;
 }
-
-bool has_ve(const LayerCtx& ctx) { return ctx.layer % 2 == (ctx.n_layer - 1) % 2; }
 
 // nanochat's left window for this layer: L = T (full), S = ceil(T/4/128)·128 unless overridden.
 // Returns 0 for full attention, else visible keys including self (= left + 1).
@@ -60,17 +56,14 @@ std::vector<ParamDef> params(const Config& c, const LayerCtx& ctx) {
       {"c_v", {Hkv * dh, D}, ParamGroup::TransformerMatrix, true, "uniform", -s, s},
       {"c_proj", {D, H * dh}, ParamGroup::TransformerMatrix, true, "const", 0.0, 0},
   };
-  if (has_ve(ctx)) p.push_back({"ve_gate", {Hkv, kVeGateChannels}, ParamGroup::TransformerMatrix, true, "uniform", 0.0, 0.02});
+  layers::add_ve_gate_param(p, ctx, Hkv);
   if (c.b("out_gate")) p.push_back({"c_gate", {H * dh, D}, ParamGroup::TransformerMatrix, true, "uniform", -s, s});
   return p;
 }
 
 TensorMap make_inputs(const Config& c, const LayerCtx& ctx, int64_t B, int64_t T, at::Generator& gen) {
   AttnDims d = attn_dims(c);
-  auto o = at::TensorOptions().dtype(at::kDouble);
-  TensorMap in{{"x", at::randn({B, T, d.m.d_model}, gen, o)}};
-  if (has_ve(ctx)) in.set("ve", at::randn({B, T, d.n_kv_head * d.m.head_dim}, gen, o));
-  return in;
+  return layers::layer_inputs(ctx, B, T, d.m.d_model, d.n_kv_head, d.m.head_dim, gen);
 }
 
 // The logit scale base in effect: 0 (off) while training when the scale is for inference only.
@@ -96,11 +89,7 @@ Qkv project(const TensorMap& in, const Config& c, const AttnDims& d, int64_t off
   const int64_t B = x.size(0), T = x.size(1), H = d.m.n_head, Hkv = d.n_kv_head, dh = d.m.head_dim;
   at::Tensor q = at::linear(x, in.at("c_q")).view({B, T, H, dh});
   at::Tensor k = at::linear(x, in.at("c_k")).view({B, T, Hkv, dh});
-  at::Tensor v = at::linear(x, in.at("c_v")).view({B, T, Hkv, dh});
-  if (in.has("ve")) {
-    at::Tensor gate = 3.0 * at::sigmoid(at::linear(x.slice(-1, 0, kVeGateChannels), in.at("ve_gate")));
-    v = v + gate.unsqueeze(-1) * in.at("ve").view({B, T, Hkv, dh});
-  }
+  at::Tensor v = layers::add_value_embed(at::linear(x, in.at("c_v")).view({B, T, Hkv, dh}), in);
   if (c.b("rope")) {
     q = layers::rope(q, c.f("rope_base"), offset);
     k = layers::rope(k, c.f("rope_base"), offset);
@@ -190,7 +179,7 @@ LayerCost account(const Config& c, const LayerCtx& ctx, const CostQuery& q) {
   const int64_t D = d.m.d_model, H = d.m.n_head, Hkv = d.n_kv_head, dh = d.m.head_dim;
   const int64_t w = layer_window(c, ctx);
   LayerCost lc;
-  int64_t n = D * H * dh + 2 * D * Hkv * dh + H * dh * D + (has_ve(ctx) ? kVeGateChannels * Hkv : 0) +
+  int64_t n = D * H * dh + 2 * D * Hkv * dh + H * dh * D + layers::ve_gate_params(ctx, Hkv) +
               (c.b("out_gate") ? H * dh * D : 0);
   lc.params.transformer_matrices = n;
   lc.params.matmul = n;
@@ -249,7 +238,7 @@ MethodSpec attention_method(const std::string& name, const std::string& summary,
         int64_t r = c.i("kv_ratio");
         if (r > 0 && d.n_head % r != 0)
           throw InputError(fmt::format("{} heads are not divisible by kv_ratio {}", d.n_head, r));
-        if (d.d_model < kVeGateChannels) throw InputError("d_model must be at least 12 (VE gate channels)");
+        layers::require_ve_gate_width(c);
         double a = c.f("logit_scale_a");
         if (a > 0 && a <= 1) throw InputError("logit_scale_a must be > 1 (or 0 = off)");
       });
@@ -266,9 +255,9 @@ MethodSpec attention_method(const std::string& name, const std::string& summary,
   ConfigSpec spec = m.config;
   m.cases = [spec, pattern]() { return cases_for(spec, pattern); };
   m.account = account;
-  m.ve_dim = [](const Config& c, const LayerCtx& ctx) -> int64_t {
+  m.ve_dim = [](const Config& c, const LayerCtx& ctx) {
     AttnDims d = attn_dims(c);
-    return has_ve(ctx) ? d.n_kv_head * d.m.head_dim : 0;
+    return layers::ve_width(ctx, d.n_kv_head, d.m.head_dim);
   };
   return m;
 }

@@ -2,6 +2,9 @@
 
 #include <ATen/ATen.h>
 
+#include "harness/backbone.h"
+#include "harness/errors.h"
+
 namespace mixbench::layers {
 
 bool is_half(const at::Tensor& t) {
@@ -40,6 +43,36 @@ double mean_visible(int64_t T, int64_t w) {
   double ramp = double(w) * double(w + 1) / 2.0;
   double flat = double(T - w) * double(w);
   return (ramp + flat) / double(T);
+}
+
+int64_t ve_width(const LayerCtx& ctx, int64_t heads, int64_t head_v) {
+  return layer_has_ve(ctx) ? heads * head_v : 0;
+}
+
+void add_ve_gate_param(std::vector<ParamDef>& p, const LayerCtx& ctx, int64_t heads) {
+  if (layer_has_ve(ctx))
+    p.push_back({"ve_gate", {heads, kVeGateChannels}, ParamGroup::TransformerMatrix, true, "uniform", 0.0, 0.02});
+}
+
+int64_t ve_gate_params(const LayerCtx& ctx, int64_t heads) { return layer_has_ve(ctx) ? kVeGateChannels * heads : 0; }
+
+at::Tensor add_value_embed(const at::Tensor& v, const TensorMap& in) {
+  if (!in.has("ve")) return v;
+  const at::Tensor& x = in.at("x");
+  at::Tensor gate = 3.0 * at::sigmoid(at::linear(x.slice(-1, 0, kVeGateChannels), in.at("ve_gate")));
+  return v + gate.unsqueeze(-1) * in.at("ve").view(v.sizes());
+}
+
+TensorMap layer_inputs(const LayerCtx& ctx, int64_t B, int64_t T, int64_t d, int64_t heads, int64_t head_v,
+                       at::Generator& gen) {
+  auto o = at::TensorOptions().dtype(at::kDouble);
+  TensorMap in{{"x", at::randn({B, T, d}, gen, o)}};
+  if (layer_has_ve(ctx)) in.set("ve", at::randn({B, T, heads * head_v}, gen, o));
+  return in;
+}
+
+void require_ve_gate_width(const Config& c) {
+  if (model_dims(c).d_model < kVeGateChannels) throw InputError("d_model must be at least 12 (VE gate channels)");
 }
 
 }  // namespace mixbench::layers

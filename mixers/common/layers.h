@@ -1,7 +1,12 @@
 // Small building blocks shared by the optimized layers of every family (not by the references).
 #pragma once
 #include <ATen/core/Tensor.h>
+#include <ATen/core/Generator.h>
+
 #include <cstdint>
+#include <vector>
+
+#include "harness/registry.h"
 
 namespace mixbench::layers {
 
@@ -23,5 +28,23 @@ at::Tensor logit_scale(int64_t T, double a, int64_t offset = 0);
 // Average number of visible keys per query for causal attention over T tokens with a window of
 // w keys including self (0 = unlimited): (1/T)·Σ_t min(t+1, w).
 double mean_visible(int64_t T, int64_t w);
+
+// A layer's value-embedding pieces; which layers take one is the backbone's rule (layer_has_ve,
+// harness/backbone.h). `heads` value heads of `head_v` channels each.
+// ve width Hv·V on value-embedding layers, else 0 (MethodSpec::ve_dim).
+int64_t ve_width(const LayerCtx& ctx, int64_t heads, int64_t head_v);
+// Appends "ve_gate" [heads, kVeGateChannels] (nanochat init U(0, 0.02)) on value-embedding layers.
+void add_ve_gate_param(std::vector<ParamDef>& p, const LayerCtx& ctx, int64_t heads);
+// The gate's matmul parameters: kVeGateChannels·heads on value-embedding layers, else 0.
+int64_t ve_gate_params(const LayerCtx& ctx, int64_t heads);
+// v [B,T,heads,V] + 3·sigmoid(x[..., :kVeGateChannels] W_vegᵀ)·ve when `in` holds "ve" (with "x"
+// and "ve_gate"); v unchanged otherwise.
+at::Tensor add_value_embed(const at::Tensor& v, const TensorMap& in);
+// Conformance inputs of a layer: "x" [B,T,d] and, on value-embedding layers, "ve" [B,T,heads·V],
+// both N(0,1) FP64 drawn in that order.
+TensorMap layer_inputs(const LayerCtx& ctx, int64_t B, int64_t T, int64_t d, int64_t heads, int64_t head_v,
+                       at::Generator& gen);
+// Config rule of every layer with a value-embedding gate: d_model ≥ kVeGateChannels (InputError).
+void require_ve_gate_width(const Config& c);
 
 }  // namespace mixbench::layers

@@ -26,14 +26,9 @@ ConfigSpec delta_method_config() {
   s.i("head_v_dim", 0, "value head dim V; 0 = head_dim (K = head_dim, heads = d_model/head_dim)", 0)
       .i("conv_size", 4, "short causal depthwise conv kernel on q, k, v", 1, 64)
       .f("norm_eps", 1e-5, "eps of the output RMSNorm (fla's norm_eps)", 0.0)
-      .rule([](const Config& c) {
-        if (model_dims(c).d_model < kDeltaVeGateChannels)
-          throw InputError("d_model must be at least 12 (VE gate channels)");
-      });
+      .rule(layers::require_ve_gate_width);
   return s;
 }
-
-bool delta_has_ve(const LayerCtx& ctx) { return ctx.layer % 2 == (ctx.n_layer - 1) % 2; }
 
 at::Tensor short_conv_silu(const at::Tensor& x, const at::Tensor& w) {
   const int64_t T = x.size(1), W = w.size(1);
@@ -55,11 +50,7 @@ DeltaQKV delta_qkv(const TensorMap& in, const DeltaDims& d) {
   at::Tensor q = short_conv_silu(at::linear(x, in.at("q_proj")), in.at("q_conv")).view({B, T, d.H, d.K});
   at::Tensor k = short_conv_silu(at::linear(x, in.at("k_proj")), in.at("k_conv")).view({B, T, d.H, d.K});
   at::Tensor v = short_conv_silu(at::linear(x, in.at("v_proj")), in.at("v_conv")).view({B, T, d.H, d.V});
-  if (in.has("ve")) {
-    at::Tensor gate = 3.0 * at::sigmoid(at::linear(x.narrow(-1, 0, kDeltaVeGateChannels), in.at("ve_gate")));
-    v = v + gate.unsqueeze(-1) * in.at("ve").view({B, T, d.H, d.V});
-  }
-  return {l2norm(q), l2norm(k), v};
+  return {l2norm(q), l2norm(k), layers::add_value_embed(v, in)};
 }
 
 namespace {
@@ -85,11 +76,7 @@ DeltaQKV delta_qkv_cached(const TensorMap& in, const DeltaDims& d, TensorMap& ca
   at::Tensor q = conv_cached(at::linear(x, in.at("q_proj")), in.at("q_conv"), cache, "q_tail", decode).view({B, T, d.H, d.K});
   at::Tensor k = conv_cached(at::linear(x, in.at("k_proj")), in.at("k_conv"), cache, "k_tail", decode).view({B, T, d.H, d.K});
   at::Tensor v = conv_cached(at::linear(x, in.at("v_proj")), in.at("v_conv"), cache, "v_tail", decode).view({B, T, d.H, d.V});
-  if (in.has("ve")) {
-    at::Tensor gate = 3.0 * at::sigmoid(at::linear(x.narrow(-1, 0, kDeltaVeGateChannels), in.at("ve_gate")));
-    v = v + gate.unsqueeze(-1) * in.at("ve").view({B, T, d.H, d.V});
-  }
-  return {l2norm(q), l2norm(k), v};
+  return {l2norm(q), l2norm(k), layers::add_value_embed(v, in)};
 }
 
 at::Tensor delta_core_cached(const std::string& op, const DeltaQKV& qkv, const at::Tensor& beta, const at::Tensor& g,
@@ -133,17 +120,13 @@ std::vector<ParamDef> delta_common_params(const DeltaDims& d, const LayerCtx& ct
       {"o_norm", {d.V}, ParamGroup::Scalar, false, "const", 1.0, 0},
       {"o_proj", {d.d, d.H * d.V}, ParamGroup::TransformerMatrix, true, "const", 0.0, 0},
   };
-  if (delta_has_ve(ctx))
-    p.push_back({"ve_gate", {d.H, kDeltaVeGateChannels}, ParamGroup::TransformerMatrix, true, "uniform", 0.0, 0.02});
+  layers::add_ve_gate_param(p, ctx, d.H);
   return p;
 }
 
 TensorMap delta_make_inputs(const Config& c, const LayerCtx& ctx, int64_t B, int64_t T, at::Generator& gen) {
   DeltaDims d = delta_dims(c);
-  auto o = at::TensorOptions().dtype(at::kDouble);
-  TensorMap in{{"x", at::randn({B, T, d.d}, gen, o)}};
-  if (delta_has_ve(ctx)) in.set("ve", at::randn({B, T, d.H * d.V}, gen, o));
-  return in;
+  return layers::layer_inputs(ctx, B, T, d.d, d.H, d.V, gen);
 }
 
 std::vector<CaseDef> delta_cases(const ConfigSpec& spec, const std::string& extra) {
@@ -164,7 +147,7 @@ void add_gate_offset_knob(ConfigSpec& spec) {
 
 int64_t delta_ve_dim(const Config& c, const LayerCtx& ctx) {
   DeltaDims d = delta_dims(c);
-  return delta_has_ve(ctx) ? d.H * d.V : 0;
+  return layers::ve_width(ctx, d.H, d.V);
 }
 
 MethodSpec delta_method(const DeltaMethodDesc& desc) {

@@ -12,7 +12,6 @@
 
 namespace mixbench::linear {
 
-constexpr int64_t kDeltaVeGateChannels = 12;
 constexpr double kDeltaL2Eps = 1e-6;  // fla's l2norm: x / sqrt(Σx² + 1e-6)
 
 struct DeltaDims {
@@ -23,7 +22,6 @@ DeltaDims delta_dims(const Config& c);
 
 // backbone_config() + head_v_dim (0 = head_dim), conv_size, norm_eps.
 ConfigSpec delta_method_config();
-bool delta_has_ve(const LayerCtx& ctx);  // nanochat: layer i has VE iff i % 2 == (n_layer − 1) % 2
 
 // Causal depthwise short convolution with SiLU: y[t,c] = silu(Σ_{i<W} w[c,i]·x[t−W+1+i, c]) with
 // zeros before the sequence (fla's ShortConvolution, weight [C,1,W] stored as [C,W], no bias).

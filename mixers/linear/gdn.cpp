@@ -14,6 +14,7 @@
 #include <ATen/ATen.h>
 
 #include "harness/registry.h"
+#include "mixers/common/layers.h"
 #include "mixers/linear/delta_layer.h"
 #include "reference/delta.h"
 
@@ -59,14 +60,15 @@ TensorMap run(const TensorMap& in, const Config& c, Backend backend, TensorMap* 
 LayerCost account(const Config& c, const LayerCtx& ctx, const CostQuery& q) {
   DeltaDims d = delta_dims(c);
   const int64_t n = d.d * (2 * d.H * d.K + d.H * d.V) + 2 * d.d * d.H + 2 * d.d * d.H * d.V +
-                    (delta_has_ve(ctx) ? kDeltaVeGateChannels * d.H : 0);
+                    layers::ve_gate_params(ctx, d.H);
   const int64_t conv = d.W * (2 * d.H * d.K + d.H * d.V);
   return delta_account(d, n, conv, d.V + 2 * d.H, d.H * d.V + d.H, DeltaGate::Head, q, "gdn");
 }
 
 TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx&) {
   DeltaDims d = delta_dims(c);
-  return {{"y", reference::delta_family_layer("gdn", in, {d.H, d.K, d.V, d.W, d.eps, c.f("gate_bias_offset")})}};
+  return {{"y", reference::delta_family_layer(reference::DeltaKind::Gdn, in,
+                                              {d.H, d.K, d.V, d.W, d.eps, c.f("gate_bias_offset")})}};
 }
 
 MethodSpec make_spec() {

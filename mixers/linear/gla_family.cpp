@@ -17,30 +17,44 @@
 namespace mixbench::linear {
 namespace {
 
-constexpr int64_t kVeGateChannels = 12;
+using reference::GlaDecay;
+using reference::GlaFeature;
+using reference::GlaOutGate;
 
-bool has_ve(const LayerCtx& ctx) { return ctx.layer % 2 == (ctx.n_layer - 1) % 2; }
+// The descriptor with its text knobs parsed once, by make_gla_family_method.
+struct Layer : GlaFamilyDesc {
+  explicit Layer(const GlaFamilyDesc& d)
+      : GlaFamilyDesc(d),
+        decay_kind(reference::parse_gla_decay(d.decay)),
+        feature_map(reference::parse_gla_feature(d.feature)),
+        gate_kind(reference::parse_gla_out_gate(d.out_gate)),
+        per_key_decay(d.op == "gla") {}
+  GlaDecay decay_kind;
+  GlaFeature feature_map;
+  GlaOutGate gate_kind;
+  bool per_key_decay;  // op gla: g [B,T,H,K] (else simple_gla: g [B,T,H])
+};
 
 struct Dims {
   int64_t d, H, K, V, rank;
 };
-Dims dims(const Config& c, const GlaFamilyDesc& ds) {
+Dims dims(const Config& c, const Layer& ds) {
   ModelDims m = model_dims(c);
-  return {m.d_model, m.n_head, m.head_dim, m.head_dim, ds.decay == "lowrank" ? c.i("gate_low_rank") : 0};
+  return {m.d_model, m.n_head, m.head_dim, m.head_dim, ds.decay_kind == GlaDecay::LowRank ? c.i("gate_low_rank") : 0};
 }
 
 // Per-head fixed log decays (FP64): retnet log(1 − 2^(−5−h)), h = 0..H−1 (RetNet / FLA
 // MultiScaleRetention); lightning −2^(−8h/H), h = 1..H (HypeNet Eq. 19); zero for the ELU variants.
-std::vector<double> fixed_decays(const GlaFamilyDesc& ds, int64_t H) {
+std::vector<double> fixed_decays(const Layer& ds, int64_t H) {
   std::vector<double> g(size_t(H), 0.0);
   for (int64_t h = 0; h < H; ++h) {
-    if (ds.decay == "retnet") g[size_t(h)] = std::log1p(-std::pow(2.0, -5.0 - double(h)));
-    else if (ds.decay == "lightning") g[size_t(h)] = -std::pow(2.0, -8.0 * double(h + 1) / double(H));
+    if (ds.decay_kind == GlaDecay::Retnet) g[size_t(h)] = std::log1p(-std::pow(2.0, -5.0 - double(h)));
+    else if (ds.decay_kind == GlaDecay::Lightning) g[size_t(h)] = -std::pow(2.0, -8.0 * double(h + 1) / double(H));
   }
   return g;
 }
 
-std::vector<ParamDef> params(const Config& c, const LayerCtx& ctx, const GlaFamilyDesc& ds) {
+std::vector<ParamDef> params(const Config& c, const LayerCtx& ctx, const Layer& ds) {
   Dims m = dims(c, ds);
   const double s = std::sqrt(3.0) / std::sqrt(double(m.d));
   std::vector<ParamDef> p = {
@@ -48,8 +62,8 @@ std::vector<ParamDef> params(const Config& c, const LayerCtx& ctx, const GlaFami
       {"w_k", {m.H * m.K, m.d}, ParamGroup::TransformerMatrix, true, "uniform", -s, s},
       {"w_v", {m.H * m.V, m.d}, ParamGroup::TransformerMatrix, true, "uniform", -s, s},
   };
-  if (ds.out_gate != "none") p.push_back({"w_g", {m.H * m.V, m.d}, ParamGroup::TransformerMatrix, true, "uniform", -s, s});
-  if (ds.decay == "lowrank") {
+  if (ds.gate_kind != GlaOutGate::None) p.push_back({"w_g", {m.H * m.V, m.d}, ParamGroup::TransformerMatrix, true, "uniform", -s, s});
+  if (ds.decay_kind == GlaDecay::LowRank) {
     const double sr = std::sqrt(3.0) / std::sqrt(double(m.rank));
     p.push_back({"w_gk1", {m.rank, m.d}, ParamGroup::TransformerMatrix, true, "uniform", -s, s});
     p.push_back({"w_gk2", {m.H * m.K, m.rank}, ParamGroup::TransformerMatrix, true, "uniform", -sr, sr});
@@ -57,22 +71,19 @@ std::vector<ParamDef> params(const Config& c, const LayerCtx& ctx, const GlaFami
   }
   if (ds.out_gain) p.push_back({"o_norm", {m.V}, ParamGroup::Scalar, false, "const", 1.0, 0});
   p.push_back({"w_o", {m.d, m.H * m.V}, ParamGroup::TransformerMatrix, true, "const", 0.0, 0});
-  if (has_ve(ctx)) p.push_back({"ve_gate", {m.H, kVeGateChannels}, ParamGroup::TransformerMatrix, true, "uniform", 0.0, 0.02});
+  layers::add_ve_gate_param(p, ctx, m.H);
   return p;
 }
 
 TensorMap make_inputs(const Config& c, const LayerCtx& ctx, int64_t B, int64_t T, at::Generator& gen,
-                      const GlaFamilyDesc& ds) {
+                      const Layer& ds) {
   Dims m = dims(c, ds);
-  auto o = at::TensorOptions().dtype(at::kDouble);
-  TensorMap in{{"x", at::randn({B, T, m.d}, gen, o)}};
-  if (has_ve(ctx)) in.set("ve", at::randn({B, T, m.H * m.V}, gen, o));
-  return in;
+  return layers::layer_inputs(ctx, B, T, m.d, m.H, m.V, gen);
 }
 
-double resolved_scale(const GlaFamilyDesc& ds, int64_t K) { return ds.scale > 0 ? ds.scale : 1.0 / std::sqrt(double(K)); }
+double resolved_scale(const Layer& ds, int64_t K) { return ds.scale > 0 ? ds.scale : 1.0 / std::sqrt(double(K)); }
 
-TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx& ctx, const GlaFamilyDesc& ds) {
+TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx& ctx, const Layer& ds) {
   Dims m = dims(c, ds);
   reference::GlaLayerRefSpec s;
   s.H = m.H;
@@ -80,14 +91,14 @@ TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx& ctx
   s.V = m.V;
   s.qk_norm = ds.qk_norm;
   s.qk_tau = ds.qk_tau;
-  s.feature = ds.feature;
+  s.feature = ds.feature_map;
   s.rope = ds.rope;
   s.rope_base = ds.rope ? c.f("rope_base") : 10000.0;
   s.k_inv_sqrt = ds.k_inv_sqrt;
   s.scale = resolved_scale(ds, m.K);
-  s.decay = ds.decay;
-  s.gate_normalizer = ds.decay == "lowrank" ? c.f("gate_logit_normalizer") : 1.0;
-  s.out_gate = ds.out_gate;
+  s.decay = ds.decay_kind;
+  s.gate_normalizer = ds.decay_kind == GlaDecay::LowRank ? c.f("gate_logit_normalizer") : 1.0;
+  s.out_gate = ds.gate_kind;
   at::Tensor none;
   reference::GlaLayerRefWeights w{in.at("w_q"),           in.at("w_k"),           in.at("w_v"),
                                   in.at("w_o"),           in.get_or("w_g", none), in.get_or("o_norm", none),
@@ -96,7 +107,7 @@ TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx& ctx
   return {{"y", reference::gla_family_layer(in.at("x"), in.get_or("ve", none), w, s)}};
 }
 
-at::Tensor qk_normalize(const at::Tensor& x, const GlaFamilyDesc& ds) {
+at::Tensor qk_normalize(const at::Tensor& x, const Layer& ds) {
   if (ds.qk_norm_fp32 && at::elementSize(x.scalar_type()) < 4)
     return (layers::rms_norm(x.to(at::kFloat)) * ds.qk_tau).to(x.scalar_type());
   return layers::rms_norm(x) * ds.qk_tau;
@@ -107,22 +118,18 @@ struct Prepared {
 };
 
 // Projections, norms, feature map, RoPE from position `offset`, decays: everything before the op.
-Prepared prepare(const TensorMap& in, const Config& c, const GlaFamilyDesc& ds, int64_t offset) {
+Prepared prepare(const TensorMap& in, const Config& c, const Layer& ds, int64_t offset) {
   Dims m = dims(c, ds);
   const at::Tensor& x = in.at("x");
   const int64_t B = x.size(0), T = x.size(1), H = m.H, K = m.K, V = m.V;
   at::Tensor q = at::linear(x, in.at("w_q")).view({B, T, H, K});
   at::Tensor k = at::linear(x, in.at("w_k")).view({B, T, H, K});
-  at::Tensor v = at::linear(x, in.at("w_v")).view({B, T, H, V});
-  if (in.has("ve")) {
-    at::Tensor gate = 3.0 * at::sigmoid(at::linear(x.slice(-1, 0, kVeGateChannels), in.at("ve_gate")));
-    v = v + gate.unsqueeze(-1) * in.at("ve").view({B, T, H, V});
-  }
+  at::Tensor v = layers::add_value_embed(at::linear(x, in.at("w_v")).view({B, T, H, V}), in);
   if (ds.qk_norm) {
     q = qk_normalize(q, ds);
     k = qk_normalize(k, ds);
   }
-  if (ds.feature == "elu1") {
+  if (ds.feature_map == GlaFeature::Elu1) {
     q = at::elu(q) + 1.0;
     k = at::elu(k) + 1.0;
   }
@@ -132,7 +139,7 @@ Prepared prepare(const TensorMap& in, const Config& c, const GlaFamilyDesc& ds, 
   }
   if (ds.k_inv_sqrt) k = k * (1.0 / std::sqrt(double(K)));
   at::Tensor g;
-  if (ds.decay == "lowrank") {
+  if (ds.decay_kind == GlaDecay::LowRank) {
     at::Tensor gk = at::linear(at::linear(x, in.at("w_gk1")), in.at("w_gk2"), in.at("b_gk"));
     g = (at::log_sigmoid(gk) / c.f("gate_logit_normalizer")).view({B, T, H, K});
   } else {
@@ -142,31 +149,31 @@ Prepared prepare(const TensorMap& in, const Config& c, const GlaFamilyDesc& ds, 
 }
 
 // Output side: per-head RMSNorm [· gain] [⊙ gate], then W_o. o [B,T,H,V].
-at::Tensor finish(at::Tensor o, const TensorMap& in, const Config& c, const GlaFamilyDesc& ds) {
+at::Tensor finish(at::Tensor o, const TensorMap& in, const Config& c, const Layer& ds) {
   Dims m = dims(c, ds);
   const at::Tensor& x = in.at("x");
   const int64_t B = x.size(0), T = x.size(1), H = m.H, V = m.V;
   o = layers::rms_norm(o);
   if (ds.out_gain) o = o * in.at("o_norm");
-  if (ds.out_gate == "silu") o = o * at::silu(at::linear(x, in.at("w_g"))).view({B, T, H, V});
-  else if (ds.out_gate == "sigmoid") o = o * at::sigmoid(at::linear(x, in.at("w_g"))).view({B, T, H, V});
+  if (ds.gate_kind == GlaOutGate::Silu) o = o * at::silu(at::linear(x, in.at("w_g"))).view({B, T, H, V});
+  else if (ds.gate_kind == GlaOutGate::Sigmoid) o = o * at::sigmoid(at::linear(x, in.at("w_g"))).view({B, T, H, V});
   return at::linear(o.reshape({B, T, H * V}), in.at("w_o"));
 }
 
-TensorMap run_op(const Prepared& p, const Config& c, Backend backend, const GlaFamilyDesc& ds) {
+TensorMap run_op(const Prepared& p, const Config& c, Backend backend, const Layer& ds) {
   Config op;
   op.set("scale", resolved_scale(ds, dims(c, ds).K));
   return call_op(ds.op, backend, {{"q", p.q}, {"k", p.k}, {"v", p.v}, {"g", p.g}}, op);
 }
 
-TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Backend backend, const GlaFamilyDesc& ds) {
+TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Backend backend, const Layer& ds) {
   at::Tensor o = run_op(prepare(in, c, ds, 0), c, backend, ds).at("o");
   return {{"y", finish(o, in, c, ds)}};
 }
 
 // Decode cache: "pos" and "state" [B,H,K,V] (the op's final state; FP32 for half inputs).
 TensorMap prefill(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx&, Backend backend,
-                  const GlaFamilyDesc& ds) {
+                  const Layer& ds) {
   TensorMap out = run_op(prepare(in, c, ds, 0), c, backend, ds);
   cache = TensorMap();
   set_cache_pos(cache, in.at("x").size(1));
@@ -175,7 +182,7 @@ TensorMap prefill(const TensorMap& in, TensorMap& cache, const Config& c, const 
 }
 
 TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx&, Backend,
-                 const GlaFamilyDesc& ds) {
+                 const Layer& ds) {
   const at::Tensor& x = in.at("x");
   if (x.dim() != 3 || x.size(1) != 1) throw InputError(ds.name + " decode takes x [B,1,d]");
   Dims m = dims(c, ds);
@@ -184,7 +191,7 @@ TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const L
   at::Tensor S = cache.has("state") ? cache.at("state")
                                     : at::zeros({x.size(0), m.H, m.K, m.V}, x.options().dtype(layers::is_half(x) ? at::kFloat : x.scalar_type()));
   const double scale = resolved_scale(ds, m.K);
-  auto step = ds.op == "gla" ? gla_step : simple_gla_step;
+  auto step = ds.per_key_decay ? gla_step : simple_gla_step;
   auto [o, S2] = step(p.q.select(1, 0), p.k.select(1, 0), p.v.select(1, 0), p.g.select(1, 0), scale, S);
   cache.set("state", S2);
   set_cache_pos(cache, pos + 1);
@@ -202,14 +209,14 @@ TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const L
 //   decode = 2·N_matmul + 5·H·K·V (decay, outer product, add, readout 2KV)
 //   state = H·K·V FP32 words (no conv cache); KV cache growth 0.
 //   act = dtype·(d + 2HK + 2HV [+ HV gate] [+ HK gate logits]) + 4·H·K·V/C (FP32 chunk-boundary states)
-LayerCost account(const Config& c, const LayerCtx& ctx, const CostQuery& q, const GlaFamilyDesc& ds) {
+LayerCost account(const Config& c, const LayerCtx& ctx, const CostQuery& q, const Layer& ds) {
   Dims m = dims(c, ds);
   LayerCost lc;
   int64_t n = 2 * m.d * m.H * m.K + m.d * m.H * m.V + m.H * m.V * m.d;
-  if (ds.out_gate != "none") n += m.d * m.H * m.V;
-  if (has_ve(ctx)) n += kVeGateChannels * m.H;
+  if (ds.gate_kind != GlaOutGate::None) n += m.d * m.H * m.V;
+  n += layers::ve_gate_params(ctx, m.H);
   int64_t scalars = 0;
-  if (ds.decay == "lowrank") {
+  if (ds.decay_kind == GlaDecay::LowRank) {
     n += m.rank * m.d + m.H * m.K * m.rank;
     scalars += m.H * m.K;
   }
@@ -217,7 +224,7 @@ LayerCost account(const Config& c, const LayerCtx& ctx, const CostQuery& q, cons
   lc.params.transformer_matrices = n;
   lc.params.matmul = n;
   lc.params.scalars = scalars;
-  const double fchunk = ds.op == "gla" ? gla_chunk_flops(m.K, m.V) : simple_gla_chunk_flops(m.K, m.V);
+  const double fchunk = ds.per_key_decay ? gla_chunk_flops(m.K, m.V) : simple_gla_chunk_flops(m.K, m.V);
   const double T = double(std::max<int64_t>(q.T, 1));
   const double core = double(m.H) * fchunk * double(gla_padded_len(q.T) / kGlaChunk) / T;
   lc.fwd_flops = 2.0 * double(n) + core;
@@ -226,8 +233,8 @@ LayerCost account(const Config& c, const LayerCtx& ctx, const CostQuery& q, cons
   lc.state_bytes = 4.0 * double(m.H * m.K * m.V);
   lc.cache_bytes_per_token = 0;
   double act = double(m.d + 2 * m.H * m.K + 2 * m.H * m.V);
-  if (ds.out_gate != "none") act += double(m.H * m.V);
-  if (ds.decay == "lowrank") act += double(m.H * m.K);
+  if (ds.gate_kind != GlaOutGate::None) act += double(m.H * m.V);
+  if (ds.decay_kind == GlaDecay::LowRank) act += double(m.H * m.K);
   lc.act_bytes = double(q.dtype_bytes) * act + 4.0 * double(m.H * m.K * m.V) / double(kGlaChunk);
   lc.formula = fmt::format("{}: fwd 2N + H·F_chunk·ceil(T/64)/T, F_chunk = {} FLOPs; nanochat 3× core; decode 2N + 5HKV",
                            ds.op, fchunk);
@@ -251,7 +258,8 @@ std::vector<CaseDef> cases_for(const ConfigSpec& spec) {
 
 }  // namespace
 
-MethodSpec make_gla_family_method(const GlaFamilyDesc& ds) {
+MethodSpec make_gla_family_method(const GlaFamilyDesc& desc) {
+  const Layer ds(desc);
   MethodSpec m;
 #if defined(MIXBENCH_WITH_CUDA)
   m.has_cuda = true;  // the layer and its op are device-agnostic LibTorch
@@ -262,13 +270,11 @@ MethodSpec make_gla_family_method(const GlaFamilyDesc& ds) {
   m.citation = ds.citation;
   m.config = backbone_config();
   if (ds.rope) m.config.f("rope_base", 10000.0, "RoPE base (FLA RotaryEmbedding default)", 1.0);
-  if (ds.decay == "lowrank") {
+  if (ds.decay_kind == GlaDecay::LowRank) {
     m.config.i("gate_low_rank", 16, "rank of the forget-gate projection d → r → H·K", 1)
         .f("gate_logit_normalizer", 16.0, "g = logsigmoid(·)/normalizer", 1e-6);
   }
-  m.config.rule([](const Config& c) {
-    if (model_dims(c).d_model < kVeGateChannels) throw InputError("d_model must be at least 12 (VE gate channels)");
-  });
+  m.config.rule(layers::require_ve_gate_width);
   m.ops = {ds.op};
   m.params = [ds](const Config& c, const LayerCtx& ctx) { return params(c, ctx, ds); };
   m.make_inputs = [ds](const Config& c, const LayerCtx& ctx, int64_t B, int64_t T, at::Generator& gen) {
@@ -287,9 +293,9 @@ MethodSpec make_gla_family_method(const GlaFamilyDesc& ds) {
   ConfigSpec spec = m.config;
   m.cases = [spec]() { return cases_for(spec); };
   m.account = [ds](const Config& c, const LayerCtx& ctx, const CostQuery& q) { return account(c, ctx, q, ds); };
-  m.ve_dim = [ds](const Config& c, const LayerCtx& ctx) -> int64_t {
+  m.ve_dim = [ds](const Config& c, const LayerCtx& ctx) {
     Dims m = dims(c, ds);
-    return has_ve(ctx) ? m.H * m.V : 0;
+    return layers::ve_width(ctx, m.H, m.V);
   };
   return m;
 }

@@ -14,6 +14,8 @@
 
 namespace mixbench::linear {
 
+// The text knobs (decay, feature, out_gate) are parsed once, by make_gla_family_method, into
+// reference::GlaDecay / GlaFeature / GlaOutGate (reference/gla.h); another name is an InputError.
 struct GlaFamilyDesc {
   std::string name, summary, citation;
   std::string op = "simple_gla";   // "simple_gla" | "gla"

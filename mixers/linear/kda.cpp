@@ -14,6 +14,7 @@
 #include <ATen/ATen.h>
 
 #include "harness/registry.h"
+#include "mixers/common/layers.h"
 #include "mixers/linear/delta_layer.h"
 #include "reference/delta.h"
 
@@ -63,7 +64,7 @@ TensorMap run(const TensorMap& in, const Config& c, Backend backend, TensorMap* 
 LayerCost account(const Config& c, const LayerCtx& ctx, const CostQuery& q) {
   DeltaDims d = delta_dims(c);
   const int64_t n = d.d * (2 * d.H * d.K + d.H * d.V) + d.d * d.H + d.d * d.V + d.V * d.H * d.K + d.d * d.V +
-                    d.V * d.H * d.V + d.H * d.V * d.d + (delta_has_ve(ctx) ? kDeltaVeGateChannels * d.H : 0);
+                    d.V * d.H * d.V + d.H * d.V * d.d + layers::ve_gate_params(ctx, d.H);
   const int64_t conv = d.W * (2 * d.H * d.K + d.H * d.V);
   return delta_account(d, n, conv, d.V + d.H * d.V + d.H + d.H * d.K, d.H * d.V + d.H * d.K, DeltaGate::Key, q,
                        "kda");
@@ -71,7 +72,8 @@ LayerCost account(const Config& c, const LayerCtx& ctx, const CostQuery& q) {
 
 TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx&) {
   DeltaDims d = delta_dims(c);
-  return {{"y", reference::delta_family_layer("kda", in, {d.H, d.K, d.V, d.W, d.eps, c.f("gate_bias_offset")})}};
+  return {{"y", reference::delta_family_layer(reference::DeltaKind::Kda, in,
+                                              {d.H, d.K, d.V, d.W, d.eps, c.f("gate_bias_offset")})}};
 }
 
 MethodSpec make_spec() {

@@ -41,7 +41,7 @@
 //   always attended instead of gated: its pooled key would see tokens after t.
 // qsa and seer return `aux_loss`; teacher and gate inputs are detached, so it reaches only the
 // indexer / gate parameters (seed 001 weights it 1 per layer, summed over layers).
-// Full-attention warm-up of qsa and seer (sparse.h): during the first full_attention_warmup_steps
+// Full-attention warm-up of qsa and seer (sparse_method.h): during the first full_attention_warmup_steps
 // training steps every complete history block is selected (dense causal attention) and the KL
 // covers every candidate block.
 #include <ATen/ATen.h>
@@ -53,7 +53,7 @@
 #include "harness/backbone.h"
 #include "harness/errors.h"
 #include "mixers/common/layers.h"
-#include "mixers/sparse/sparse.h"
+#include "mixers/sparse/sparse_method.h"
 #include "reference/sparse_blocks.h"
 
 namespace mixbench {
@@ -280,39 +280,33 @@ std::vector<CaseDef> qsa_cases(const ConfigSpec& spec) {
 }
 
 MethodSpec qsa_spec() {
-  MethodSpec m;
-  m.name = "qsa";
-  m.family = "sparse";
-  m.summary = "QSA: ReLU indexer on mean-pooled 4-key blocks (RMSNorm, partial RoPE, shared keys) picks 64 blocks + tail; KL aux loss";
-  m.citation = "Qwen report §2.1.2 as adapted by seed 001; nanochat attention layer";
-  m.config = layer_config();
-  add_warmup_knob(m.config);
-  m.config.i("qsa_block", 4, "keys mean-pooled per indexer block (= selection block)", 1)
-      .i("qsa_topk", 64, "complete history blocks selected per query (256 tokens), the own tail block added", 1)
-      .i("qsa_heads", 16, "indexer query heads H_I", 1)
-      .i("qsa_dim", 64, "indexer head dim d_I", 2)
-      .i("qsa_group", 4, "indexer query heads sharing one pooled key head", 1)
-      .i("qsa_rope_dim", 32, "rotary dims of the indexer heads (first ones, NeoX style)", 0)
-      .rule([](const Config& c) {
-        const int64_t R = c.i("qsa_rope_dim");
-        if (R % 2 != 0 || R > c.i("qsa_dim"))
-          throw InputError(fmt::format("qsa_rope_dim {} must be even and at most qsa_dim {}", R, c.i("qsa_dim")));
-        if (c.i("qsa_heads") % c.i("qsa_group") != 0)
-          throw InputError(fmt::format("qsa_heads {} is not divisible by qsa_group {}", c.i("qsa_heads"), c.i("qsa_group")));
-      });
-  m.ops = {"block_sparse_attention"};
-  m.params = qsa_params;
-  m.make_inputs = make_layer_inputs;
-  m.reference = qsa_reference;
-  m.forward = qsa_forward;
-  // No CUDA registration: the code is device-agnostic, but at bf16 the selection flips near-tied
-  // blocks against the FP64 reference, so layer-level conformance would need the reference to take
-  // the optimized path's selection; until it does, the layer is checked on the CPU only.
-  ConfigSpec spec = m.config;
-  m.cases = [spec]() { return qsa_cases(spec); };
-  m.account = qsa_account;
-  m.ve_dim = sparse_layer::ve_dim;
-  return m;
+  SparseMethodDesc d;
+  d.name = "qsa";
+  d.summary = "QSA: ReLU indexer on mean-pooled 4-key blocks (RMSNorm, partial RoPE, shared keys) picks 64 blocks + tail; KL aux loss";
+  d.citation = "Qwen report §2.1.2 as adapted by seed 001; nanochat attention layer";
+  d.warmup = true;
+  d.knobs = [](ConfigSpec& s) {
+    s.i("qsa_block", 4, "keys mean-pooled per indexer block (= selection block)", 1)
+        .i("qsa_topk", 64, "complete history blocks selected per query (256 tokens), the own tail block added", 1)
+        .i("qsa_heads", 16, "indexer query heads H_I", 1)
+        .i("qsa_dim", 64, "indexer head dim d_I", 2)
+        .i("qsa_group", 4, "indexer query heads sharing one pooled key head", 1)
+        .i("qsa_rope_dim", 32, "rotary dims of the indexer heads (first ones, NeoX style)", 0)
+        .rule([](const Config& c) {
+          const int64_t R = c.i("qsa_rope_dim");
+          if (R % 2 != 0 || R > c.i("qsa_dim"))
+            throw InputError(fmt::format("qsa_rope_dim {} must be even and at most qsa_dim {}", R, c.i("qsa_dim")));
+          if (c.i("qsa_heads") % c.i("qsa_group") != 0)
+            throw InputError(fmt::format("qsa_heads {} is not divisible by qsa_group {}", c.i("qsa_heads"), c.i("qsa_group")));
+        });
+  };
+  d.ops = {"block_sparse_attention"};
+  d.params = qsa_params;
+  d.reference = qsa_reference;
+  d.forward = qsa_forward;
+  d.account = qsa_account;
+  d.cases = qsa_cases;
+  return sparse_method(d);
 }
 
 // ============================================================================================ NSA
@@ -421,28 +415,22 @@ std::vector<CaseDef> nsa_cases(const ConfigSpec& spec) {
 }
 
 MethodSpec nsa_spec() {
-  MethodSpec m;
-  m.name = "nsa";
-  m.family = "sparse";
-  m.summary = "NSA: compressed (32-token blocks), selected (top-8 blocks + own) and 512-key window branches, per-head sigmoid gates";
-  m.citation = "Native Sparse Attention, arXiv 2502.11089 §3.2–3.3; nanochat attention layer";
-  m.config = layer_config();
-  m.config.i("nsa_block", 32, "tokens per compression block (= selection block, non-overlapping)", 1)
-      .i("nsa_topk", 8, "complete history blocks selected per query and KV head (256 tokens), the own block added", 1)
-      .i("nsa_window", 512, "sliding-window branch: visible keys including self", 1);
-  m.ops = {"block_sparse_attention", "attention"};
-  m.params = nsa_params;
-  m.make_inputs = make_layer_inputs;
-  m.reference = nsa_reference;
-  m.forward = nsa_forward;
-  // No CUDA registration: the code is device-agnostic, but at bf16 the selection flips near-tied
-  // blocks against the FP64 reference, so layer-level conformance would need the reference to take
-  // the optimized path's selection; until it does, the layer is checked on the CPU only.
-  ConfigSpec spec = m.config;
-  m.cases = [spec]() { return nsa_cases(spec); };
-  m.account = nsa_account;
-  m.ve_dim = sparse_layer::ve_dim;
-  return m;
+  SparseMethodDesc d;
+  d.name = "nsa";
+  d.summary = "NSA: compressed (32-token blocks), selected (top-8 blocks + own) and 512-key window branches, per-head sigmoid gates";
+  d.citation = "Native Sparse Attention, arXiv 2502.11089 §3.2–3.3; nanochat attention layer";
+  d.knobs = [](ConfigSpec& s) {
+    s.i("nsa_block", 32, "tokens per compression block (= selection block, non-overlapping)", 1)
+        .i("nsa_topk", 8, "complete history blocks selected per query and KV head (256 tokens), the own block added", 1)
+        .i("nsa_window", 512, "sliding-window branch: visible keys including self", 1);
+  };
+  d.ops = {"block_sparse_attention", "attention"};
+  d.params = nsa_params;
+  d.reference = nsa_reference;
+  d.forward = nsa_forward;
+  d.account = nsa_account;
+  d.cases = nsa_cases;
+  return sparse_method(d);
 }
 
 // =========================================================================================== Seer
@@ -555,29 +543,23 @@ std::vector<CaseDef> seer_cases(const ConfigSpec& spec) {
 }
 
 MethodSpec seer_spec() {
-  MethodSpec m;
-  m.name = "seer";
-  m.family = "sparse";
-  m.summary = "SeerAttention-style: token-query gate on max/min/avg-pooled 64-key blocks picks 4 blocks + own; KL to block-max teacher";
-  m.citation = "microsoft/SeerAttention seer_attn/attn_gate.py (arXiv 2410.13276), adapted by seed 001; nanochat attention layer";
-  m.config = layer_config();
-  add_warmup_knob(m.config);
-  m.config.i("seer_block", 64, "keys pooled per gate block (= selection block)", 1)
-      .i("seer_topk", 4, "complete history blocks selected per query and head (256 tokens), the own block added", 1)
-      .i("seer_gate_dim", 128, "gate projection dim d_g", 1);
-  m.ops = {"block_sparse_attention"};
-  m.params = seer_params;
-  m.make_inputs = make_layer_inputs;
-  m.reference = seer_reference;
-  m.forward = seer_forward;
-  // No CUDA registration: the code is device-agnostic, but at bf16 the selection flips near-tied
-  // blocks against the FP64 reference, so layer-level conformance would need the reference to take
-  // the optimized path's selection; until it does, the layer is checked on the CPU only.
-  ConfigSpec spec = m.config;
-  m.cases = [spec]() { return seer_cases(spec); };
-  m.account = seer_account;
-  m.ve_dim = sparse_layer::ve_dim;
-  return m;
+  SparseMethodDesc d;
+  d.name = "seer";
+  d.summary = "SeerAttention-style: token-query gate on max/min/avg-pooled 64-key blocks picks 4 blocks + own; KL to block-max teacher";
+  d.citation = "microsoft/SeerAttention seer_attn/attn_gate.py (arXiv 2410.13276), adapted by seed 001; nanochat attention layer";
+  d.warmup = true;
+  d.knobs = [](ConfigSpec& s) {
+    s.i("seer_block", 64, "keys pooled per gate block (= selection block)", 1)
+        .i("seer_topk", 4, "complete history blocks selected per query and head (256 tokens), the own block added", 1)
+        .i("seer_gate_dim", 128, "gate projection dim d_g", 1);
+  };
+  d.ops = {"block_sparse_attention"};
+  d.params = seer_params;
+  d.reference = seer_reference;
+  d.forward = seer_forward;
+  d.account = seer_account;
+  d.cases = seer_cases;
+  return sparse_method(d);
 }
 
 MIXBENCH_REGISTER(qsa_spec());

@@ -23,6 +23,7 @@
 
 #include "harness/errors.h"
 #include "harness/registry.h"
+#include "mixers/common/qkv_op.h"
 #include "mixers/sparse/sparse.h"
 #include "reference/sparse.h"
 
@@ -30,28 +31,15 @@ namespace mixbench {
 
 namespace {
 
-double resolve_scale(const Config& p, int64_t D) {
-  double s = p.f("scale");
-  return s > 0 ? s : 1.0 / std::sqrt(double(D));
-}
+using qkv_op::resolve_scale;
 
 int64_t q_block_of(const Config& p) { return p.i("q_block") > 0 ? p.i("q_block") : p.i("block_size"); }
 
 void check_block_inputs(const TensorMap& in, const Config& p) {
   const char* op = "block_sparse_attention";
-  for (const char* n : {"q", "k", "v", "block_indices"})
-    if (!in.has(n)) throw InputError(fmt::format("{}: missing input '{}'", op, n));
-  for (const char* n : {"q", "k", "v"})
-    if (in.at(n).dim() != 4)
-      throw InputError(fmt::format("{}: '{}' must be [B,T,H,D], got {} dims", op, n, in.at(n).dim()));
-  const auto &q = in.at("q"), &k = in.at("k"), &v = in.at("v"), &idx = in.at("block_indices");
-  const int64_t B = q.size(0), T = q.size(1), Hkv = k.size(2);
-  if (k.size(0) != B || v.size(0) != B || k.size(1) != T || v.size(1) != T)
-    throw InputError(fmt::format("{}: q, k, v must share batch and length", op));
-  if (k.size(2) != v.size(2)) throw InputError(fmt::format("{}: k and v must have the same number of heads", op));
-  if (Hkv == 0 || q.size(2) % Hkv != 0)
-    throw InputError(fmt::format("{}: {} query heads are not a multiple of {} KV heads", op, q.size(2), Hkv));
-  if (k.size(3) != q.size(3)) throw InputError(fmt::format("{}: q and k head dims differ", op));
+  qkv_op::check_inputs(op, in, {"block_indices"});
+  const auto &q = in.at("q"), &idx = in.at("block_indices");
+  const int64_t B = q.size(0), T = q.size(1), Hkv = in.at("k").size(2);
   if (idx.scalar_type() != at::kLong)
     throw InputError(fmt::format("{}: 'block_indices' must be int64, got {}", op, c10::toString(idx.scalar_type())));
   const int64_t bs = p.i("block_size"), qb = q_block_of(p);
@@ -122,30 +110,17 @@ at::Tensor random_block_indices(int64_t B, int64_t Hkv, int64_t T, int64_t bs, i
 }
 
 TensorMap make_inputs(const Config& c, int64_t B, int64_t T, at::Generator& gen) {
-  auto o = at::TensorOptions().dtype(at::kDouble);
-  const int64_t H = c.i("H"), Hkv = c.i("Hkv"), D = c.i("D"), Dv = c.i("Dv") > 0 ? c.i("Dv") : c.i("D");
-  TensorMap m{{"q", at::randn({B, T, H, D}, gen, o)},
-              {"k", at::randn({B, T, Hkv, D}, gen, o)},
-              {"v", at::randn({B, T, Hkv, Dv}, gen, o)}};
-  m.set("block_indices", random_block_indices(B, Hkv, T, c.i("block_size"), q_block_of(c), c.i("topk"), gen));
+  TensorMap m = qkv_op::make_inputs(c, B, T, gen);
+  m.set("block_indices", random_block_indices(B, c.i("Hkv"), T, c.i("block_size"), q_block_of(c), c.i("topk"), gen));
   return m;
 }
 
 ConfigSpec params_spec() {
-  ConfigSpec s;
-  s.f("scale", 0.0, "softmax scale; 0 = D^-0.5", 0.0)
-      .i("block_size", 16, "keys per block", 1)
-      .i("q_block", 0, "consecutive queries sharing one row of block_indices; 0 = block_size", 0)
-      .i("topk", 4, "block slots per row (last dim of block_indices)", 1)
-      .i("H", 4, "query heads (case shape)", 1)
-      .i("Hkv", 4, "KV heads (case shape)", 1)
-      .i("D", 16, "q/k head dim (case shape)", 1)
-      .i("Dv", 0, "v head dim (case shape); 0 = D", 0)
-      .rule([](const Config& c) {
-        if (c.i("H") % c.i("Hkv") != 0)
-          throw InputError(fmt::format("block_sparse_attention: H={} is not divisible by Hkv={}", c.i("H"), c.i("Hkv")));
-      });
-  return s;
+  return qkv_op::params("block_sparse_attention", [](ConfigSpec& s) {
+    s.i("block_size", 16, "keys per block", 1)
+        .i("q_block", 0, "consecutive queries sharing one row of block_indices; 0 = block_size", 0)
+        .i("topk", 4, "block slots per row (last dim of block_indices)", 1);
+  });
 }
 
 std::vector<CaseDef> cases() {
@@ -182,21 +157,17 @@ std::vector<std::pair<std::string, double>> dense_equivalence(const TensorMap& i
 }
 
 OpSpec make_spec() {
-  OpSpec s;
-  s.name = "block_sparse_attention";
-  s.family = "sparse";
-  s.summary = "causal attention over selected key blocks per (KV head, query row), −1 padded, token-causal inside blocks, GQA";
-  s.citation = "MoBA (MoonshotAI/MoBA moba_naive); NSA selection branch (arXiv 2502.11089 §3.3.2)";
-  s.params = params_spec();
-  s.inputs = {{"q"}, {"k"}, {"v"}, {"block_indices", /*differentiable=*/false}};
-  s.outputs = {"o"};
+  OpSpec s = qkv_op::spec(
+      "block_sparse_attention", "sparse",
+      "causal attention over selected key blocks per (KV head, query row), −1 padded, token-causal inside blocks, GQA",
+      "MoBA (MoonshotAI/MoBA moba_naive); NSA selection branch (arXiv 2502.11089 §3.3.2)", params_spec(),
+      {{"block_indices", /*differentiable=*/false}}, check_block_inputs);
   s.make_inputs = make_inputs;
   s.reference = reference_fn;
   s.cpu = cpu_fn;
   // device-agnostic LibTorch (gathers and batched products) in fp32; no dedicated kernel
   s.cuda = [](const TensorMap& in, const Config& p) { return run_in_fp32(cpu_fn, in, p); };
   s.cases = cases;
-  s.check_inputs = check_block_inputs;
   s.invariants = dense_equivalence;
   return s;
 }

@@ -14,7 +14,7 @@
 // Teacher and indexer input are detached, so aux_loss reaches only the indexer's parameters and y
 // none of them (the selection is not differentiable). Seed 001 weights aux_loss 1 per layer,
 // summed over layers. The layer always computes aux_loss (its cost is in the accountant).
-// Full-attention warm-up (sparse.h): during the first full_attention_warmup_steps training steps
+// Full-attention warm-up (sparse_method.h): during the first full_attention_warmup_steps training steps
 // S_t = every key s ≤ t (dense causal attention) and the KL's teacher covers the full history.
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -26,6 +26,7 @@
 #include "harness/errors.h"
 #include "mixers/common/layers.h"
 #include "mixers/sparse/sparse.h"
+#include "mixers/sparse/sparse_method.h"
 #include "reference/sparse.h"
 
 namespace mixbench {
@@ -51,12 +52,7 @@ std::vector<ParamDef> params(const Config& c, const LayerCtx& ctx) {
 
 TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx&) {
   Dims d = dims(c);
-  reference::SparseLayerWeights w;
-  w.c_q = in.at("c_q");
-  w.c_k = in.at("c_k");
-  w.c_v = in.at("c_v");
-  w.c_proj = in.at("c_proj");
-  w.ve_gate = in.get_or("ve_gate", at::Tensor());
+  reference::SparseLayerWeights w = attention_weights(in);
   w.idx_wq = in.at("idx_wq");
   w.idx_wk = in.at("idx_wk");
   w.idx_w = in.at("idx_w");
@@ -193,35 +189,29 @@ std::vector<CaseDef> cases(const ConfigSpec& spec) {
 }
 
 MethodSpec make_spec() {
-  MethodSpec m;
-  m.name = "dsa";
-  m.family = "sparse";
-  m.summary = "DSA: lightning indexer (ReLU heads, signed weights, LayerNorm'd key, partial RoPE) picks top-256 keys; KL aux loss";
-  m.citation = "DeepSeek-V3.2-Exp inference/model.py Indexer (arXiv 2512.02556); nanochat attention layer";
-  m.config = layer_config();
-  add_warmup_knob(m.config);
-  m.config.i("dsa_topk", 256, "keys selected per query", 1)
-      .i("idx_heads", 64, "indexer heads H_I", 1)
-      .i("idx_dim", 128, "indexer head dim d_I", 2)
-      .i("idx_rope_dim", 64, "rotary dims of the indexer heads (first ones, NeoX style)", 0)
-      .rule([](const Config& c) {
-        const int64_t R = c.i("idx_rope_dim");
-        if (R % 2 != 0 || R > c.i("idx_dim"))
-          throw InputError(fmt::format("idx_rope_dim {} must be even and at most idx_dim {}", R, c.i("idx_dim")));
-      });
-  m.ops = {"dsa_indexer", "sparse_attention"};
-  m.params = params;
-  m.make_inputs = make_layer_inputs;
-  m.reference = reference_fn;
-  m.forward = forward;
-  // No CUDA registration: the code is device-agnostic, but at bf16 the selection flips near-tied
-  // blocks against the FP64 reference, so layer-level conformance would need the reference to take
-  // the optimized path's selection; until it does, the layer is checked on the CPU only.
-  ConfigSpec spec = m.config;
-  m.cases = [spec]() { return cases(spec); };
-  m.account = account;
-  m.ve_dim = sparse_layer::ve_dim;
-  return m;
+  SparseMethodDesc d;
+  d.name = "dsa";
+  d.summary = "DSA: lightning indexer (ReLU heads, signed weights, LayerNorm'd key, partial RoPE) picks top-256 keys; KL aux loss";
+  d.citation = "DeepSeek-V3.2-Exp inference/model.py Indexer (arXiv 2512.02556); nanochat attention layer";
+  d.warmup = true;
+  d.knobs = [](ConfigSpec& s) {
+    s.i("dsa_topk", 256, "keys selected per query", 1)
+        .i("idx_heads", 64, "indexer heads H_I", 1)
+        .i("idx_dim", 128, "indexer head dim d_I", 2)
+        .i("idx_rope_dim", 64, "rotary dims of the indexer heads (first ones, NeoX style)", 0)
+        .rule([](const Config& c) {
+          const int64_t R = c.i("idx_rope_dim");
+          if (R % 2 != 0 || R > c.i("idx_dim"))
+            throw InputError(fmt::format("idx_rope_dim {} must be even and at most idx_dim {}", R, c.i("idx_dim")));
+        });
+  };
+  d.ops = {"dsa_indexer", "sparse_attention"};
+  d.params = params;
+  d.reference = reference_fn;
+  d.forward = forward;
+  d.account = account;
+  d.cases = cases;
+  return sparse_method(d);
 }
 
 MIXBENCH_REGISTER(make_spec());

@@ -9,8 +9,6 @@
 // Ties between gate scores go to the lower block (stable sort). The selection carries no
 // gradient and MoBA adds no parameters. With GQA each query head selects its own blocks
 // (the KV heads are expanded to the query heads before the block-sparse op).
-//
-// Also defines the attention-layer pieces the sparse family shares (sparse.h, sparse_layer::).
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
@@ -20,103 +18,19 @@
 #include "harness/backbone.h"
 #include "harness/errors.h"
 #include "mixers/common/layers.h"
-#include "mixers/sparse/sparse.h"
+#include "mixers/sparse/sparse_method.h"
 #include "reference/sparse.h"
 
 namespace mixbench {
-
-namespace sparse_layer {
-
-Dims dims(const Config& c) {
-  ModelDims m = model_dims(c);
-  const int64_t r = c.i("kv_ratio");
-  return {m.d_model, m.n_head, r == 0 ? 1 : m.n_head / r, m.head_dim};
-}
-
-bool has_ve(const LayerCtx& ctx) { return ctx.layer % 2 == (ctx.n_layer - 1) % 2; }
-
-int64_t ve_dim(const Config& c, const LayerCtx& ctx) {
-  const Dims d = dims(c);
-  return has_ve(ctx) ? d.Hkv * d.dh : 0;
-}
-
-std::vector<ParamDef> attention_params(const Config& c, const LayerCtx& ctx) {
-  Dims d = dims(c);
-  const double s = std::sqrt(3.0) / std::sqrt(double(d.D));
-  std::vector<ParamDef> p = {
-      {"c_q", {d.H * d.dh, d.D}, ParamGroup::TransformerMatrix, true, "uniform", -s, s},
-      {"c_k", {d.Hkv * d.dh, d.D}, ParamGroup::TransformerMatrix, true, "uniform", -s, s},
-      {"c_v", {d.Hkv * d.dh, d.D}, ParamGroup::TransformerMatrix, true, "uniform", -s, s},
-      {"c_proj", {d.D, d.H * d.dh}, ParamGroup::TransformerMatrix, true, "const", 0.0, 0},
-  };
-  if (has_ve(ctx))
-    p.push_back({"ve_gate", {d.Hkv, kVeGateChannels}, ParamGroup::TransformerMatrix, true, "uniform", 0.0, 0.02});
-  return p;
-}
-
-int64_t attention_matmul_params(const Config& c, const LayerCtx& ctx) {
-  Dims d = dims(c);
-  return d.D * d.H * d.dh + 2 * d.D * d.Hkv * d.dh + d.H * d.dh * d.D + (has_ve(ctx) ? kVeGateChannels * d.Hkv : 0);
-}
-
-TensorMap make_layer_inputs(const Config& c, const LayerCtx& ctx, int64_t B, int64_t T, at::Generator& gen) {
-  Dims d = dims(c);
-  auto o = at::TensorOptions().dtype(at::kDouble);
-  TensorMap in{{"x", at::randn({B, T, d.D}, gen, o)}};
-  if (has_ve(ctx)) in.set("ve", at::randn({B, T, d.Hkv * d.dh}, gen, o));
-  return in;
-}
-
-QKV qkv(const TensorMap& in, const Config& c) {
-  Dims d = dims(c);
-  const at::Tensor& x = in.at("x");
-  const int64_t B = x.size(0), T = x.size(1);
-  at::Tensor q = at::linear(x, in.at("c_q")).view({B, T, d.H, d.dh});
-  at::Tensor k = at::linear(x, in.at("c_k")).view({B, T, d.Hkv, d.dh});
-  at::Tensor v = at::linear(x, in.at("c_v")).view({B, T, d.Hkv, d.dh});
-  if (in.has("ve")) {
-    at::Tensor gate = 3.0 * at::sigmoid(at::linear(x.slice(-1, 0, kVeGateChannels), in.at("ve_gate")));
-    v = v + gate.unsqueeze(-1) * in.at("ve").view({B, T, d.Hkv, d.dh});
-  }
-  q = layers::rms_norm(layers::rope(q, c.f("rope_base"))) * 1.2;
-  k = layers::rms_norm(layers::rope(k, c.f("rope_base"))) * 1.2;
-  return {q, k, v};
-}
-
-ConfigSpec layer_config() {
-  ConfigSpec s = backbone_config();
-  s.i("kv_ratio", 1, "query heads per KV head; 0 = one KV head (MQA)", 0)
-      .f("rope_base", 100000.0, "RoPE base", 1.0)
-      .rule([](const Config& c) {
-        ModelDims d = model_dims(c);
-        const int64_t r = c.i("kv_ratio");
-        if (r > 0 && d.n_head % r != 0)
-          throw InputError(fmt::format("{} heads are not divisible by kv_ratio {}", d.n_head, r));
-        if (d.d_model < kVeGateChannels) throw InputError("d_model must be at least 12 (VE gate channels)");
-      });
-  return s;
-}
-
-}  // namespace sparse_layer
 
 namespace {
 
 using namespace sparse_layer;
 
-reference::SparseLayerWeights ref_weights(const TensorMap& in) {
-  reference::SparseLayerWeights w;
-  w.c_q = in.at("c_q");
-  w.c_k = in.at("c_k");
-  w.c_v = in.at("c_v");
-  w.c_proj = in.at("c_proj");
-  w.ve_gate = in.get_or("ve_gate", at::Tensor());
-  return w;
-}
-
 TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx&) {
   Dims d = dims(c);
-  return {{"y", reference::moba_layer(in.at("x"), in.get_or("ve", at::Tensor()), ref_weights(in), d.H, d.Hkv, d.dh,
-                                      c.f("rope_base"), c.i("moba_block"), c.i("moba_topk"))}};
+  return {{"y", reference::moba_layer(in.at("x"), in.get_or("ve", at::Tensor()), attention_weights(in), d.H, d.Hkv,
+                                      d.dh, c.f("rope_base"), c.i("moba_block"), c.i("moba_topk"))}};
 }
 
 // Block indices [B,H,T,nsel] of the MoBA gate (no gradient), nsel = min(topk, #blocks).
@@ -204,27 +118,21 @@ std::vector<CaseDef> cases(const ConfigSpec& spec) {
 }
 
 MethodSpec make_spec() {
-  MethodSpec m;
-  m.name = "moba";
-  m.family = "sparse";
-  m.summary = "MoBA: per-head top-k key blocks by q·mean(K_block), own block forced and counted (block 128, 2 blocks)";
-  m.citation = "MoonshotAI/MoBA moba_naive (arXiv 2502.13189); nanochat attention layer";
-  m.config = layer_config();
-  m.config.i("moba_block", 128, "tokens per key block", 1)
-      .i("moba_topk", 2, "blocks per query and head, the own block included (budget = topk·block tokens)", 1);
-  m.ops = {"block_sparse_attention"};
-  m.params = attention_params;
-  m.make_inputs = make_layer_inputs;
-  m.reference = reference_fn;
-  m.forward = forward;
-  // No CUDA registration: the code is device-agnostic, but at bf16 the selection flips near-tied
-  // blocks against the FP64 reference, so layer-level conformance would need the reference to take
-  // the optimized path's selection; until it does, the layer is checked on the CPU only.
-  ConfigSpec spec = m.config;
-  m.cases = [spec]() { return cases(spec); };
-  m.account = account;
-  m.ve_dim = sparse_layer::ve_dim;
-  return m;
+  SparseMethodDesc d;
+  d.name = "moba";
+  d.summary = "MoBA: per-head top-k key blocks by q·mean(K_block), own block forced and counted (block 128, 2 blocks)";
+  d.citation = "MoonshotAI/MoBA moba_naive (arXiv 2502.13189); nanochat attention layer";
+  d.knobs = [](ConfigSpec& s) {
+    s.i("moba_block", 128, "tokens per key block", 1)
+        .i("moba_topk", 2, "blocks per query and head, the own block included (budget = topk·block tokens)", 1);
+  };
+  d.ops = {"block_sparse_attention"};
+  d.params = attention_params;
+  d.reference = reference_fn;
+  d.forward = forward;
+  d.account = account;
+  d.cases = cases;
+  return sparse_method(d);
 }
 
 MIXBENCH_REGISTER(make_spec());

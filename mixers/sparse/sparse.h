@@ -27,42 +27,6 @@ at::Tensor block_sparse_attention_cpu(const at::Tensor& q, const at::Tensor& k, 
                                       const at::Tensor& block_indices, int64_t block_size, int64_t q_block,
                                       double scale);
 
-// The sparse-attention layers share nanochat's attention layer up to the attention call
-// (dense.cpp's dense_full): projections c_q/c_k/c_v, the value-embedding gate on alternate layers
-// (always the last), RoPE (half-split, nanochat's sign), QK RMSNorm, ×1.2; c_proj after.
-// Defined in moba.cpp.
-namespace sparse_layer {
-constexpr int64_t kVeGateChannels = 12;
-struct Dims {
-  int64_t D, H, Hkv, dh;
-};
-Dims dims(const Config& c);                     // kv_ratio: query heads per KV head, 0 = one KV head
-bool has_ve(const LayerCtx& ctx);
-int64_t ve_dim(const Config& c, const LayerCtx& ctx);  // Hkv·dh on value-embedding layers, else 0
-std::vector<ParamDef> attention_params(const Config& c, const LayerCtx& ctx);  // c_q, c_k, c_v, c_proj (+ ve_gate)
-int64_t attention_matmul_params(const Config& c, const LayerCtx& ctx);
-TensorMap make_layer_inputs(const Config& c, const LayerCtx& ctx, int64_t B, int64_t T, at::Generator& gen);
-struct QKV {
-  at::Tensor q, k, v;  // q [B,T,H,dh] and k [B,T,Hkv,dh] after RoPE and QK-norm; v [B,T,Hkv,dh]
-};
-QKV qkv(const TensorMap& in, const Config& c);
-// Backbone config plus kv_ratio and rope_base (the attention layer's own knobs).
-ConfigSpec layer_config();
-// Full-attention warm-up of the methods trained with an indexer / gate KL (dsa, qsa, seer; seed
-// 001): for the first `full_attention_warmup_steps` training steps (LayerCtx::step in
-// [0, N)) the layer selects every causal key (dense causal attention) and the KL, with the
-// teacher over the full history, still trains the indexer. Outside training (step -1) the
-// selection is always active.
-inline ConfigSpec& add_warmup_knob(ConfigSpec& s) {
-  return s.i("full_attention_warmup_steps", 512,
-             "training steps at the start run as dense causal attention (only the indexer / gate KL trains the selector)",
-             0);
-}
-inline bool full_attention_warmup(const Config& c, const LayerCtx& ctx) {
-  return ctx.step >= 0 && ctx.step < c.i("full_attention_warmup_steps");
-}
-}  // namespace sparse_layer
-
 // CUDA path of the sparse ops: the same device-agnostic LibTorch code, with bf16 / fp16 inputs
 // computed in fp32 (cast back on the way out). Top-k selections and gathered sums in half precision
 // would flip near-tied keys and round the index_add accumulations.

@@ -15,6 +15,7 @@
 
 #include "harness/errors.h"
 #include "harness/registry.h"
+#include "mixers/common/qkv_op.h"
 #include "mixers/sparse/sparse.h"
 #include "reference/sparse.h"
 
@@ -22,10 +23,7 @@ namespace mixbench {
 
 namespace {
 
-double resolve_scale(const Config& p, int64_t D) {
-  double s = p.f("scale");
-  return s > 0 ? s : 1.0 / std::sqrt(double(D));
-}
+using qkv_op::resolve_scale;
 
 // Value checks on an index tensor [B,T,K]: −1 ≤ index < T, index ≤ t, no repeated key in a row.
 void check_indices(const char* op, const at::Tensor& indices, int64_t T) {
@@ -59,20 +57,9 @@ void check_indices(const char* op, const at::Tensor& indices, int64_t T) {
 }
 
 void check_sparse_inputs(const TensorMap& in, const Config& p) {
-  for (const char* n : {"q", "k", "v", "indices"})
-    if (!in.has(n)) throw InputError(fmt::format("sparse_attention: missing input '{}'", n));
-  for (const char* n : {"q", "k", "v"})
-    if (in.at(n).dim() != 4)
-      throw InputError(fmt::format("sparse_attention: '{}' must be [B,T,H,D], got {} dims", n, in.at(n).dim()));
-  const auto &q = in.at("q"), &k = in.at("k"), &v = in.at("v"), &idx = in.at("indices");
+  qkv_op::check_inputs("sparse_attention", in, {"indices"});
+  const auto &q = in.at("q"), &idx = in.at("indices");
   const int64_t B = q.size(0), T = q.size(1);
-  if (k.size(0) != B || v.size(0) != B || k.size(1) != T || v.size(1) != T)
-    throw InputError("sparse_attention: q, k, v must share batch and length");
-  if (k.size(2) != v.size(2)) throw InputError("sparse_attention: k and v must have the same number of heads");
-  if (k.size(2) == 0 || q.size(2) % k.size(2) != 0)
-    throw InputError(fmt::format("sparse_attention: {} query heads are not a multiple of {} KV heads", q.size(2),
-                                 k.size(2)));
-  if (k.size(3) != q.size(3)) throw InputError("sparse_attention: q and k head dims differ");
   if (idx.scalar_type() != at::kLong)
     throw InputError(fmt::format("sparse_attention: 'indices' must be int64, got {}", c10::toString(idx.scalar_type())));
   if (idx.dim() != 3 || idx.size(0) != B || idx.size(1) != T || idx.size(2) != p.i("topk"))
@@ -111,28 +98,14 @@ at::Tensor random_indices(int64_t B, int64_t T, int64_t topk, at::Generator& gen
 }
 
 TensorMap make_inputs(const Config& c, int64_t B, int64_t T, at::Generator& gen) {
-  auto o = at::TensorOptions().dtype(at::kDouble);
-  const int64_t H = c.i("H"), Hkv = c.i("Hkv"), D = c.i("D"), Dv = c.i("Dv") > 0 ? c.i("Dv") : c.i("D");
-  TensorMap m{{"q", at::randn({B, T, H, D}, gen, o)},
-              {"k", at::randn({B, T, Hkv, D}, gen, o)},
-              {"v", at::randn({B, T, Hkv, Dv}, gen, o)}};
+  TensorMap m = qkv_op::make_inputs(c, B, T, gen);
   m.set("indices", random_indices(B, T, c.i("topk"), gen));
   return m;
 }
 
 ConfigSpec params_spec() {
-  ConfigSpec s;
-  s.f("scale", 0.0, "softmax scale; 0 = D^-0.5", 0.0)
-      .i("topk", 16, "index slots per query (last dim of indices)", 1)
-      .i("H", 4, "query heads (case shape)", 1)
-      .i("Hkv", 4, "KV heads (case shape)", 1)
-      .i("D", 16, "q/k head dim (case shape)", 1)
-      .i("Dv", 0, "v head dim (case shape); 0 = D", 0)
-      .rule([](const Config& c) {
-        if (c.i("H") % c.i("Hkv") != 0)
-          throw InputError(fmt::format("sparse_attention: H={} is not divisible by Hkv={}", c.i("H"), c.i("Hkv")));
-      });
-  return s;
+  return qkv_op::params("sparse_attention",
+                        [](ConfigSpec& s) { s.i("topk", 16, "index slots per query (last dim of indices)", 1); });
 }
 
 std::vector<CaseDef> cases() {
@@ -161,21 +134,16 @@ std::vector<std::pair<std::string, double>> dense_equivalence(const TensorMap& i
 }
 
 OpSpec make_spec() {
-  OpSpec s;
-  s.name = "sparse_attention";
-  s.family = "sparse";
-  s.summary = "causal token-sparse attention over given key indices (−1 padded, shared by all heads), GQA";
-  s.citation = "DeepSeek-V3.2 DSA (arXiv 2512.02556); FLA fla/ops/dsa/naive.py naive_dsa";
-  s.params = params_spec();
-  s.inputs = {{"q"}, {"k"}, {"v"}, {"indices", /*differentiable=*/false}};
-  s.outputs = {"o"};
+  OpSpec s = qkv_op::spec("sparse_attention", "sparse",
+                           "causal token-sparse attention over given key indices (−1 padded, shared by all heads), GQA",
+                           "DeepSeek-V3.2 DSA (arXiv 2512.02556); FLA fla/ops/dsa/naive.py naive_dsa", params_spec(),
+                           {{"indices", /*differentiable=*/false}}, check_sparse_inputs);
   s.make_inputs = make_inputs;
   s.reference = reference_fn;
   s.cpu = cpu_fn;
   // device-agnostic LibTorch (gathers and batched products) in fp32; no dedicated kernel
   s.cuda = [](const TensorMap& in, const Config& p) { return run_in_fp32(cpu_fn, in, p); };
   s.cases = cases;
-  s.check_inputs = check_sparse_inputs;
   s.invariants = dense_equivalence;
   return s;
 }
