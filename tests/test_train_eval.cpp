@@ -21,6 +21,7 @@
 #include "harness/registry.h"
 #include "harness/report.h"
 #include "suites/train.h"
+#include "reports/leaderboard.h"
 #include "suites/train_eval.h"
 
 namespace fs = std::filesystem;
