@@ -28,7 +28,4 @@ void write_report(const std::string& path, const nlohmann::json& report);
 std::vector<std::string> validate_json(const nlohmann::json& doc, const nlohmann::json& schema);
 const nlohmann::json& report_schema();  // reports/report.schema.json, embedded at build time
 
-// Markdown summary of a report (the `mixbench report FILE` command).
-std::string render_markdown(const nlohmann::json& report);
-
 }  // namespace mixbench

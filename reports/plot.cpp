@@ -10,28 +10,13 @@
 #include <vector>
 
 #include "harness/errors.h"
+#include "reports/html.h"
 
 namespace mixbench {
 
 namespace {
 using Json = nlohmann::json;
 
-std::string esc(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    switch (c) {
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '&': o += "&amp;"; break;
-      case '"': o += "&quot;"; break;
-      default: o += c;
-    }
-  }
-  return o;
-}
-
-const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e",
-                         "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f"};
 const char* kDashes[] = {"", "6,3", "2,3", "8,3,2,3", "12,4"};
 
 std::string label_of(const Json& r) {
@@ -107,9 +92,7 @@ std::string render_sweep_html(const Json& report) {
   const double y_oom = Tp + ph - 8;
 
   std::ostringstream svg;
-  svg << fmt::format(R"(<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" viewBox="0 0 {} {}" font-family="sans-serif" font-size="12">)",
-                     W, H, W, H)
-      << "\n";
+  svg << svg_open(W, H, R"( font-size="12")");
   svg << fmt::format(R"(<rect x="{}" y="{}" width="{}" height="{}" fill="none" stroke="#333"/>)", L, Tp, pw, ph) << "\n";
   for (double e = lx0; e <= lx1 + 1e-9; e += 1) {
     const double t = std::pow(2.0, e), x = X(t);
@@ -125,11 +108,11 @@ std::string render_sweep_html(const Json& report) {
   svg << fmt::format(R"~(<text x="18" y="{}" text-anchor="middle" transform="rotate(-90 18 {})">tokens/s (log10)</text>)~",
                      Tp + ph / 2, Tp + ph / 2)
       << "\n";
-  svg << fmt::format(R"(<text x="{}" y="24" text-anchor="middle" font-size="15">{} throughput</text>)", L + pw / 2, esc(mode)) << "\n";
+  svg << fmt::format(R"(<text x="{}" y="24" text-anchor="middle" font-size="15">{} throughput</text>)", L + pw / 2, html_escape(mode)) << "\n";
 
   int mi = 0, legend_row = 0;
   for (const auto& label : order) {
-    const char* color = kColors[mi % 10];
+    const char* color = series_colour(mi, SeriesOrder::Sweep);
     int bi = 0;
     for (const auto& [B, s] : data[label]) {
       const char* dash = kDashes[bi % 5];
@@ -140,17 +123,17 @@ std::string render_sweep_html(const Json& report) {
         for (size_t i = 0; i < pts.size(); ++i)
           d += fmt::format("{}{:.1f},{:.1f}", i ? " L" : "M", X(pts[i].first), Y(std::max(pts[i].second, 1e-300)));
         svg << fmt::format(R"(<path class="series" data-method="{}" data-batch="{}" d="{}" fill="none" stroke="{}" stroke-width="2"{}/>)",
-                           esc(label), B, d, color, *dash ? fmt::format(R"( stroke-dasharray="{}")", dash) : "")
+                           html_escape(label), B, d, color, *dash ? fmt::format(R"( stroke-dasharray="{}")", dash) : "")
             << "\n";
         for (const auto& [t, y] : pts)
           svg << fmt::format(R"(<circle cx="{:.1f}" cy="{:.1f}" r="3" fill="{}"><title>{} B={} T={}: {:.4g} tokens/s</title></circle>)",
-                             X(t), Y(y), color, esc(label), B, int64_t(t), y)
+                             X(t), Y(y), color, html_escape(label), B, int64_t(t), y)
               << "\n";
       }
       if (s.oom_T) {
         const double x = X(*s.oom_T);
         svg << fmt::format(R"(<g class="oom" data-method="{}" data-batch="{}" stroke="{}" stroke-width="2.5"><title>{} B={}: OOM at T={} (last fit {})</title>)",
-                           esc(label), B, color, esc(label), B, int64_t(*s.oom_T),
+                           html_escape(label), B, color, html_escape(label), B, int64_t(*s.oom_T),
                            s.last_fit_T ? std::to_string(int64_t(*s.last_fit_T)) : "none")
             << fmt::format(R"(<line x1="{:.1f}" y1="{:.1f}" x2="{:.1f}" y2="{:.1f}"/><line x1="{:.1f}" y1="{:.1f}" x2="{:.1f}" y2="{:.1f}"/></g>)",
                            x - 6, y_oom - 6, x + 6, y_oom + 6, x - 6, y_oom + 6, x + 6, y_oom - 6)
@@ -159,7 +142,7 @@ std::string render_sweep_html(const Json& report) {
       const double ly = Tp + 10 + 18 * legend_row++;
       svg << fmt::format(R"(<line x1="{}" y1="{:.1f}" x2="{}" y2="{:.1f}" stroke="{}" stroke-width="2"{}/>)", L + pw + 14, ly,
                          L + pw + 44, ly, color, *dash ? fmt::format(R"( stroke-dasharray="{}")", dash) : "")
-          << fmt::format(R"(<text x="{}" y="{:.1f}">{} B={}{}</text>)", L + pw + 50, ly + 4, esc(label), B,
+          << fmt::format(R"(<text x="{}" y="{:.1f}">{} B={}{}</text>)", L + pw + 50, ly + 4, html_escape(label), B,
                          s.oom_T ? " (x = OOM)" : "")
           << "\n";
       ++bi;
@@ -171,10 +154,10 @@ std::string render_sweep_html(const Json& report) {
   svg << "</svg>\n";
 
   std::ostringstream html;
-  html << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>mixbench sweep: " << esc(mode)
+  html << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>mixbench sweep: " << html_escape(mode)
        << "</title>\n<style>body{font-family:sans-serif;margin:24px}td,th{padding:2px 8px;text-align:left}</style></head><body>\n";
-  html << "<h1>mixbench sweep: " << esc(mode) << "</h1>\n<table>\n";
-  auto row = [&](const char* k, const std::string& v) { html << "<tr><th>" << k << "</th><td>" << esc(v) << "</td></tr>\n"; };
+  html << "<h1>mixbench sweep: " << html_escape(mode) << "</h1>\n<table>\n";
+  auto row = [&](const char* k, const std::string& v) { html << "<tr><th>" << k << "</th><td>" << html_escape(v) << "</td></tr>\n"; };
   row("command", report.value("command", std::string()));
   row("created", report.value("created", std::string()));
   row("commit", report.value("git_commit", std::string()));
@@ -188,7 +171,7 @@ std::string render_sweep_html(const Json& report) {
   html << "</table>\n" << svg.str();
   if (!notes.empty()) {
     html << "<h2>Points without a throughput</h2>\n<ul>\n";
-    for (const auto& n : notes) html << "<li>" << esc(n) << "</li>\n";
+    for (const auto& n : notes) html << "<li>" << html_escape(n) << "</li>\n";
     html << "</ul>\n";
   }
   html << "</body></html>\n";

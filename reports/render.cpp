@@ -4,7 +4,7 @@
 #include <map>
 #include <sstream>
 
-#include "harness/report.h"
+#include "reports/render.h"
 
 namespace mixbench {
 

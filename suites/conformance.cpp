@@ -16,6 +16,7 @@
 #include "harness/metrics.h"
 #include "harness/nvtx.h"
 #include "harness/safetensors.h"
+#include "suites/golden.h"
 
 namespace mixbench {
 
@@ -629,43 +630,16 @@ Json run_conformance(const ConformanceOptions& opt, ConformanceSummary& summary)
 }
 
 Json run_golden(const std::string& path, const ConformanceOptions& opt) {
-  SafetensorsFile f = read_safetensors(path);  // InputError on a malformed file
-  auto fail = [&](const std::string& why) { return InputError(fmt::format("golden file '{}': {}", path, why)); };
-  if (!f.metadata.count("op")) throw fail("metadata has no 'op'");
-  const OpSpec& spec = Registry::get().op(f.metadata.at("op"));
-  std::string overrides;
-  for (const auto& [k, v] : f.metadata) {
-    if (k == "op" || !spec.params.find(k)) continue;
-    overrides += (overrides.empty() ? "" : ",") + k + "=" + v;
-  }
-  Config cfg;
-  try {
-    cfg = spec.params.parse(overrides);
-  } catch (const InputError& e) {
-    throw fail(e.what());
-  }
-  TensorMap in;
-  for (const auto& d : spec.inputs) {
-    if (f.tensors.has(d.name)) {
-      at::Tensor t = f.tensors.at(d.name);
-      in.set(d.name, at::isFloatingType(t.scalar_type()) ? t.to(at::kDouble) : t.to(at::kLong));
-    } else if (!d.optional) {
-      throw fail(fmt::format("missing input tensor '{}'", d.name));
-    }
-  }
-  try {
-    if (spec.check_inputs) spec.check_inputs(in, cfg);
-  } catch (const InputError& e) {
-    throw fail(e.what());
-  }
+  const GoldenFile golden = read_golden(path);  // InputError on a malformed file
+  const SafetensorsFile& f = golden.file;
+  auto fail = [&](const std::string& why) { return golden_file_error(path, why); };
+  const OpSpec& spec = *golden.op;
+  const Config& cfg = golden.config;
+  const TensorMap& in = golden.inputs;
   Unit u = op_unit(spec, cfg);
   // expected tensors
-  TensorMap cot;
-  for (const auto& o : spec.outputs)
-    if (f.tensors.has("d" + o)) cot.set(o, f.tensors.at("d" + o).to(at::kDouble));
-  std::string golden_dtype = "fp64";
-  for (const auto& [n, t] : f.tensors)
-    if (t.scalar_type() == at::kFloat) golden_dtype = "fp32";
+  const TensorMap& cot = golden.cotangents;
+  const std::string& golden_dtype = golden.dtype;
 
   Json results = Json::array();
   for (int pass = 0; pass < 2; ++pass) {

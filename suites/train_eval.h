@@ -1,6 +1,6 @@
 // Evaluation beside the training loss: capability probes (multi-query associative recall,
 // needle-in-a-haystack retrieval, permutation state tracking) as byte sequences with their answer
-// positions, their greedy-argmax scoring, and the leaderboard's offline HTML page.
+// positions, and their greedy-argmax scoring. (The leaderboard's HTML page: reports/leaderboard.h.)
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
@@ -59,10 +59,5 @@ ProbeScore score_probes(const std::vector<ProbeSeq>& seqs, const LogitsFn& logit
 nlohmann::json evaluate_probes(const LogitsFn& logits, int64_t T, uint64_t seed, int64_t n_per_probe, int64_t bos);
 // Seed of the held-out probe stream for a run seed (the training stream uses the run seed).
 uint64_t probe_eval_seed(uint64_t seed);
-
-// The leaderboard page: loss against cumulative training FLOPs per method and validation bpb
-// against training FLOPs per token, as inline SVG (no scripts) in one offline HTML file, built
-// from the leaderboard's result rows.
-std::string leaderboard_html(const nlohmann::json& results, const std::string& title, const std::string& markdown);
 
 }  // namespace mixbench

@@ -11,7 +11,7 @@
 
 #include "harness/alloc.h"
 #include "harness/backbone.h"
-#include "harness/cli.h"
+#include "harness/cli/cli.h"
 #include "harness/errors.h"
 #include "harness/flop_counter.h"
 #include "harness/io.h"

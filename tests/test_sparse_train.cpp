@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "harness/backbone.h"
-#include "harness/cli.h"
+#include "harness/cli/cli.h"
 #include "harness/io.h"
 #include "harness/registry.h"
 #include "harness/report.h"

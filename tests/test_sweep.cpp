@@ -7,7 +7,7 @@
 #include <set>
 #include <unistd.h>
 
-#include "harness/cli.h"
+#include "harness/cli/cli.h"
 #include "harness/errors.h"
 #include "harness/io.h"
 #include "harness/nvtx.h"

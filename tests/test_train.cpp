@@ -11,7 +11,7 @@
 #include <fstream>
 #include <unistd.h>
 
-#include "harness/cli.h"
+#include "harness/cli/cli.h"
 #include "harness/errors.h"
 #include "harness/io.h"
 #include "harness/registry.h"

@@ -15,12 +15,13 @@
 #include <unistd.h>
 
 #include "harness/backbone.h"
-#include "harness/cli.h"
+#include "harness/cli/cli.h"
 #include "harness/errors.h"
 #include "harness/io.h"
 #include "harness/registry.h"
 #include "harness/report.h"
 #include "suites/train.h"
+#include "reports/leaderboard.h"
 #include "suites/train_eval.h"
 
 namespace fs = std::filesystem;

@@ -1,0 +1,86 @@
+#include "suites/account.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/GradMode.h>
+
+#include <cmath>
+#include <vector>
+
+#include "harness/flop_counter.h"
+
+namespace mixbench {
+
+using Json = nlohmann::json;
+
+Json param_json(const ParamCount& p) {
+  return {{"wte", p.wte},         {"value_embeds", p.value_embeds}, {"lm_head", p.lm_head},
+          {"transformer_matrices", p.transformer_matrices}, {"scalars", p.scalars},
+          {"total", p.total()},   {"matmul", p.matmul}};
+}
+
+bool AccountResult::audit_passed() const {
+  return !(row.contains("audit") &&
+           (!row["audit"]["params_match"].get<bool>() || row["audit"]["fwd_flops_rel_diff"].get<double>() > 0.02));
+}
+
+AccountResult run_account(const AccountOptions& opt) {
+  AccountResult res;
+  const MethodSpec& m = Registry::get().method(opt.method);
+  res.method = &m;
+  res.config = m.config.parse(opt.config);
+  const Config& cfg = res.config;
+  CostQuery& q = res.query;
+  q.T = cfg.i("seq_len");
+  q.context = opt.context ? *opt.context : q.T;
+  q.dtype_bytes = opt.dtype_bytes;
+  res.cost = account_model(m, cfg, q);
+  res.dims = model_dims(cfg);
+  const ModelCost& mc = res.cost;
+  const ModelDims& d = res.dims;
+  Json r = {{"status", "ok"},
+            {"method", m.name},
+            {"config", cfg.to_json()},
+            {"shape", {{"n_layer", d.n_layer}, {"d_model", d.d_model}, {"n_head", d.n_head}, {"head_dim", d.head_dim},
+                       {"seq_len", q.T}, {"context", q.context}, {"vocab", d.vocab}}},
+            {"params", param_json(mc.params)},
+            {"train_flops_per_token_nanochat", mc.train_flops_nanochat},
+            {"fwd_flops_per_token", mc.fwd_flops},
+            {"decode_flops_per_token", mc.decode_flops},
+            {"activation_bytes_per_token", mc.act_bytes},
+            {"kv_cache_bytes_per_token", mc.cache_bytes_per_token},
+            {"state_bytes_per_sequence", mc.state_bytes},
+            {"dtype_bytes", q.dtype_bytes}};
+  Json layers = Json::array();
+  const std::vector<LayerMethod> lm = layer_methods(m, cfg);
+  for (size_t i = 0; i < mc.layers.size(); ++i)
+    layers.push_back({{"layer", i}, {"method", lm[i].method->name}, {"params", mc.layers[i].params.total()},
+                      {"fwd_flops", mc.layers[i].fwd_flops}, {"nanochat_core_flops", mc.layers[i].nanochat_core_flops},
+                      {"formula", mc.layers[i].formula}});
+  r["layers"] = layers;
+  if (opt.audit) {
+    // Build the model and count what it holds and executes.
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(0);
+    Model model = build_model(m, cfg, gen, at::TensorOptions().dtype(at::kFloat), true);
+    ParamCount built = count_params(model);
+    const int64_t B = opt.audit_batch;
+    at::Tensor idx = at::randint(d.vocab, {B, q.T}, gen, at::TensorOptions().dtype(at::kLong));
+    double counted = 0;
+    {
+      c10::NoGradGuard ng;
+      FlopCounter fc;
+      model_forward(model, idx, Backend::CPU);
+      counted = fc.total() / double(B * q.T) + mc.uncounted_flops;
+    }
+    r["audit"] = {{"params_built", param_json(built)},
+                  {"params_match", built.total() == mc.params.total() && built.matmul == mc.params.matmul &&
+                                       built.transformer_matrices == mc.params.transformer_matrices},
+                  {"fwd_flops_counted_per_token", counted},
+                  {"fwd_flops_documented_uncounted_per_token", mc.uncounted_flops},
+                  {"fwd_flops_rel_diff", std::abs(counted - mc.fwd_flops) / mc.fwd_flops}};
+  }
+  res.row = std::move(r);
+  return res;
+}
+
+}  // namespace mixbench
