@@ -16,7 +16,9 @@
 #include "harness/io.h"
 #include "harness/registry.h"
 #include "harness/report.h"
+#include <algorithm>
 #include "suites/sweep.h"
+#include "suites/sweep_ranges.h"
 
 namespace mixbench {
 namespace {

@@ -5,13 +5,12 @@
 
 #include <filesystem>
 
-#include "harness/args.h"
+#include "harness/cli/cli.h"
 #include "harness/errors.h"
 #include "harness/io.h"
 #include "harness/nvtx.h"
 #include "harness/registry.h"
 #include "suites/profile.h"
-#include "suites/sweep.h"
 
 namespace mixbench {
 namespace {
@@ -87,17 +86,17 @@ TEST(Profile, StackMatchingIsDirectNesting) {
   EXPECT_FALSE(nvtx_stack_matches({}, {"a"}));
 }
 
-// Runs the plan's sweep point on the CPU (tiny shapes) with range recording and returns the stacks.
+// Runs the plan's sweep point on the CPU (tiny shapes) through the command line, with range
+// recording, and returns the recorded stacks.
 std::vector<std::vector<std::string>> recorded_work(const ProfilePlan& plan) {
-  std::vector<std::string> args(plan.sweep_args.begin() + 1, plan.sweep_args.end());
-  SweepOptions so = sweep_options_from_args(Args(args, sweep_valued_options(), sweep_flag_options()));
-  so.progress = false;
-  SweepSummary sum;
+  std::vector<std::string> args = plan.sweep_args;
+  args.push_back("--out");
+  args.push_back((fs::temp_directory_path() / "mixbench_profile_work.json").string());
   NvtxRange::start_recording();
-  run_sweep(so, sum);
+  const int rc = run_cli(args);
   auto stacks = NvtxRange::recorded_stacks();
   NvtxRange::stop_recording();
-  EXPECT_EQ(sum.errors, 0);
+  EXPECT_EQ(rc, 0);
   return stacks;
 }
 

@@ -54,5 +54,6 @@ Command leaderboard_command();
 Command plot_command();
 Command report_command();
 Command validate_command();
+Command profile_command();
 
 }  // namespace mixbench
