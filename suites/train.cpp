@@ -146,37 +146,26 @@ void muon_update(at::Tensor& p, const at::Tensor& grad, at::Tensor& buf, at::Ten
 Optimizer::Optimizer(const Model& m, int64_t batch_tokens, const TrainHyper& h) : h_(h) {
   const double bs = std::sqrt(double(batch_tokens) / h.batch_tokens_ref);
   const double ds = std::pow(double(m.dims.d_model) / 768.0, -0.5);
-  groups_ = {
-      {"muon", true, 0.02 * bs, 0, 0.9, 0},
-      {"lm_head", false, 0.008 * bs * ds, 0.8, 0.96, 0.01},
-      {"wte", false, 0.3 * bs * ds, 0.8, 0.995, 0.001},
-      {"value_embeds", false, 0.15 * bs * ds, 0.8, 0.995, 0.01},
-      {"resid_lambdas", false, 0.005 * bs, 0.8, 0.95, 0.05},
-      {"x0_lambdas", false, 0.5 * bs, 0.96, 0.95, 0.0},
-      {"smear", false, 0.2, 0.8, 0.95, 0.0},
-      // Mixer parameters that are not matrices (gains, decay parameters, conv taps): nanochat has
-      // none; mixbench trains them with AdamW at the Muon base lr, no decay.
-      {"mixer_other", false, 0.02 * bs, 0.8, 0.95, 0.0},
-  };
-  auto idx = [&](const std::string& n) {
-    for (size_t i = 0; i < groups_.size(); ++i)
-      if (groups_[i].name == n) return i;
-    throw std::logic_error("no group " + n);
-  };
+  std::map<std::string, std::pair<OptimRule, std::string>> declared;  // group -> (rule, first parameter)
   for (const auto& [name, t] : m.params) {
-    const ParamDef& d = m.defs.at(name);
-    std::string g;
-    if (name == "wte") g = "wte";
-    else if (name == "lm_head") g = "lm_head";
-    else if (name.rfind("ve.", 0) == 0) g = "value_embeds";
-    else if (name == "resid_lambdas") g = "resid_lambdas";
-    else if (name == "x0_lambdas") g = "x0_lambdas";
-    else if (name == "smear_gate" || name == "smear_lambda" || name == "backout_lambda") g = "smear";
-    else if (name.rfind("layers.", 0) == 0) g = (d.matmul && d.shape.size() == 2) ? "muon" : "mixer_other";
-    else throw std::logic_error("parameter " + name + " has no optimizer group");
-    group_of_[name] = idx(g);
+    const OptimRule rule = m.defs.at(name).optim_rule();
+    auto [it, fresh] = declared.emplace(rule.group, std::make_pair(rule, name));
+    if (!fresh && it->second.first != rule)
+      throw std::logic_error(fmt::format("parameters {} and {} share optimizer group '{}' with different hyper-parameters",
+                                         it->second.second, name, rule.group));
+    const bool muon = rule.kind == OptimKind::Muon;
+    if (muon && t.dim() != 2)
+      throw std::logic_error(fmt::format("parameter {} is in a Muon group but is not a matrix", name));
+    if (fresh) {
+      double lr = rule.lr;
+      if (rule.batch_scaled) lr = lr * bs;
+      if (rule.width_scaled) lr = lr * ds;
+      groups_.push_back({rule.group, muon, lr, rule.beta1, rule.beta2, rule.wd});
+      group_index_[rule.group] = groups_.size() - 1;
+    }
+    group_of_[name] = group_index_.at(rule.group);
     auto o = t.options().requires_grad(false);
-    if (g == "muon") {
+    if (muon) {
       m1_[name] = at::zeros(t.sizes(), o);
       m2_[name] = t.size(0) >= t.size(1) ? at::zeros({t.size(0), 1}, o) : at::zeros({1, t.size(1)}, o);
     } else {

@@ -47,7 +47,10 @@ struct TrainHyper {
   Schedule schedule;
 };
 
-// Parameter groups and optimizer state over a Model's TensorMap.
+// Parameter groups and optimizer state over a Model's TensorMap. The groups are the parameters'
+// declared rules (ParamDef::optim_rule): parameters with the same group name form one group, whose
+// lr is the rule's base lr times the scalings it asks for; two different rules under one group name
+// are a logic_error.
 class Optimizer {
  public:
   Optimizer(const Model& m, int64_t batch_tokens, const TrainHyper& h);
@@ -66,7 +69,8 @@ class Optimizer {
     double lr = 0, beta1 = 0, beta2 = 0, wd = 0;
   };
   std::vector<Group> groups_;
-  std::map<std::string, size_t> group_of_;
+  std::map<std::string, size_t> group_index_;  // group name -> groups_ index
+  std::map<std::string, size_t> group_of_;     // parameter -> groups_ index
   std::map<std::string, at::Tensor> m1_, m2_;
   int64_t adam_step_ = 0;
   TrainHyper h_;
