@@ -131,6 +131,14 @@ struct LayerChoice {
   std::string overrides;
 };
 
+// What a method needs at a training preset (suites/presets.json names the presets): config
+// overrides "k=v,..." applied after the preset's backbone config, and the rows per forward/backward
+// where memory needs fewer than the batch (0 = the whole batch).
+struct PresetOverride {
+  std::string config;
+  int64_t micro_batch = 0;
+};
+
 struct MethodSpec {
   std::string name, family, summary, citation;
   // Model-level config: the backbone fields every method shares plus the method's own knobs.
@@ -166,6 +174,9 @@ struct MethodSpec {
   // Runs once, after every static registration and before the first lookup (a hybrid builds its
   // config, ops and decode hooks from its components' specs, which may register later).
   std::function<void(MethodSpec&)> complete;
+  // Training presets' overrides by preset name. A hybrid adds its components' config overrides
+  // (in complete(); its micro-batch stays its own).
+  std::map<std::string, PresetOverride> presets;
 };
 
 // Position (tokens consumed) recorded in a decode cache; 0 when the cache is empty.

@@ -416,57 +416,38 @@ std::string TrainPreset::config_for(const std::string& method) const {
 }
 
 TrainPreset train_preset(const std::string& name) {
-  if (name == "tiny") {
-    TrainPreset p;
-    p.config = "n_layer=4,d_model=128,head_dim=32,seq_len=128,vocab=257";
-    p.steps = 160;
-    p.batch = 4;
-    p.eval_every = 40;
-    p.eval_batches = 4;
-    p.checkpoint_every = 50;
-    p.probe_sequences = 32;
-    p.cpu_threads = 1;
-    // MoBA's default block (128) would be the whole sequence: 4 blocks of 32, 2 per query.
-    // (dense keeps nanochat's short window ceil(T/4/128)·128, which is all of T = 128: at this
-    // preset dense and dense_full are the same model.)
-    // DSA's indexer (64 heads × 128) would cost more than the whole tiny model: 4 heads × 32, and
-    // 32 of the 128 keys per query.
-    p.method_config = {{"moba", "moba_block=32,moba_topk=2"},
-                       {"moba_hybrid", "moba_block=32,moba_topk=2"},
-                       {"dsa", "dsa_topk=32,idx_heads=4,idx_dim=32,idx_rope_dim=16"}};
-    // A CPU batch is far below nanochat's 2^19 tokens; √(B/B_ref) would shrink every lr ~30×, so
-    // the tiny preset takes its own batch as the reference (lr scale 1) and the unscaled decay.
-    p.hyper.batch_tokens_ref = double(p.batch * 128);
-    p.hyper.muon_wd = 0.28;
-    // nanochat orthogonalises in bf16 only where bf16 is its compute dtype; on the CPU it is fp32.
-    p.hyper.muon_bf16 = false;
-    return p;
+  const nlohmann::ordered_json& table = train_presets_table();
+  if (!table.contains(name)) {
+    std::string known;
+    for (const auto& [k, v] : table.items()) known += (known.empty() ? "" : ", ") + k;
+    throw UsageError(fmt::format("unknown preset '{}' (known: {})", name, known));
   }
-  if (name == "small") {
-    // One GPU: 40 steps of 32 × 512 tokens (655K tokens) per method; every registered method
-    // (22) in about 4 minutes on one H200.
-    TrainPreset p;
-    p.config = "n_layer=6,d_model=384,head_dim=64,seq_len=512,vocab=257";
-    p.steps = 40;
-    p.batch = 32;
-    p.eval_every = 10;
-    p.eval_batches = 4;
-    p.checkpoint_every = 40;
-    p.probe_sequences = 128;
-    p.hyper.batch_tokens_ref = double(p.batch * 512);  // lr scale 1 at the preset's batch, as tiny
-    p.hyper.muon_wd = 0.28;
-    p.hyper.muon_bf16 = true;  // nanochat orthogonalises in bf16 on bf16 hardware
-    // The sparse layers' LibTorch paths gather keys per query block: 32 rows at once need more than
-    // an H200's memory for training; the same step in micro-batches of 8 rows (gradients accumulated).
-    p.method_micro_batch = {{"qsa", 8}, {"seer", 8}};
-    // The sparse methods' dense warm-up (512 steps by default) would cover the whole run: a quarter.
-    for (const char* m : {"dsa", "qsa", "seer", "qsa_hybrid"}) p.method_config[m] = "full_attention_warmup_steps=10";
-    // DSA's indexer scaled to the width (64 heads × 128 would cost several times the layer), and a
-    // quarter of the 512 keys per query.
-    p.method_config["dsa"] += ",dsa_topk=128,idx_heads=4,idx_dim=64,idx_rope_dim=32";
-    return p;
+  const nlohmann::ordered_json& j = table.at(name);
+  TrainPreset p;
+  p.name = name;
+  p.config = j.at("config").get<std::string>();
+  p.steps = j.at("steps").get<int64_t>();
+  p.batch = j.at("batch").get<int64_t>();
+  p.eval_every = j.at("eval_every").get<int64_t>();
+  p.eval_batches = j.at("eval_batches").get<int64_t>();
+  p.checkpoint_every = j.at("checkpoint_every").get<int64_t>();
+  p.probe_sequences = j.at("probe_sequences").get<int64_t>();
+  p.cpu_threads = j.at("cpu_threads").get<int>();
+  p.hyper.batch_tokens_ref = j.at("batch_tokens_ref").get<double>();
+  p.hyper.muon_wd = j.at("muon_wd").get<double>();
+  p.hyper.muon_bf16 = j.at("muon_bf16").get<bool>();
+  p.anchor = j.at("anchor").get<std::string>();
+  p.baseline = j.at("baseline").get<std::string>();
+  if (j.at("lineup").is_array()) p.lineup = j.at("lineup").get<std::vector<std::string>>();
+  else if (j.at("lineup") != "all") throw std::logic_error("preset " + name + ": lineup is a list of methods or \"all\"");
+  // What each method needs at this preset, as it declares it where it is registered.
+  for (const auto* m : Registry::get().methods()) {
+    auto it = m->presets.find(name);
+    if (it == m->presets.end()) continue;
+    if (!it->second.config.empty()) p.method_config[m->name] = it->second.config;
+    if (it->second.micro_batch > 0) p.method_micro_batch[m->name] = it->second.micro_batch;
   }
-  throw UsageError(fmt::format("unknown preset '{}' (known: tiny, small)", name));
+  return p;
 }
 
 namespace {
@@ -755,8 +736,8 @@ Calibration calibrate(const std::string& method, const std::string& preset, cons
     if (!extra.empty()) s += "," + extra;
     return s;
   };
-  const MethodSpec& anchor = Registry::get().method("dense");
-  Config acfg = anchor.config.parse(cfg_text("", "dense"));
+  const MethodSpec& anchor = Registry::get().method(P.anchor);
+  Config acfg = anchor.config.parse(cfg_text("", anchor.name));
   const ModelDims ad = model_dims(acfg);
   CostQuery q;
   q.T = ad.seq_len;
@@ -823,15 +804,17 @@ Calibration calibrate(const std::string& method, const std::string& preset, cons
 }
 
 Json run_leaderboard(const LeaderboardOptions& opt, std::string& md) {
+  const TrainPreset P = train_preset(opt.preset);
   std::vector<std::string> methods = opt.methods;
-  const bool all = (methods.size() == 1 && methods[0] == "all") || (methods.empty() && opt.preset != "tiny");
+  const bool all = (methods.size() == 1 && methods[0] == "all") || (methods.empty() && P.lineup.empty());
   if (all) {
-    // dense_full and dense first, then every other registered method in registry order
-    methods = {"dense_full", "dense"};
+    // the baseline and the anchor first, then every other registered method in registry order
+    methods = {P.baseline};
+    if (P.anchor != P.baseline) methods.push_back(P.anchor);
     for (const auto* m : Registry::get().methods())
-      if (m->name != "dense_full" && m->name != "dense") methods.push_back(m->name);
+      if (m->name != P.baseline && m->name != P.anchor) methods.push_back(m->name);
   } else if (methods.empty()) {
-    methods = {"dense_full", "dense", "gdn", "gla", "retnet", "moba"};
+    methods = P.lineup;
   }
   for (const auto& m : methods) Registry::get().method(m);  // unknown names fail first
   Json results = Json::array();
@@ -866,12 +849,13 @@ Json run_leaderboard(const LeaderboardOptions& opt, std::string& md) {
                           {"within_2pct", cal.within}};
     results.push_back(row);
   }
-  // Ranking by validation loss and the paired difference against dense_full.
+  // Ranking by validation loss and the paired difference against the preset's baseline.
   const char* key = "val_bpb";
   if (!results.empty() && results[0].contains("val_bits_per_token")) key = "val_bits_per_token";
+  const std::string delta_key = "delta_vs_" + P.baseline;
   double base = NAN;
   for (const auto& r : results)
-    if (r["method"] == "dense_full" && r["status"] == "ok") base = r[key].get<double>();
+    if (r["method"] == P.baseline && r["status"] == "ok") base = r[key].get<double>();
   std::vector<size_t> order;
   for (size_t i = 0; i < results.size(); ++i)
     if (results[i]["status"] == "ok") order.push_back(i);
@@ -880,10 +864,10 @@ Json run_leaderboard(const LeaderboardOptions& opt, std::string& md) {
   for (size_t k = 0; k < order.size(); ++k) {
     Json& r = results[order[k]];
     r["rank"] = int64_t(k + 1);
-    r["delta_vs_dense_full"] = std::isnan(base) ? Json() : Json(r[key].get<double>() - base);
+    r[delta_key] = std::isnan(base) ? Json() : Json(r[key].get<double>() - base);
   }
-  md = fmt::format("| rank | method | val {} | FLOPs/token | calibration | params | tokens | tok/s | Δ vs dense_full |\n",
-                   key == std::string("val_bpb") ? "bpb" : "bits/token");
+  md = fmt::format("| rank | method | val {} | FLOPs/token | calibration | params | tokens | tok/s | Δ vs {} |\n",
+                   key == std::string("val_bpb") ? "bpb" : "bits/token", P.baseline);
   md += "|---:|---|---:|---:|---|---:|---:|---:|---:|\n";
   for (size_t i : order) {
     const Json& r = results[i];
@@ -895,7 +879,7 @@ Json run_leaderboard(const LeaderboardOptions& opt, std::string& md) {
                       cm == 4 * cd ? std::string() : fmt::format(" mlp={}", cm), 100 * c["residual"].get<double>(),
                       c["within_2pct"].get<bool>() ? "" : ", outside ±2%", r["params"]["total"].get<int64_t>(),
                       r["tokens"].get<int64_t>(), r["tokens_per_s"].get<double>(),
-                      r["delta_vs_dense_full"].is_null() ? "-" : fmt::format("{:+.4f}", r["delta_vs_dense_full"].get<double>()));
+                      r[delta_key].is_null() ? "-" : fmt::format("{:+.4f}", r[delta_key].get<double>()));
   }
   // Capability probes: held-out accuracy on the answer tokens (greedy argmax), chance in the header.
   std::vector<std::pair<std::string, double>> probe_cols;

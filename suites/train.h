@@ -145,9 +145,12 @@ struct TrainResult {
   int threads = 0;             // intra-op threads the run used on the CPU (0 on a GPU)
 };
 
-// Preset configuration: "tiny" (the CPU: 6 methods in about 10 minutes on 2 cores) and "small"
-// (one GPU: every registered method in about 5 minutes). UsageError for unknown names.
+// Preset configuration, as declared in suites/presets.json: "tiny" (the CPU: 6 methods in about 10
+// minutes on 2 cores) and "small" (one GPU: every registered method in about 5 minutes), with the
+// per-method overrides the methods declare where they are registered (MethodSpec::presets).
+// UsageError for unknown names.
 struct TrainPreset {
+  std::string name;
   std::string config;  // backbone overrides
   int64_t steps, batch, eval_every, eval_batches, checkpoint_every;
   int64_t probe_sequences = 64;  // held-out sequences per probe kind after training
@@ -155,9 +158,14 @@ struct TrainPreset {
   std::map<std::string, std::string> method_config;  // per-method overrides after `config`
   std::map<std::string, int64_t> method_micro_batch;  // rows per forward/backward where memory needs it
   TrainHyper hyper;
+  std::string anchor;     // the leaderboard's FLOP anchor: every method is calibrated to its FLOPs/token
+  std::string baseline;   // the leaderboard's reference for the paired difference ("delta_vs_<baseline>")
+  std::vector<std::string> lineup;  // the leaderboard's default methods; empty = every registered method
   std::string config_for(const std::string& method) const;
 };
 TrainPreset train_preset(const std::string& name);
+// suites/presets.json, embedded at build time: {preset: {field: value}} in declaration order.
+const nlohmann::ordered_json& train_presets_table();
 
 TrainResult run_train(const TrainOptions& opt);
 nlohmann::json train_result_json(const TrainResult& r);
@@ -173,7 +181,7 @@ struct Calibration {
 };
 // Picks n_layer/d_model from the grid (n_layer 1..2L, d_model multiples of head_dim up to 2d) and
 // the MLP width (nanochat's 4·d_model, or a multiple of head_dim in [2d, 6d]) whose training
-// FLOPs/token (nanochat convention) is within ±2% of the anchor's (`dense` at the preset), nearest
+// FLOPs/token (nanochat convention) is within ±2% of the preset's anchor's (TrainPreset::anchor), nearest
 // the anchor's shape: |ΔL| + |Δd|/head_dim + |mlp − 4d|/(4·head_dim); ties to the smaller residual.
 Calibration calibrate(const std::string& method, const std::string& preset, const std::string& extra_config = "");
 

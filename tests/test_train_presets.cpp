@@ -5,8 +5,10 @@
 
 #include <filesystem>
 #include <map>
+#include <set>
 #include <string>
 
+#include "harness/args.h"
 #include "harness/errors.h"
 #include "harness/io.h"
 #include "harness/registry.h"
@@ -79,6 +81,66 @@ TEST(TrainPresets, EveryMethodsConfigAndMicroBatchArePinned) {
   EXPECT_EQ(s.hyper.muon_wd, 0.28);
   EXPECT_TRUE(s.hyper.muon_bf16);
   EXPECT_THROW(train_preset("huge"), UsageError);
+}
+
+TEST(TrainPresets, TheTableNamesRegisteredMethods) {
+  const auto& table = train_presets_table();
+  ASSERT_GE(table.size(), 2u);
+  std::vector<std::string> names;
+  for (const auto& [name, j] : table.items()) names.push_back(name);
+  EXPECT_EQ(names, (std::vector<std::string>{"tiny", "small"}));  // declaration order: the error message lists them so
+  for (const auto& name : names) {
+    const TrainPreset p = train_preset(name);
+    EXPECT_EQ(p.name, name);
+    EXPECT_TRUE(Registry::get().has_method(p.anchor)) << name;
+    EXPECT_TRUE(Registry::get().has_method(p.baseline)) << name;
+    for (const auto& m : p.lineup) EXPECT_TRUE(Registry::get().has_method(m)) << name << " " << m;
+  }
+  EXPECT_EQ(train_preset("tiny").lineup.size(), 6u);
+  EXPECT_TRUE(train_preset("small").lineup.empty());  // "all": every registered method
+  try {
+    train_preset("huge");
+    ADD_FAILURE() << "no error";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("known: tiny, small"), std::string::npos) << e.what();
+  }
+}
+
+// A hybrid's preset config is its components' (qsa_hybrid: qsa's warm-up), its micro-batch its own.
+TEST(TrainPresets, HybridsTakeTheirComponentsOverrides) {
+  for (const auto* m : Registry::get().methods()) {
+    if (!m->is_hybrid()) continue;
+    std::set<std::string> comps;
+    for (int64_t L : {4, 8}) {
+      Config c = m->config.defaults().with("n_layer", L);
+      for (const auto& ch : m->layout(c)) comps.insert(ch.method);
+    }
+    for (const auto& comp : comps)
+      for (const auto& [preset, po] : Registry::get().method(comp).presets)
+        for (const auto& item : split(po.config, ',')) {
+          ASSERT_TRUE(m->presets.count(preset)) << m->name << " lacks " << comp << "'s " << preset;
+          EXPECT_NE(("," + m->presets.at(preset).config + ",").find("," + item + ","), std::string::npos)
+              << m->name << " " << preset << " " << item;
+        }
+  }
+  EXPECT_EQ(Registry::get().method("qsa_hybrid").presets.at("small").micro_batch, 0);
+}
+
+// The suites know no method by name: every method-specific choice is declared where the method is
+// registered, and the presets' lineups and anchors in suites/presets.json (the one table, checked
+// above). No suite source holds a registered method's name as a string literal.
+TEST(TrainPresets, NoSuiteSourceNamesAMethod) {
+  const fs::path dir = fs::path(MIXBENCH_SOURCE_DIR) / "suites";
+  int files = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file() || e.path().filename() == "presets.json") continue;
+    const std::string text = read_file(e.path().string());
+    ++files;
+    for (const auto* m : Registry::get().methods())
+      EXPECT_EQ(text.find("\"" + m->name + "\""), std::string::npos)
+          << e.path().filename().string() << " names method " << m->name;
+  }
+  EXPECT_GE(files, 4);
 }
 
 }  // namespace

@@ -312,6 +312,11 @@ MethodSpec qsa_spec() {
   m.cases = [spec]() { return qsa_cases(spec); };
   m.account = qsa_account;
   m.ve_dim = sparse_layer::ve_dim;
+  // Training presets: the dense warm-up (512 steps by default) would cover all of small's 40 steps:
+  // a quarter of them.
+  // At small the LibTorch path's per-query-block key gathers for 32 rows need more than an H200's
+  // memory in training: the same step in micro-batches of 8 rows (gradients accumulated).
+  m.presets["small"] = {"full_attention_warmup_steps=10", 8};
   return m;
 }
 
@@ -577,6 +582,8 @@ MethodSpec seer_spec() {
   m.cases = [spec]() { return seer_cases(spec); };
   m.account = seer_account;
   m.ve_dim = sparse_layer::ve_dim;
+  // Training preset small: as qsa's (the warm-up a quarter of the run, micro-batches of 8 rows).
+  m.presets["small"] = {"full_attention_warmup_steps=10", 8};
   return m;
 }
 

@@ -224,6 +224,9 @@ MethodSpec make_spec() {
   m.cases = [spec]() { return cases(spec); };
   m.account = account;
   m.ve_dim = sparse_layer::ve_dim;
+  // Training preset tiny: the default block (128) would be the whole sequence: 4 blocks of 32, 2 per
+  // query.
+  m.presets["tiny"].config = "moba_block=32,moba_topk=2";
   return m;
 }
 
