@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "harness/args.h"
 #include "harness/errors.h"
@@ -58,28 +59,24 @@ TEST(TrainPresets, EveryMethodsConfigAndMicroBatchArePinned) {
     }
     for (const auto& [m, mb] : P.method_micro_batch) EXPECT_TRUE(Registry::get().has_method(m)) << m;
   }
-  const TrainPreset t = train_preset("tiny");
-  EXPECT_EQ(t.steps, 160);
-  EXPECT_EQ(t.batch, 4);
-  EXPECT_EQ(t.eval_every, 40);
-  EXPECT_EQ(t.eval_batches, 4);
-  EXPECT_EQ(t.checkpoint_every, 50);
-  EXPECT_EQ(t.probe_sequences, 32);
-  EXPECT_EQ(t.cpu_threads, 1);
-  EXPECT_EQ(t.hyper.batch_tokens_ref, 512.0);
-  EXPECT_EQ(t.hyper.muon_wd, 0.28);
-  EXPECT_FALSE(t.hyper.muon_bf16);
-  const TrainPreset s = train_preset("small");
-  EXPECT_EQ(s.steps, 40);
-  EXPECT_EQ(s.batch, 32);
-  EXPECT_EQ(s.eval_every, 10);
-  EXPECT_EQ(s.eval_batches, 4);
-  EXPECT_EQ(s.checkpoint_every, 40);
-  EXPECT_EQ(s.probe_sequences, 128);
-  EXPECT_EQ(s.cpu_threads, 0);
-  EXPECT_EQ(s.hyper.batch_tokens_ref, 16384.0);
-  EXPECT_EQ(s.hyper.muon_wd, 0.28);
-  EXPECT_TRUE(s.hyper.muon_bf16);
+  // steps, batch, eval_every, eval_batches, checkpoint_every, probe_sequences, cpu_threads, B_ref, bf16
+  struct Budget {
+    int64_t steps, batch, eval_every, eval_batches, ckpt, probes, threads;
+    double ref;
+    bool bf16;
+  };
+  for (const auto& [name, want] : std::map<std::string, Budget>{{"tiny", {160, 4, 40, 4, 50, 32, 1, 512.0, false}},
+                                                                 {"small", {40, 32, 10, 4, 40, 128, 0, 16384.0, true}}}) {
+    const TrainPreset p = train_preset(name);
+    const std::vector<int64_t> got = {p.steps, p.batch, p.eval_every, p.eval_batches, p.checkpoint_every,
+                                      p.probe_sequences, int64_t(p.cpu_threads)};
+    EXPECT_EQ(got, (std::vector<int64_t>{want.steps, want.batch, want.eval_every, want.eval_batches, want.ckpt,
+                                         want.probes, want.threads}))
+        << name;
+    EXPECT_EQ(p.hyper.batch_tokens_ref, want.ref) << name;
+    EXPECT_EQ(p.hyper.muon_wd, 0.28) << name;
+    EXPECT_EQ(p.hyper.muon_bf16, want.bf16) << name;
+  }
   EXPECT_THROW(train_preset("huge"), UsageError);
 }
 
