@@ -96,25 +96,31 @@ std::vector<ParamDef> backbone_defs(const MethodSpec& method, const Config& cfg,
     defs.push_back(std::move(p));
     if (owner) owner->push_back(own);
   };
-  add({"wte", {d.vocab, d.d_model}, ParamGroup::Wte, false, "normal", 0.0, 0.8}, "");
-  add({"lm_head", {d.vocab, d.d_model}, ParamGroup::LmHead, true, "normal", 0.0, 0.001}, "");
-  add({"smear_gate", {1, 24}, ParamGroup::Scalar, true, "uniform", 0.0, 0.02}, "");
-  add({"smear_lambda", {1}, ParamGroup::Scalar, false, "const", 0.0, 0}, "");
+  // nanochat's AdamW groups: adamw_rule(group, lr, β1, β2, decay, lr × (d/768)^−½, lr × √(B/B_ref))
+  const OptimRule smear = adamw_rule("smear", 0.2, 0.8, 0.95, 0.0, false, false);
+  add({"wte", {d.vocab, d.d_model}, ParamGroup::Wte, false, "normal", 0.0, 0.8,
+       adamw_rule("wte", 0.3, 0.8, 0.995, 0.001, true, true)}, "");
+  add({"lm_head", {d.vocab, d.d_model}, ParamGroup::LmHead, true, "normal", 0.0, 0.001,
+       adamw_rule("lm_head", 0.008, 0.8, 0.96, 0.01, true, true)}, "");
+  add({"smear_gate", {1, 24}, ParamGroup::Scalar, true, "uniform", 0.0, 0.02, smear}, "");
+  add({"smear_lambda", {1}, ParamGroup::Scalar, false, "const", 0.0, 0, smear}, "");
   for (auto p : model_stream(method, cfg)->params(d, model_plan(method, cfg))) add(std::move(p), "");
   for (int64_t i = 0; i < d.n_layer; ++i) {
     LayerCtx ctx{i, d.n_layer};
     const MethodSpec& mixer = *lm[size_t(i)].method;
     const Config& lcfg = lm[size_t(i)].cfg;
     int64_t ve = mixer.ve_dim ? mixer.ve_dim(lcfg, ctx) : 0;
-    if (ve > 0) add({fmt::format("ve.{}", i), {d.vocab, ve}, ParamGroup::ValueEmbed, false, "uniform", -s, s}, "");
+    if (ve > 0)
+      add({fmt::format("ve.{}", i), {d.vocab, ve}, ParamGroup::ValueEmbed, false, "uniform", -s, s,
+           adamw_rule("value_embeds", 0.15, 0.8, 0.995, 0.01, true, true)}, "");
     for (auto p : mixer.params(lcfg, ctx)) {
       p.name = fmt::format("layers.{}.mixer.{}", i, p.name);
       add(std::move(p), mixer.name);
     }
     add({fmt::format("layers.{}.mlp.c_fc", i), {d.mlp_hidden, d.d_model}, ParamGroup::TransformerMatrix, true,
-         "uniform", -0.4 * s, 0.4 * s}, "");
+         "uniform", -0.4 * s, 0.4 * s, muon_rule()}, "");
     add({fmt::format("layers.{}.mlp.c_proj", i), {d.d_model, d.mlp_hidden}, ParamGroup::TransformerMatrix, true,
-         "const", 0.0, 0}, "");
+         "const", 0.0, 0, muon_rule()}, "");
   }
   return defs;
 }
@@ -129,11 +135,11 @@ void init_param(at::Tensor& t, const ParamDef& def, at::Generator& gen) {
   if (def.init == "uniform") t.uniform_(def.init_a, def.init_b, gen);
   else if (def.init == "normal") t.normal_(def.init_a, def.init_b, gen);
   else if (def.init == "const") t.fill_(def.init_a);
-  else if (def.init == "resid_lambdas" || def.init == "x0_lambdas") {
+  else if (def.init == "ramp") {
     int64_t L = t.size(0);
     for (int64_t i = 0; i < L; ++i) {
       double frac = double(i) / double(std::max<int64_t>(L - 1, 1));
-      t[i].fill_(def.init == "resid_lambdas" ? 1.15 - 0.10 * frac : 0.20 - 0.15 * frac);
+      t[i].fill_(def.init_a + def.init_b * frac);
     }
   } else throw std::logic_error("unknown init rule " + def.init);
 }

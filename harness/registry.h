@@ -11,6 +11,7 @@
 #include <set>
 #include <string>
 #include <vector>
+#include <utility>
 
 #include "harness/accountant.h"
 #include "harness/config.h"
@@ -69,15 +70,51 @@ struct OpSpec {
 // Parameter groups, as nanochat's num_scaling_params splits them.
 enum class ParamGroup { TransformerMatrix, Wte, ValueEmbed, LmHead, Scalar };
 
+// How the trainer updates a parameter (nanochat's optimizer table): Muon for block matrices, AdamW
+// groups for the rest. Every parameter of a group shares its hyper-parameters (the trainer refuses
+// two different rules under one group name); the group name is what reports and checkpoints say.
+enum class OptimKind { Auto, Muon, AdamW };
+struct OptimRule {
+  // Auto: muon_rule() for a 2-D matmul parameter, else mixer_other_rule() (a mixer's default).
+  OptimKind kind = OptimKind::Auto;
+  std::string group;
+  double lr = 0;              // base lr before the scalings below and the schedule
+  double beta1 = 0, beta2 = 0;  // AdamW's betas; Muon: beta2 of the NorMuon variance buffer
+  double wd = 0;              // AdamW decay (Muon's follows the trainer's cosine schedule)
+  bool width_scaled = false;  // lr × (d_model/768)^−½
+  bool batch_scaled = false;  // lr × √(B/B_ref)
+  bool operator==(const OptimRule& o) const {
+    return kind == o.kind && group == o.group && lr == o.lr && beta1 == o.beta1 && beta2 == o.beta2 && wd == o.wd &&
+           width_scaled == o.width_scaled && batch_scaled == o.batch_scaled;
+  }
+  bool operator!=(const OptimRule& o) const { return !(*this == o); }
+};
+inline OptimRule adamw_rule(std::string group, double lr, double beta1, double beta2, double wd, bool width_scaled,
+                            bool batch_scaled) {
+  return {OptimKind::AdamW, std::move(group), lr, beta1, beta2, wd, width_scaled, batch_scaled};
+}
+// Block matrices: Muon at 0.02·√(B/B_ref), NorMuon β2 0.9 (nanochat).
+inline OptimRule muon_rule() { return {OptimKind::Muon, "muon", 0.02, 0, 0.9, 0, false, true}; }
+// Mixer parameters that are not matrices (gains, decay parameters, conv taps): nanochat has none;
+// mixbench trains them with AdamW at the Muon base lr, no decay.
+inline OptimRule mixer_other_rule() { return adamw_rule("mixer_other", 0.02, 0.8, 0.95, 0.0, false, true); }
+
 struct ParamDef {
   std::string name;
   std::vector<int64_t> shape;
   ParamGroup group = ParamGroup::TransformerMatrix;
   bool matmul = true;     // participates in a matmul with the token stream (2 FLOPs/param fwd)
   // Initialisation used when training (conformance uses random, non-zero values instead):
-  // "uniform" in [init_a, init_b], "normal" N(init_a, init_b), "const" init_a.
+  // "uniform" in [init_a, init_b], "normal" N(init_a, init_b), "const" init_a, "ramp" along dim 0
+  // from init_a by init_b: element i of L holds init_a + init_b·i/(L−1) (init_a when L = 1).
   std::string init = "uniform";
   double init_a = 0, init_b = 0;
+  OptimRule optim = {};   // how training updates it (Auto: by shape, see OptimRule)
+  // The rule with Auto resolved.
+  OptimRule optim_rule() const {
+    if (optim.kind != OptimKind::Auto) return optim;
+    return matmul && shape.size() == 2 ? muon_rule() : mixer_other_rule();
+  }
 };
 
 // Where a layer sits in its model: needed for window patterns and value-embedding placement.
@@ -99,6 +136,14 @@ struct LayerCtx {
 struct LayerChoice {
   std::string method;
   std::string overrides;
+};
+
+// What a method needs at a training preset (suites/presets.json names the presets): config
+// overrides "k=v,..." applied after the preset's backbone config, and the rows per forward/backward
+// where memory needs fewer than the batch (0 = the whole batch).
+struct PresetOverride {
+  std::string config;
+  int64_t micro_batch = 0;
 };
 
 struct MethodSpec {
@@ -141,6 +186,9 @@ struct MethodSpec {
   // Runs once, after every static registration and before the first lookup (a hybrid builds its
   // config, ops and decode hooks from its components' specs, which may register later).
   std::function<void(MethodSpec&)> complete;
+  // Training presets' overrides by preset name. A hybrid adds its components' config overrides
+  // (in complete(); its micro-batch stays its own).
+  std::map<std::string, PresetOverride> presets;
 };
 
 // Position (tokens consumed) recorded in a decode cache; 0 when the cache is empty.

@@ -13,10 +13,14 @@ class NanochatStream final : public ResidualStream {
 
   std::vector<ParamDef> params(const ModelDims&, const ExecPlan& plan) const override {
     const int64_t n = plan.n_steps();
+    // nanochat's AdamW groups (the backout scale trains with the smear parameters)
     return {
-        {"backout_lambda", {1}, ParamGroup::Scalar, false, "const", 0.2, 0},
-        {"resid_lambdas", {n}, ParamGroup::Scalar, false, "resid_lambdas", 0, 0},
-        {"x0_lambdas", {n}, ParamGroup::Scalar, false, "x0_lambdas", 0, 0},
+        {"backout_lambda", {1}, ParamGroup::Scalar, false, "const", 0.2, 0,
+         adamw_rule("smear", 0.2, 0.8, 0.95, 0.0, false, false)},
+        {"resid_lambdas", {n}, ParamGroup::Scalar, false, "ramp", 1.15, -0.10,
+         adamw_rule("resid_lambdas", 0.005, 0.8, 0.95, 0.05, false, true)},
+        {"x0_lambdas", {n}, ParamGroup::Scalar, false, "ramp", 0.20, -0.15,
+         adamw_rule("x0_lambdas", 0.5, 0.96, 0.95, 0.0, false, true)},
     };
   }
 

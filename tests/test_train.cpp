@@ -425,6 +425,8 @@ TEST(Leaderboard, SameSeedSameBpbAndValidReport) {
   auto errs = validate_json(r, report_schema());
   EXPECT_TRUE(errs.empty()) << (errs.empty() ? "" : errs[0]);
   EXPECT_EQ(r["kind"], "leaderboard");
+  EXPECT_EQ(r["config"]["anchor"], train_preset("tiny").anchor);  // the preset's declared anchor
+  EXPECT_EQ(r["config"]["anchor"], "dense");
   ASSERT_EQ(r["results"].size(), 2u);
   for (const auto& x : r["results"]) {
     EXPECT_EQ(x["status"], "ok");
@@ -437,6 +439,7 @@ TEST(Leaderboard, SameSeedSameBpbAndValidReport) {
   md.replace_extension(".md");
   const std::string table = read_file(md.string());
   EXPECT_NE(table.find("| 1 |"), std::string::npos);
+  EXPECT_NE(table.find("| Δ vs dense_full |"), std::string::npos);
   EXPECT_NE(table.find("mqa"), std::string::npos);
   EXPECT_EQ(run_cli({"leaderboard", "--methods", "nosuch"}), 2);
 }

@@ -74,7 +74,7 @@ int run_leaderboard_command(const Args& a, const std::vector<std::string>& args)
   RunInfo info = run_info("leaderboard", args);
   info.argv.insert(info.argv.begin() + 1, "leaderboard");
   info.config = {{"preset", o.preset}, {"methods", results.size()}, {"steps", o.steps}, {"batch", o.batch},
-                 {"data", o.data}, {"config", o.config}, {"anchor", "dense"}, {"device", o.device}};
+                 {"data", o.data}, {"config", o.config}, {"anchor", train_preset(o.preset).anchor}, {"device", o.device}};
   info.seeds = {{"base", o.seed}};
   Json report = make_report(info, results);
   report["markdown"] = md;

@@ -31,6 +31,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "harness/args.h"
 #include "harness/backbone.h"
 #include "harness/errors.h"
 #include "harness/registry.h"
@@ -121,6 +122,13 @@ void complete(MethodSpec& m, const HybridDesc& desc) {
       }
     }
     for (const auto& o : c.ops) ops.insert(o);
+    // the components' training-preset config overrides, each "k=v" item once, in component order
+    for (const auto& [preset, po] : c.presets) {
+      std::string& mine = m.presets[preset].config;
+      for (const auto& item : split(po.config, ','))
+        if (!item.empty() && ("," + mine + ",").find("," + item + ",") == std::string::npos)
+          mine += (mine.empty() ? "" : ",") + item;
+    }
     has_cuda = has_cuda && c.has_cuda;
     decode = decode && c.has_decode();
   }

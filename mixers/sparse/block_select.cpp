@@ -306,7 +306,13 @@ MethodSpec qsa_spec() {
   d.forward = qsa_forward;
   d.account = qsa_account;
   d.cases = qsa_cases;
-  return sparse_method(d);
+  MethodSpec m = sparse_method(d);
+  // Training presets: the dense warm-up (512 steps by default) would cover all of small's 40 steps:
+  // a quarter of them.
+  // At small the LibTorch path's per-query-block key gathers for 32 rows need more than an H200's
+  // memory in training: the same step in micro-batches of 8 rows (gradients accumulated).
+  m.presets["small"] = {"full_attention_warmup_steps=10", 8};
+  return m;
 }
 
 // ============================================================================================ NSA
@@ -559,7 +565,10 @@ MethodSpec seer_spec() {
   d.forward = seer_forward;
   d.account = seer_account;
   d.cases = seer_cases;
-  return sparse_method(d);
+  MethodSpec m = sparse_method(d);
+  // Training preset small: as qsa's (the warm-up a quarter of the run, micro-batches of 8 rows).
+  m.presets["small"] = {"full_attention_warmup_steps=10", 8};
+  return m;
 }
 
 MIXBENCH_REGISTER(qsa_spec());

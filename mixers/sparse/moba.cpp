@@ -132,7 +132,11 @@ MethodSpec make_spec() {
   d.forward = forward;
   d.account = account;
   d.cases = cases;
-  return sparse_method(d);
+  MethodSpec m = sparse_method(d);
+  // Training preset tiny: the default block (128) would be the whole sequence: 4 blocks of 32, 2 per
+  // query.
+  m.presets["tiny"].config = "moba_block=32,moba_topk=2";
+  return m;
 }
 
 MIXBENCH_REGISTER(make_spec());

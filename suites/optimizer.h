@@ -1,0 +1,77 @@
+// nanochat's optimizers and schedules (scripts/base_train.py, nanochat/optim.py): Muon with Polar
+// Express and NorMuon variance reduction for the block matrices, AdamW groups for embeddings, head
+// and scalars, each parameter in the group its ParamDef declares.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "harness/backbone.h"
+
+namespace mixbench {
+
+// ------------------------------------------------------------------ schedules (scripts/base_train.py)
+struct Schedule {
+  int64_t steps = 1;
+  int64_t warmup = 40;
+  double warmdown_ratio = 0.65;
+  double final_lr_frac = 0.05;
+  int64_t momentum_warmup = 400;
+};
+double lr_multiplier(const Schedule& s, int64_t it);
+double muon_momentum(const Schedule& s, int64_t it);
+double muon_weight_decay(const Schedule& s, int64_t it, double wd0);  // wd0·½(1 + cos(π·it/N))
+
+// ------------------------------------------------------------------ optimizer pieces (nanochat/optim.py)
+// Polar Express orthogonalisation of a 2-D matrix (5 iterations, nanochat's coefficients), after
+// the input is divided by 1.01·‖X‖_F + 1e-6. Computes in X's dtype.
+at::Tensor polar_express(const at::Tensor& X, int steps = 5);
+// One fused AdamW step in place (fp32 math): p *= 1 − lr·wd; m, v lerps; bias-corrected update.
+void adamw_update(at::Tensor& p, const at::Tensor& g, at::Tensor& exp_avg, at::Tensor& exp_avg_sq, int64_t step,
+                  double lr, double beta1, double beta2, double eps, double wd);
+// One Muon step in place for a 2-D parameter: Nesterov, row equilibration, Polar Express (bf16 when
+// `bf16`), Frobenius renormalisation, NorMuon variance reduction, cautious decay; `lr` is the
+// group lr (the max(1, rows/cols)^½ factor is applied here).
+void muon_update(at::Tensor& p, const at::Tensor& g, at::Tensor& momentum_buffer, at::Tensor& second_buffer,
+                 double momentum, double lr, double wd, double beta2, bool bf16);
+
+struct TrainHyper {
+  double batch_tokens_ref = 524288;  // B_ref: AdamW/Muon lrs scale by √(B/B_ref) (nanochat 2^19)
+  double muon_wd = 0.28;             // before the cosine schedule (nanochat's scaled value at its horizon)
+  bool muon_bf16 = true;             // Polar Express in bf16 (nanochat on bf16 hardware)
+  Schedule schedule;
+};
+
+// Parameter groups and optimizer state over a Model's TensorMap. The groups are the parameters'
+// declared rules (ParamDef::optim_rule): parameters with the same group name form one group, whose
+// lr is the rule's base lr times the scalings it asks for; two different rules under one group name
+// are a logic_error.
+class Optimizer {
+ public:
+  Optimizer(const Model& m, int64_t batch_tokens, const TrainHyper& h);
+  // Applies one step with the model's current .grad() values at iteration `it`.
+  void step(Model& m, int64_t it);
+  // Names of the parameters each group holds ("muon" or the AdamW group name).
+  std::string group_of(const std::string& param) const;
+  double base_lr(const std::string& param) const;
+  TensorMap state() const;                // "<kind>.<param>" tensors + "adam_step"
+  void load_state(const TensorMap& t);    // InputError when something is missing or misshaped
+
+ private:
+  struct Group {
+    std::string name;
+    bool muon = false;
+    double lr = 0, beta1 = 0, beta2 = 0, wd = 0;
+  };
+  std::vector<Group> groups_;
+  std::map<std::string, size_t> group_index_;  // group name -> groups_ index
+  std::map<std::string, size_t> group_of_;     // parameter -> groups_ index
+  std::map<std::string, at::Tensor> m1_, m2_;
+  int64_t adam_step_ = 0;
+  TrainHyper h_;
+};
+
+}  // namespace mixbench

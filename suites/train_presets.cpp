@@ -1,0 +1,52 @@
+#include "suites/train_presets.h"
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+#include "harness/errors.h"
+#include "harness/registry.h"
+
+namespace mixbench {
+
+std::string TrainPreset::config_for(const std::string& method) const {
+  auto it = method_config.find(method);
+  return it == method_config.end() ? config : config + "," + it->second;
+}
+
+TrainPreset train_preset(const std::string& name) {
+  const nlohmann::ordered_json& table = train_presets_table();
+  if (!table.contains(name)) {
+    std::string known;
+    for (const auto& [k, v] : table.items()) known += (known.empty() ? "" : ", ") + k;
+    throw UsageError(fmt::format("unknown preset '{}' (known: {})", name, known));
+  }
+  const nlohmann::ordered_json& j = table.at(name);
+  TrainPreset p;
+  p.name = name;
+  p.config = j.at("config").get<std::string>();
+  p.steps = j.at("steps").get<int64_t>();
+  p.batch = j.at("batch").get<int64_t>();
+  p.eval_every = j.at("eval_every").get<int64_t>();
+  p.eval_batches = j.at("eval_batches").get<int64_t>();
+  p.checkpoint_every = j.at("checkpoint_every").get<int64_t>();
+  p.probe_sequences = j.at("probe_sequences").get<int64_t>();
+  p.cpu_threads = j.at("cpu_threads").get<int>();
+  p.hyper.batch_tokens_ref = j.at("batch_tokens_ref").get<double>();
+  p.hyper.muon_wd = j.at("muon_wd").get<double>();
+  p.hyper.muon_bf16 = j.at("muon_bf16").get<bool>();
+  p.anchor = j.at("anchor").get<std::string>();
+  p.baseline = j.at("baseline").get<std::string>();
+  if (j.at("lineup").is_array()) p.lineup = j.at("lineup").get<std::vector<std::string>>();
+  else if (j.at("lineup") != "all") throw std::logic_error("preset " + name + ": lineup is a list of methods or \"all\"");
+  // What each method needs at this preset, as it declares it where it is registered.
+  for (const auto* m : Registry::get().methods()) {
+    auto it = m->presets.find(name);
+    if (it == m->presets.end()) continue;
+    if (!it->second.config.empty()) p.method_config[m->name] = it->second.config;
+    if (it->second.micro_batch > 0) p.method_micro_batch[m->name] = it->second.micro_batch;
+  }
+  return p;
+}
+
+}  // namespace mixbench

@@ -1,0 +1,38 @@
+// Training presets: suites/presets.json (embedded at build time) declares each preset's backbone,
+// budget, hyper-parameters and leaderboard lineup; the methods declare what they need at a preset
+// where they are registered (MethodSpec::presets).
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "suites/optimizer.h"
+
+namespace mixbench {
+
+// Preset configuration, as declared in suites/presets.json: "tiny" (the CPU: 6 methods in about 10
+// minutes on 2 cores) and "small" (one GPU: every registered method in about 5 minutes), with the
+// per-method overrides the methods declare where they are registered (MethodSpec::presets).
+// UsageError for unknown names.
+struct TrainPreset {
+  std::string name;
+  std::string config;  // backbone overrides
+  int64_t steps, batch, eval_every, eval_batches, checkpoint_every;
+  int64_t probe_sequences = 64;  // held-out sequences per probe kind after training
+  int cpu_threads = 0;            // intra-op threads on the CPU during the run (0 = LibTorch's default)
+  std::map<std::string, std::string> method_config;  // per-method overrides after `config`
+  std::map<std::string, int64_t> method_micro_batch;  // rows per forward/backward where memory needs it
+  TrainHyper hyper;
+  std::string anchor;     // the leaderboard's FLOP anchor: every method is calibrated to its FLOPs/token
+  std::string baseline;   // the leaderboard's reference for the paired difference ("delta_vs_<baseline>")
+  std::vector<std::string> lineup;  // the leaderboard's default methods; empty = every registered method
+  std::string config_for(const std::string& method) const;
+};
+TrainPreset train_preset(const std::string& name);
+// suites/presets.json, embedded at build time: {preset: {field: value}} in declaration order.
+const nlohmann::ordered_json& train_presets_table();
+
+}  // namespace mixbench
