@@ -1,6 +1,7 @@
 #include "suites/profile.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
