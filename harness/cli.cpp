@@ -20,7 +20,7 @@
 #include "harness/safetensors.h"
 #include "reports/plot.h"
 #include "suites/conformance.h"
-#include "suites/sweep.h"
+#include "harness/cli/sweep_args.h"
 #include "suites/train.h"
 #include "suites/train_eval.h"
 
