@@ -13,8 +13,6 @@
 
 namespace mixbench {
 
-class Args;
-
 struct SweepOptions {
   std::string mode = "prefill";      // prefill | decode | train
   std::vector<std::string> methods;  // registered method names
@@ -41,10 +39,15 @@ struct SweepSummary {
 std::vector<int64_t> parse_lengths(const std::string& text);
 // "123", "2G", "512M", "64k" (powers of 1024). UsageError when malformed.
 double parse_bytes(const std::string& text);
+// "1,2,4" or "2k,4k": positive counts, each optionally with k, m or g (powers of 1024), in the given
+// order; `what` names them in the UsageError when one is malformed or non-positive or the list is empty.
+std::vector<int64_t> parse_counts(const std::string& text, const char* what);
 // A named preset (cpu-tiny, gpu-d12); UsageError for unknown names.
 SweepOptions sweep_preset(const std::string& name);
-// The options of `mixbench sweep ...` (preset first, then explicit flags). UsageError on bad input.
-SweepOptions sweep_options_from_args(const Args& a);
+// The method's config for a sweep at length T: opt.config's overrides, then seq_len = T; InputError when
+// the method's config does not accept them. (The CLI's options: sweep_options_from_args in
+// harness/cli/sweep_args.h.)
+Config sweep_method_config(const MethodSpec& m, const SweepOptions& opt, int64_t T);
 // The `config` block of the report.
 nlohmann::json sweep_config_json(const SweepOptions& opt);
 

@@ -4,7 +4,8 @@ stand-in library that checks every call against the C entry points of ci/kernels
 (the name exists, the argument count matches, pointers arrive as pointers, floats as c_float, ints
 as ints) and records which entry points were called, so an entry point or script changed on one side
 only fails here instead of on the GPU machine. The kernels' numbers are not checked here (the
-stand-in computes nothing); chunk_check.py does that on a GPU."""
+stand-in computes nothing); chunk_check.py does that on a GPU. It also checks that the kernel files
+chunk_check.py builds define every function of chunk_kernels.h."""
 import ctypes
 import os
 import re
@@ -52,6 +53,21 @@ class StandIn:
         return fn
 
 
+def sources_define_interface():
+    """Every function chunk_kernels.h declares is defined in exactly one of the translation units
+    chunk_check.py builds (so a kernel file left out of the build line fails here, not at link time
+    on the GPU machine)."""
+    header = open(os.path.join(ROOT, "mixers", "linear", "chunk_kernels.h")).read()
+    declared = set(re.findall(r"^(?:void|bool) (\w+)\(", header, re.M))
+    texts = {os.path.basename(f): open(f).read() for f in cc.kernel_sources()}
+    errors = [] if len(declared) >= 10 else [f"found only {len(declared)} functions in chunk_kernels.h"]
+    for name in sorted(declared):
+        where = [f for f, t in texts.items() if re.search(rf"^(?:void|bool) {name}\(", t, re.M)]
+        if len(where) != 1:
+            errors.append(f"{name}: defined in {where or 'none'} of {sorted(texts)}")
+    return errors
+
+
 def main():
     eps = entry_points()
     assert len(eps) >= 10, f"found only {len(eps)} entry points in chunk_capi.cu"
@@ -74,7 +90,7 @@ def main():
                       130, 0.125)
     cc.L.ck_layout_ok()
 
-    failures = list(dict.fromkeys(lib.errors))
+    failures = list(dict.fromkeys(lib.errors)) + sources_define_interface()
     # every entry point is exercised by the script
     failures += [f"{n}: never called by chunk_check.py" for n in eps if n not in lib.calls]
     # quick mode: bf16 × (K, V) ∈ {(64, 128), (128, 128)} × T ∈ {1, 65, 200} × h0 × gate

@@ -7,13 +7,16 @@
 #include <set>
 #include <unistd.h>
 
+#include "harness/args.h"
 #include "harness/cli/cli.h"
+#include "harness/cli/sweep_args.h"
 #include "harness/errors.h"
 #include "harness/io.h"
 #include "harness/nvtx.h"
 #include "harness/registry.h"
 #include "harness/report.h"
 #include "suites/sweep.h"
+#include "suites/sweep_measure.h"
 
 namespace fs = std::filesystem;
 using namespace mixbench;
@@ -80,6 +83,101 @@ TEST(Sweep, ParsesLengthsAndBytes) {
 
 // The cpu-tiny preset end to end for the baseline, and the accountant's cost per token of full
 // attention grows with T while the timings stay positive and finite.
+TEST(Sweep, ParsesCountListsInOrder) {
+  EXPECT_EQ(parse_counts("4,1k,2", "batch size"), (std::vector<int64_t>{4, 1024, 2}));
+  EXPECT_EQ(parse_counts("2,2", "batch size"), (std::vector<int64_t>{2, 2}));
+  EXPECT_THROW(parse_counts("", "batch size"), UsageError);
+  EXPECT_THROW(parse_counts("1,0", "batch size"), UsageError);
+  try {
+    parse_counts("1,x", "batch size");
+    FAIL() << "no error";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("bad batch size 'x'"), std::string::npos) << e.what();
+  }
+}
+
+namespace {
+SweepOptions sweep_args(std::vector<std::string> v) {
+  return sweep_options_from_args(Args(v, {"mode", "level", "batch", "lengths", "device", "dtype", "preset", "config",
+                                          "reps", "warmup", "memory-limit", "out", "seed"},
+                                      {"quiet"}, {"methods"}));
+}
+}  // namespace
+
+TEST(Sweep, OptionsFromArgsApplyThePresetThenTheFlags) {
+  SweepOptions o = sweep_args({"--mode", "train", "--methods", "dense,gdn", "--level", "layer", "--batch", "4,1",
+                               "--lengths", "512,128", "--config", "d_model=64", "--reps", "5", "--warmup", "0",
+                               "--memory-limit", "2G", "--seed", "7"});
+  EXPECT_EQ(o.mode, "train");
+  EXPECT_EQ(o.level, "layer");
+  EXPECT_EQ(o.methods, (std::vector<std::string>{"dense", "gdn"}));
+  EXPECT_EQ(o.batches, (std::vector<int64_t>{4, 1}));     // in the given order
+  EXPECT_EQ(o.lengths, (std::vector<int64_t>{128, 512}));  // ascending
+  EXPECT_EQ(o.preset, "cpu-tiny");
+  EXPECT_EQ(o.config, "n_layer=2,d_model=128,head_dim=32,vocab=256,d_model=64");  // the preset's, then --config
+  EXPECT_EQ(o.reps, 5);
+  EXPECT_EQ(o.warmup, 0);
+  EXPECT_EQ(o.memory_limit, 2.0 * 1024 * 1024 * 1024);
+  EXPECT_EQ(o.seed, 7u);
+  EXPECT_EQ(o.device, "cpu");
+  EXPECT_EQ(o.dtype, "fp32");
+  // the preset alone, every method
+  SweepOptions p = sweep_args({"--mode", "prefill"});
+  EXPECT_EQ(p.batches, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(p.lengths, parse_lengths("128:2048"));
+  EXPECT_EQ(p.methods.size(), Registry::get().methods().size());
+  // bad input names the problem
+  auto usage = [](std::vector<std::string> v, const std::string& want) {
+    try {
+      sweep_args(v);
+      ADD_FAILURE() << "no error for " << want;
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  usage({"--methods", "dense"}, "sweep needs --mode");
+  usage({"--mode", "decode", "--level", "layer"}, "--mode decode runs at model level");
+  usage({"--mode", "prefill", "--device", "tpu"}, "unknown device 'tpu'");
+  usage({"--mode", "prefill", "--reps", "0"}, "--reps must be >= 1");
+  usage({"--mode", "prefill", "--level", "op", "--methods", "dense", "--config", "no_such_key=1"},
+        "unknown config field 'no_such_key'");
+}
+
+TEST(Sweep, MethodConfigTakesTheOverridesAndTheLength) {
+  const MethodSpec& m = Registry::get().method("dense");
+  SweepOptions o = sweep_preset("cpu-tiny");
+  Config c = sweep_method_config(m, o, 256);
+  EXPECT_EQ(c.i("seq_len"), 256);
+  EXPECT_EQ(c.i("n_layer"), 2);
+  EXPECT_EQ(c.i("d_model"), 128);
+  o.config = "n_layer=-3";
+  EXPECT_THROW(sweep_method_config(m, o, 256), InputError);
+}
+
+TEST(Sweep, TimingStatisticsOfTheSamples) {
+  Json t = sweep_detail::timing_json({3.0, 1.0, 2.0, 4.0}, 2);
+  EXPECT_EQ(t["reps"], 4);
+  EXPECT_EQ(t["warmup"], 2);
+  EXPECT_DOUBLE_EQ(t["median_s"].get<double>(), 2.5);
+  EXPECT_DOUBLE_EQ(t["min_s"].get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(t["max_s"].get<double>(), 4.0);
+  EXPECT_DOUBLE_EQ(t["iqr_s"].get<double>(), 3.25 - 1.75);
+  EXPECT_EQ(t["samples_s"], Json({3.0, 1.0, 2.0, 4.0}));  // in the order measured
+  // a CPU memory probe sees an allocation it spans
+  sweep_detail::MemProbe probe{"cpu"};
+  probe.start();
+  std::vector<char> block(64 << 20, 1);
+  Json mem = probe.finish();
+  EXPECT_EQ(mem["source"], "vmhwm");
+  EXPECT_GT(mem["peak_bytes"].get<int64_t>(), int64_t(64) << 20);
+  if (mem["peak_reset"].get<bool>()) EXPECT_GE(mem["delta_bytes"].get<int64_t>(), int64_t(60) << 20);
+  EXPECT_EQ(block[12345], 1);
+  EXPECT_EQ(sweep_detail::fmt_bytes(1.5 * 1024 * 1024 * 1024), "1.50 GiB");
+  EXPECT_EQ(sweep_detail::fmt_bytes(12.0 * 1024 * 1024), "12.0 MiB");
+  EXPECT_TRUE(sweep_detail::is_oom_message("CUDA out of memory. Tried to allocate 2 GiB"));
+  EXPECT_FALSE(sweep_detail::is_oom_message("shape mismatch"));
+}
+
 TEST(Sweep, CpuTinyPresetPrefillRunsAndValidates) {
   fs::path out = sweep_tmp() / "tiny_prefill.json";
   ASSERT_EQ(cli({"sweep", "--mode", "prefill", "--methods", "dense_full", "--preset", "cpu-tiny", "--quiet", "--out",

@@ -1,5 +1,6 @@
-// C entry points of mixers/linear/chunk_kernels.cu for ci/kernels/chunk_check.py (ctypes), so the
-// kernels can be checked and timed against float64 references and peers without building the harness.
+// C entry points of the chunk kernels (mixers/linear/chunk_kernels.h) for ci/kernels/chunk_check.py
+// (ctypes), so the kernels can be checked and timed against float64 references and peers without
+// building the harness.
 #include <stdexcept>
 #include <cstdio>
 

@@ -1,4 +1,4 @@
-"""Check and time the tensor-core chunk kernels (mixers/linear/chunk_kernels.cu) without the harness.
+"""Check and time the tensor-core chunk kernels (mixers/linear/chunk_*.cu) without the harness.
 
 Builds them into a shared library with nvcc, then through ctypes:
   * checks simple_gla forward + backward (o, ht, dq, dk, dv, dg, dh0) and the gated delta rule
@@ -13,6 +13,7 @@ Usage: python3 ci/kernels/chunk_check.py [--out results.json] [--lib /tmp/libchu
 """
 import argparse
 import ctypes
+import glob
 import json
 import os
 import statistics
@@ -25,12 +26,16 @@ import torch.nn.functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def kernel_sources():
+    """The kernels' translation units: one per kernel family plus the launch choices (chunk_kernels.h)."""
+    return sorted(glob.glob(os.path.join(ROOT, "mixers/linear/chunk_*.cu")))
+
+
 def build(lib):
     nvcc = os.environ.get("NVCC", "/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else "nvcc")
     cmd = [nvcc, "-O3", "-arch=sm_90", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-I", ROOT,
            "--expt-relaxed-constexpr", "-lineinfo",
-           os.path.join(ROOT, "mixers/linear/chunk_kernels.cu"), os.path.join(ROOT, "ci/kernels/chunk_capi.cu"),
-           "-o", lib]
+           *kernel_sources(), os.path.join(ROOT, "ci/kernels/chunk_capi.cu"), "-o", lib]
     subprocess.run(cmd, check=True)
     return ctypes.CDLL(lib)
 

@@ -7,6 +7,7 @@
 #include "harness/cli/commands.h"
 #include "harness/cli/common.h"
 #include "harness/report.h"
+#include "harness/cli/sweep_args.h"
 #include "suites/sweep.h"
 
 namespace mixbench {

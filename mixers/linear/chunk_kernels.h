@@ -7,6 +7,15 @@
 // of the log decay g inside each chunk of 64 tokens, fp32 [B,Tp,H] with Tp = 64·ceil(T/64) and g read
 // as 0 past T; states [B,H,K,V] fp32; per-chunk states `hs` [B,H,NT,K,V] in the input dtype.
 // All tensors contiguous and 16-byte aligned; K, V ∈ {64, 128}.
+//
+// Where they live (the chunked algorithm split by what is sequential):
+//   chunk_walk.cu      walk_fwd, walk_bwd, walk_bwd_delta: one CTA per (b, h, V tile) walks the chunks;
+//   chunk_forward.cu   chunk_output, fused_fwd, chunk_cumsum;
+//   chunk_backward.cu  chunk_dqkv, decay_grad (gradients of every chunk in parallel);
+//   chunk_wy.cu        delta_prep, delta_dv_local, delta_wy_bwd (the delta rule's WY form and its backward);
+//   chunk_launch.cu    launch choices (Tuning), the layout probe, error checks; chunk_launch.cuh the
+//                      launchers' shared dispatch;
+//   chunk_tiles.cuh, chunk_state.cuh, chunk_scores.cuh, chunk_grad_rows.cuh  device primitives.
 #pragma once
 
 namespace mixbench::linear::tc {

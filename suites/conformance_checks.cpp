@@ -1,0 +1,263 @@
+#include "suites/conformance_checks.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Generator.h>
+#include <c10/core/GradMode.h>
+#include <fmt/format.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <cmath>
+
+#include "harness/alloc.h"
+#include "harness/nvtx.h"
+
+namespace mixbench::conformance_detail {
+
+namespace {
+
+// Drops one selected key from every row of a selection [..., k] that has one (the first slot
+// holding an index ≥ 0 becomes −1), so the row's set differs from the reference's.
+at::Tensor drop_one_selection(const at::Tensor& sel) {
+  if (sel.numel() == 0 || sel.dim() == 0) return sel;
+  at::Tensor rows = sel.reshape({-1, sel.size(-1)}).clone();
+  at::Tensor valid = rows >= 0;
+  at::Tensor first = valid.to(at::kInt).argmax(-1);  // first valid slot (0 when none)
+  at::Tensor r = at::arange(rows.size(0), first.options().dtype(at::kLong));
+  at::Tensor has = valid.any(-1);
+  rows.index_put_({r, first}, at::where(has, at::full_like(first, -1, rows.options()), rows.index({r, first})));
+  return rows.view(sel.sizes());
+}
+
+}  // namespace
+
+at::Generator make_gen(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
+
+uint64_t case_seed(uint64_t seed, const std::string& unit, const std::string& label) {
+  return seed ^ std::stoull(fnv1a_hex(unit + "/" + label), nullptr, 16);
+}
+
+bool floating(const at::Tensor& t) { return at::isFloatingType(t.scalar_type()); }
+
+at::Device device_of(Backend b) { return b == Backend::CUDA ? at::Device(at::kCUDA) : at::Device(at::kCPU); }
+
+std::pair<TensorMap, TensorMap> forward_backward(const Unit& u, const TensorMap& inputs, const TensorMap& cot,
+                                                 Backend backend, bool reference) {
+  std::vector<at::Tensor> diff;
+  std::vector<std::string> diff_names;
+  for (const auto& [n, t] : inputs)
+    if (floating(t) && !u.nondiff.count(n) && t.requires_grad()) {
+      diff.push_back(t);
+      diff_names.push_back(n);
+    }
+  TensorMap outs;
+  {
+    NvtxRange r(fmt::format("{}/{}/forward", u.method, u.name));
+    outs = reference ? u.reference(inputs) : u.optimized(inputs, backend);
+  }
+  at::Tensor loss;
+  for (const auto& [n, o] : outs) {
+    if (!cot.has(n) || !o.requires_grad()) continue;
+    at::Tensor term = (o * cot.at(n).to(o.options())).sum().to(at::kDouble);
+    loss = loss.defined() ? loss + term : term;
+  }
+  TensorMap grads;
+  if (loss.defined() && !diff.empty()) {
+    NvtxRange r(fmt::format("{}/{}/backward", u.method, u.name));
+    auto g = torch::autograd::grad({loss}, diff, {}, false, false, /*allow_unused=*/true);
+    for (size_t i = 0; i < g.size(); ++i)
+      grads.set("grad_" + diff_names[i], g[i].defined() ? g[i] : at::zeros_like(diff[i]));
+  }
+  TensorMap detached;
+  for (const auto& [n, o] : outs) detached.set(n, o.detach());
+  return {detached, grads};
+}
+
+TensorMap prepare(const TensorMap& inputs64, const Unit& u, at::ScalarType dt, at::Device dev, bool as_double) {
+  TensorMap out;
+  for (const auto& [n, t] : inputs64) {
+    at::Tensor x = t;
+    if (floating(t)) {
+      x = t.to(dt);  // round to the compute dtype
+      x = as_double ? x.to(at::kDouble) : x.to(dev);
+      x = x.detach().clone();
+      if (!u.nondiff.count(n)) x.requires_grad_(true);
+    } else if (!as_double) {
+      x = t.to(dev);
+    }
+    out.set(n, x);
+  }
+  return out;
+}
+
+TensorMap inject_fault(const TensorMap& m, double s, const std::set<std::string>& selection) {
+  TensorMap out;
+  for (const auto& [n, t] : m) {
+    if (selection.count(n) && !floating(t)) {
+      out.set(n, drop_one_selection(t));
+      continue;
+    }
+    if (!floating(t)) {
+      out.set(n, t);
+      continue;
+    }
+    const double rms = t.numel() ? t.to(at::kDouble).pow(2).mean().sqrt().item<double>() : 0.0;
+    out.set(n, rms < kZeroReference ? t + s : t * (1.0 + s));
+  }
+  return out;
+}
+
+Json check_json(const std::string& tensor, const char* kind, const Comparison& c, double thr) {
+  bool ok = c.shape_ok && c.finite && c.rel_rms <= thr;
+  auto num = [](double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); };
+  return {{"tensor", tensor}, {"kind", kind},       {"rel_rms", num(c.rel_rms)}, {"max_abs", num(c.max_abs)},
+          {"threshold", thr}, {"finite", c.finite}, {"absolute", c.absolute}, {"status", ok ? "pass" : "fail"}};
+}
+
+Json run_case(const Unit& u, const TensorMap& inputs64, const ConformanceOptions& opt, uint64_t seed) {
+  const at::ScalarType dt = parse_dtype(opt.dtype);
+  const at::Device dev = device_of(opt.backend);
+  at::Generator gen = make_gen(seed + 1);
+  TensorMap ref_in = prepare(inputs64, u, dt, dev, true);
+  TensorMap opt_in = prepare(inputs64, u, dt, dev, false);
+
+  // Reference outputs decide the cotangents' shapes.
+  TensorMap ref_out_probe;
+  {
+    c10::NoGradGuard ng;
+    ref_out_probe = u.reference(ref_in);
+  }
+  TensorMap cot;
+  for (const auto& [n, o] : ref_out_probe)
+    if (floating(o)) cot.set("d" + n, at::randn(o.sizes(), gen, at::TensorOptions().dtype(at::kDouble)));
+  TensorMap cot_by_out;
+  for (const auto& [n, t] : cot) cot_by_out.set(n.substr(1), t);
+
+  auto [ref_out, ref_grad] = forward_backward(u, ref_in, cot_by_out, Backend::Reference, true);
+  TensorMap opt_cot;
+  for (const auto& [n, t] : cot_by_out) opt_cot.set(n, t.to(dt).to(dev));
+  TensorMap opt_out, opt_grad;
+  {
+    PoisonScope poison(true);
+    std::tie(opt_out, opt_grad) = forward_backward(u, opt_in, opt_cot, opt.backend, false);
+  }
+  if (opt.fault == "output") opt_out = inject_fault(opt_out, opt.fault_scale, u.selection);
+  if (opt.fault == "gradient") opt_grad = inject_fault(opt_grad, opt.fault_scale);
+  Json checks = Json::array();
+  bool ok = true;
+  for (const auto& [n, r] : ref_out) {
+    if (!opt_out.has(n)) throw std::runtime_error(fmt::format("optimized path did not return '{}'", n));
+    Json c = u.selection.count(n)
+                 ? check_json(n, "selection", compare_selection(r, opt_out.at(n)), 0.0)
+                 : check_json(n, "output", compare(r, opt_out.at(n)), threshold(opt.dtype, TensorKind::Output, u.level != "op"));
+    ok = ok && c["status"] == "pass";
+    checks.push_back(c);
+  }
+  for (const auto& [n, r] : ref_grad) {
+    at::Tensor g = opt_grad.has(n) ? opt_grad.at(n) : at::Tensor();
+    Comparison cmp = g.defined() ? compare(r, g) : Comparison{INFINITY, INFINITY, false, false};
+    Json c = check_json(n, "gradient", cmp, threshold(opt.dtype, TensorKind::Gradient, u.level != "op"));
+    ok = ok && c["status"] == "pass";
+    checks.push_back(c);
+  }
+  return {{"status", ok ? "pass" : "fail"}, {"checks", checks}};
+}
+
+Json run_finite_differences(const Unit& u, const TensorMap& inputs64, uint64_t seed) {
+  at::Generator gen = make_gen(seed + 7);
+  TensorMap in;
+  for (const auto& [n, t] : inputs64) {
+    at::Tensor x = t.detach().clone();
+    if (floating(x) && !u.nondiff.count(n)) x.requires_grad_(true);
+    in.set(n, x);
+  }
+  TensorMap outs0;
+  {
+    c10::NoGradGuard ng;
+    outs0 = u.reference(in);
+  }
+  // Auxiliary losses (outputs named aux_*) are surrogate objectives whose gradient stops by design
+  // (e.g. DSA's detached teacher): their analytic gradient is not the derivative of their value, so
+  // finite differences check only the other outputs (aux_* gradients are still compared, optimized
+  // against reference).
+  TensorMap cot;
+  for (const auto& [n, o] : outs0)
+    if (floating(o) && n.rfind("aux_", 0) != 0)
+      cot.set(n, at::randn(o.sizes(), gen, at::TensorOptions().dtype(at::kDouble)));
+  auto loss_of = [&](const TensorMap& inputs) {
+    c10::NoGradGuard ng;
+    TensorMap o = u.reference(inputs);
+    double l = 0;
+    for (const auto& [n, t] : o)
+      if (cot.has(n)) l += (t * cot.at(n)).sum().item<double>();
+    return l;
+  };
+  auto [outs, grads] = forward_backward(u, in, cot, Backend::Reference, true);
+  Json checks = Json::array();
+  bool ok = true;
+  const double thr = 1e-6;
+  for (const auto& [n, t] : in) {
+    if (!t.requires_grad()) continue;
+    const at::Tensor& g = grads.at("grad_" + n);
+    for (int rep = 0; rep < 2; ++rep) {
+      // Methods that select keys (top-k, block choice) are piecewise smooth: a step along u may
+      // cross a selection boundary, where the loss jumps and no derivative exists. Central
+      // differences at eps and eps/2 agree where the loss is smooth along u and disagree by
+      // ~jump/eps across a jump, so such a direction is replaced by a fresh one (at most 4 draws;
+      // a point where every direction jumps fails the check rather than being skipped). The
+      // derivative compared is the Richardson combination (4·D(eps/2) − D(eps))/3 of the two, whose
+      // truncation error is O(eps⁴) instead of O(eps²): strongly curved losses (sharp softmaxes,
+      // RMSNorms of small vectors) would otherwise show their curvature as an error of ~1e-6.
+      const double eps = 1e-5;
+      auto central = [&](const at::Tensor& dir, double h) {
+        TensorMap plus, minus;
+        for (const auto& [m, x] : in) {
+          plus.set(m, m == n ? (x.detach() + h * dir) : x.detach());
+          minus.set(m, m == n ? (x.detach() - h * dir) : x.detach());
+        }
+        return (loss_of(plus) - loss_of(minus)) / (2 * h);
+      };
+      at::Tensor dir;
+      double fd = 0, scale = 0;
+      int draws = 0;
+      bool smooth = false;
+      while (!smooth && draws < 4) {
+        dir = at::randn(t.sizes(), gen, t.options().requires_grad(false));
+        ++draws;
+        // Normalised by ‖g‖·‖u‖, the largest directional derivative any direction could show, so
+        // a direction nearly orthogonal to g does not turn FD noise into a failure.
+        scale = g.norm().item<double>() * dir.norm().item<double>();
+        const double d1 = central(dir, eps), d2 = central(dir, eps / 2);
+        smooth = std::abs(d1 - d2) <= thr * (scale + 1e-12);
+        fd = (4 * d2 - d1) / 3;
+      }
+      double an = (g * dir).sum().item<double>();
+      double err = std::abs(fd - an) / (scale + 1e-12);
+      bool pass = smooth && std::isfinite(err) && err <= thr;
+      ok = ok && pass;
+      Json check = {{"tensor", fmt::format("grad_{}·u{}", n, rep)}, {"kind", "gradient"}, {"rel_rms", err},
+                    {"max_abs", std::abs(fd - an)}, {"threshold", thr}, {"finite", std::isfinite(err)},
+                    {"status", pass ? "pass" : "fail"}};
+      if (draws > 1) check["directions_drawn"] = draws;
+      if (!smooth) check["non_smooth"] = true;
+      checks.push_back(check);
+    }
+  }
+  return {{"status", ok ? "pass" : "fail"}, {"checks", checks}};
+}
+
+Json shape_json(int64_t B, int64_t T, const TensorMap& in) {
+  Json s = {{"B", B}, {"T", T}};
+  for (const auto& [n, t] : in) s["inputs"][n] = t.sizes().vec();
+  return s;
+}
+
+void tally(const Json& r, ConformanceSummary& s) {
+  const std::string st = r["status"];
+  if (st == "pass") ++s.passed;
+  else if (st == "fail") ++s.failed;
+  else if (st == "skipped") ++s.skipped;
+  else ++s.errors;
+}
+
+}  // namespace mixbench::conformance_detail

@@ -1,0 +1,97 @@
+// The checks of the conformance suite, shared by every subject (conformance_subject.h) and the
+// golden files: a unit's forward and backward, inputs rounded to the compute dtype, one case's
+// comparisons of the optimized path against the reference, the reference's gradients against
+// finite differences, fault injection, and the JSON of a check, of a case's shape and of a guarded run.
+#pragma once
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "harness/errors.h"
+#include "harness/metrics.h"
+#include "harness/registry.h"
+#include "suites/conformance.h"
+
+namespace mixbench::conformance_detail {
+
+using Json = nlohmann::json;
+
+// A conformance unit: an op, a layer or a whole model, with its config bound.
+struct Unit {
+  std::string method;  // "op" for op-level units
+  std::string name;    // op name or "layer"
+  std::string level;   // "op" | "layer"
+  std::function<TensorMap(const TensorMap&)> reference;
+  std::function<TensorMap(const TensorMap&, Backend)> optimized;
+  std::set<std::string> nondiff;  // inputs without gradients
+  std::set<std::string> selection;  // outputs compared as selections (OpSpec::selection_outputs)
+};
+
+at::Generator make_gen(uint64_t seed);
+// The seed of case `label` of `unit`: the run's seed mixed with a hash of both names.
+uint64_t case_seed(uint64_t seed, const std::string& unit, const std::string& label);
+bool floating(const at::Tensor& t);
+at::Device device_of(Backend b);
+
+// Σ_outputs sum(out · dout) and the gradients of every differentiable input.
+std::pair<TensorMap, TensorMap> forward_backward(const Unit& u, const TensorMap& inputs, const TensorMap& cot,
+                                                 Backend backend, bool reference);
+// The FP64 inputs rounded to dt, then in FP64 (as_double, for the reference) or on dev; floating
+// inputs not in u.nondiff require gradients.
+TensorMap prepare(const TensorMap& inputs64, const Unit& u, at::ScalarType dt, at::Device dev, bool as_double);
+// Test hook: every floating tensor becomes x·(1 + s), or x + s where x is numerically zero (a
+// structurally zero gradient), and every selection output loses one key per row, so each check
+// it feeds must fail.
+TensorMap inject_fault(const TensorMap& m, double s, const std::set<std::string>& selection = {});
+// One check of the report: the comparison against threshold thr.
+Json check_json(const std::string& tensor, const char* kind, const Comparison& c, double thr);
+
+// One case: the optimized path (at opt's dtype and backend, outputs poisoned first) against the
+// FP64 reference on the same rounded inputs, outputs and gradients; opt.fault is injected here.
+Json run_case(const Unit& u, const TensorMap& inputs64, const ConformanceOptions& opt, uint64_t seed);
+// Reference gradients against central differences along random directions, FP64.
+Json run_finite_differences(const Unit& u, const TensorMap& inputs64, uint64_t seed);
+
+// {B, T, inputs: {name: sizes}}.
+Json shape_json(int64_t B, int64_t T, const TensorMap& in);
+// Counts the row's status into the summary.
+void tally(const Json& r, ConformanceSummary& s);
+
+// base with fn()'s fields, the kernels that ran (`kernel`) and `seconds`; an exception becomes
+// status error (oom for out of memory) with its message, except bad input (InputError, UsageError),
+// which propagates.
+template <typename Fn>
+Json guarded(Json base, Fn&& fn) {
+  auto t0 = std::chrono::steady_clock::now();
+  take_kernel_notes();
+  try {
+    Json r = fn();
+    std::string k = take_kernel_notes();
+    if (!k.empty()) base["kernel"] = k;
+    for (auto it = r.begin(); it != r.end(); ++it) base[it.key()] = it.value();
+  } catch (const InputError&) {
+    throw;  // bad input data (e.g. a malformed golden file) is the caller's problem: exit 2
+  } catch (const UsageError&) {
+    throw;
+  } catch (const c10::OutOfMemoryError& e) {
+    base["status"] = "oom";
+    base["message"] = e.what_without_backtrace();
+  } catch (const c10::Error& e) {
+    base["status"] = "error";
+    base["message"] = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    base["status"] = "error";
+    base["message"] = e.what();
+  }
+  base["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return base;
+}
+
+}  // namespace mixbench::conformance_detail

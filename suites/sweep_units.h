@@ -1,0 +1,57 @@
+// The units of a sweep (one method at model or layer level, decode at model level, or one op): at
+// each (B, T) the accountant's prediction, built before anything is allocated, and a point to time.
+// Used by the sweep driver (sweep.cpp).
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "harness/registry.h"
+#include "suites/sweep.h"
+
+namespace mixbench::sweep_detail {
+
+using Json = nlohmann::json;
+
+// What the sweep needs from a unit at one (B, T): the accountant's numbers (before anything is
+// allocated, so that --memory-limit can refuse the point) and a step to time.
+struct Prediction {
+  double fwd_flops_per_token = NAN;  // accountant; NaN where the unit has none (ops)
+  double bytes = NAN;                // predicted memory of the point
+  std::string bytes_formula;
+  Json shape;
+  Json config;
+  Json extra_accountant = Json::object();  // mode-specific accountant numbers (decode: FLOPs, cache bytes)
+};
+
+struct Point {
+  std::function<void(const std::string& nvtx_prefix)> step;  // one repetition
+  std::function<Json()> measured;                             // optional: measurements after timing
+};
+
+// A unit of the sweep: one method at model or layer level, or one op.
+struct Unit {
+  std::string method;  // method name (op level: the first selected method that calls the op)
+  std::string op;      // op name at op level, else empty
+  std::function<Prediction(int64_t B, int64_t T)> predict;
+  std::function<void(int64_t T)> setup;                  // builds parameters once; may throw OOM
+  std::function<Point(int64_t B, int64_t T)> prepare;  // allocates inputs; may throw OOM
+  std::function<void()> release;                         // drop gradients etc. after an OOM
+};
+
+// Model level: the nanochat backbone with the method in every layer (prefill or train).
+Unit model_unit(const MethodSpec& method, const SweepOptions& opt);
+// Decode at model level: one decode step of B tokens per repetition after an untimed prefill of T.
+Unit decode_unit(const MethodSpec& method, const SweepOptions& opt);
+// Layer level: layer 0 of the method's model, on its own (no backbone).
+Unit layer_unit(const MethodSpec& method, const SweepOptions& opt);
+// Op level: the op on its own with its default parameters (and any --config keys it declares).
+Unit op_unit(const std::string& method_name, const OpSpec& op, const SweepOptions& opt);
+
+// True when the method and every op it calls have a CUDA path.
+bool method_has_cuda(const MethodSpec& m);
+
+}  // namespace mixbench::sweep_detail
