@@ -52,7 +52,7 @@ std::pair<TensorMap, TensorMap> forward_backward(const Unit& u, const TensorMap&
     }
   TensorMap outs;
   {
-    NvtxRange r(fmt::format("{}/{}/forward", u.method, u.name));
+    NvtxRange r(nvtx_name({u.method, u.name, "forward"}));
     outs = reference ? u.reference(inputs) : u.optimized(inputs, backend);
   }
   at::Tensor loss;
@@ -63,7 +63,7 @@ std::pair<TensorMap, TensorMap> forward_backward(const Unit& u, const TensorMap&
   }
   TensorMap grads;
   if (loss.defined() && !diff.empty()) {
-    NvtxRange r(fmt::format("{}/{}/backward", u.method, u.name));
+    NvtxRange r(nvtx_name({u.method, u.name, "backward"}));
     auto g = torch::autograd::grad({loss}, diff, {}, false, false, /*allow_unused=*/true);
     for (size_t i = 0; i < g.size(); ++i)
       grads.set("grad_" + diff_names[i], g[i].defined() ? g[i] : at::zeros_like(diff[i]));

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "harness/nvtx.h"
 #include "harness/errors.h"
 #include "harness/metrics.h"
 
@@ -191,7 +192,7 @@ Subject op_subject(const OpSpec& spec, const ConformanceOptions& opt) {
     k.inputs = in;
     k.base = case_base(nullptr, spec.name, "op", c, opt, shape_json(c.B, c.T, in), k.seed);
     if (opt.backend == Backend::CUDA && !spec.cuda) k.skip_reason = "no CUDA path registered";
-    k.nvtx = fmt::format("op/{}/case:{}", spec.name, c.label);
+    k.nvtx = nvtx_name({"op", spec.name, "case_" + c.label});
     if (spec.invariants) {
       // chunked == recurrent, prefill + decode == longer prefill, split with state == one pass
       k.follow_ups.push_back(invariant("", [&spec, &opt, in, cfg = c.cfg]() -> Json {
@@ -222,7 +223,7 @@ Subject layer_subject(const MethodSpec& m, const ConformanceOptions& opt) {
     k.base = case_base(m.name, nullptr, "layer", c, opt, shape_json(c.B, c.T, in), k.seed);
     k.base["layer"] = c.layer;
     if (opt.backend == Backend::CUDA && !m.has_cuda) k.skip_reason = "no CUDA path registered";
-    k.nvtx = fmt::format("{}/layer/case:{}", m.name, c.label);
+    k.nvtx = nvtx_name({m.name, "layer", "case_" + c.label});
     if (c.T <= 40) k.follow_ups.push_back(FollowUp{});
     if (m.has_decode() && c.T >= 2)  // prefill + decode steps == forward (the method's incremental decoding path)
       k.follow_ups.push_back(
@@ -245,7 +246,7 @@ Subject model_subject(const MethodSpec& m, const ConformanceOptions& opt) {
       k.skip_reason = "a layer method has no CUDA path";
     else if (opt.dtype != "fp64")
       k.skip_reason = fmt::format("model-level checks run at fp64 (the {} thresholds are per layer); its layer methods are checked at layer level", opt.dtype);
-    k.nvtx = fmt::format("{}/model/case:{}", m.name, c.label);
+    k.nvtx = nvtx_name({m.name, "model", "case_" + c.label});
     // finite differences along random directions for every parameter: short cases only
     if (c.T <= 24) k.follow_ups.push_back(FollowUp{});
     if (model_has_decode(proto) && c.T >= 2)

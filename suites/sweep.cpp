@@ -20,6 +20,7 @@
 #include "harness/nvtx.h"
 #include "suites/sweep_measure.h"
 #include "suites/sweep_units.h"
+#include "suites/sweep_ranges.h"
 
 namespace mixbench {
 
@@ -187,7 +188,7 @@ Json run_sweep(const SweepOptions& opt, SweepSummary& sum) {
     for (int64_t B : opt.batches) {
       std::optional<int64_t> last_fit;
       for (int64_t T : opt.lengths) {
-        const std::string nv = fmt::format("{}/sweep/{}:B{}T{}", u.op.empty() ? u.method : u.op, opt.mode, B, T);
+        const std::string nv = sweep_point_range(u.op.empty() ? u.method : u.op, opt.mode, B, T);
         Json r = base(u.method, u.op);
         Prediction pred;
         std::string oom_reason, oom_message;
@@ -206,7 +207,7 @@ Json run_sweep(const SweepOptions& opt, SweepSummary& sum) {
           {
             {
               // The model or layer is built on first use, before the probe, so the delta is the point's.
-              NvtxRange setup(nv + "/setup");
+              NvtxRange setup(sweep_phase_range(nv, "setup"));
               u.setup(T);
             }
             mem.start();

@@ -1,4 +1,5 @@
 #include "suites/sweep_measure.h"
+#include "suites/sweep_ranges.h"
 
 #include <fmt/format.h>
 
@@ -89,12 +90,12 @@ void free_device_cache(const std::string& device) {
 std::vector<double> time_reps(const std::function<void(const std::string&)>& step, const SweepOptions& opt,
                               const std::string& nv) {
   {
-    NvtxRange r(nv + "/warmup");
+    NvtxRange r(sweep_phase_range(nv, "warmup"));
     for (int i = 0; i < opt.warmup; ++i) step(nv);
     sync_device(opt.device);
   }
   std::vector<double> s;
-  NvtxRange r(nv + "/timed");
+  NvtxRange r(sweep_phase_range(nv, "timed"));
   for (int i = 0; i < opt.reps; ++i) {
 #if defined(MIXBENCH_WITH_CUDA)
     if (opt.device == "cuda") {

@@ -1,4 +1,5 @@
 #include "suites/sweep_units.h"
+#include "suites/sweep_ranges.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -102,20 +103,20 @@ Unit model_unit(const MethodSpec& method, const SweepOptions& opt) {
       Model& m = *st->model;
       if (!train) {
         c10::NoGradGuard ng;
-        NvtxRange r(nv + "/forward");
+        NvtxRange r(sweep_phase_range(nv, "forward"));
         model_prefill(m, idx, backend);
         return;
       }
       at::Tensor loss;
       {
-        NvtxRange r(nv + "/forward");
+        NvtxRange r(sweep_phase_range(nv, "forward"));
         loss = model_loss(m, idx, tgt, backend);
       }
       {
-        NvtxRange r(nv + "/backward");
+        NvtxRange r(sweep_phase_range(nv, "backward"));
         loss.backward();
       }
-      NvtxRange r(nv + "/update");
+      NvtxRange r(sweep_phase_range(nv, "update"));
       sgd_update(m.params, lr);
     };
     return pt;
@@ -188,7 +189,7 @@ Unit decode_unit(const MethodSpec& method, const SweepOptions& opt) {
     Point pt;
     pt.step = [cs, cache, next, backend](const std::string& nv) {
       c10::NoGradGuard ng;
-      NvtxRange r(nv + "/decode");
+      NvtxRange r(sweep_phase_range(nv, "decode"));
       *next = model_decode_step(*cs->model, *next, *cache, backend).argmax(-1);
     };
     pt.measured = [cache, after_prefill, c]() -> Json {
@@ -270,20 +271,20 @@ Unit layer_unit(const MethodSpec& method, const SweepOptions& opt) {
       for (const auto& [n, p] : st->params) in.set(n, p);
       if (!train) {
         c10::NoGradGuard ng;
-        NvtxRange r(nv + "/forward");
+        NvtxRange r(sweep_phase_range(nv, "forward"));
         method.forward(in, cfg, ctx, backend);
         return;
       }
       at::Tensor loss;
       {
-        NvtxRange r(nv + "/forward");
+        NvtxRange r(sweep_phase_range(nv, "forward"));
         loss = (method.forward(in, cfg, ctx, backend).at("y") * dy).sum();
       }
       {
-        NvtxRange r(nv + "/backward");
+        NvtxRange r(sweep_phase_range(nv, "backward"));
         loss.backward();
       }
-      NvtxRange r(nv + "/update");
+      NvtxRange r(sweep_phase_range(nv, "update"));
       sgd_update(st->params, lr);
       inputs.at("x").mutable_grad().reset();
     };
@@ -341,18 +342,18 @@ Unit op_unit(const std::string& method_name, const OpSpec& op, const SweepOption
       ScopedMethod sm(method_name);
       if (!train) {
         c10::NoGradGuard ng;
-        NvtxRange r(nv + "/forward");
+        NvtxRange r(sweep_phase_range(nv, "forward"));
         call_op(op.name, backend, inputs, cfg);
         return;
       }
       at::Tensor loss;
       {
-        NvtxRange r(nv + "/forward");
+        NvtxRange r(sweep_phase_range(nv, "forward"));
         for (const auto& [n, o] : call_op(op.name, backend, inputs, cfg))
           if (floating(o) && o.requires_grad()) loss = loss.defined() ? loss + o.sum() : o.sum();
       }
       if (loss.defined()) {
-        NvtxRange r(nv + "/backward");
+        NvtxRange r(sweep_phase_range(nv, "backward"));
         loss.backward();
       }
       for (const auto& [n, t] : inputs)

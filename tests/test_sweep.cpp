@@ -349,9 +349,9 @@ TEST(Sweep, NvtxRangesNamePointAndPhase) {
             0);
   auto names = NvtxRange::stop_recording();
   std::set<std::string> s(names.begin(), names.end());
-  for (const char* n : {"dense/sweep/train:B2T64", "dense/sweep/train:B2T64/warmup", "dense/sweep/train:B2T64/timed",
-                        "dense/sweep/train:B2T64/forward", "dense/sweep/train:B2T64/backward",
-                        "dense/sweep/train:B2T64/update"})
+  for (const char* n : {"dense.sweep.train.B2T64", "dense.sweep.train.B2T64.warmup", "dense.sweep.train.B2T64.timed",
+                        "dense.sweep.train.B2T64.forward", "dense.sweep.train.B2T64.backward",
+                        "dense.sweep.train.B2T64.update"})
     EXPECT_TRUE(s.count(n)) << n;
 }
 
