@@ -182,6 +182,10 @@ ProfilePlan profile_plan(const ProfileOptions& opt) {
     if (opt.phase == "decode" || opt.phase == "train")
       throw UsageError(fmt::format("an op has phases forward and backward, not {}", opt.phase));
     sweep_method = method_for_op(opt.op).name;
+    const OpSpec& spec = Registry::get().op(opt.op);
+    if (opt.phase == "backward" &&
+        std::none_of(spec.inputs.begin(), spec.inputs.end(), [](const TensorDef& d) { return d.differentiable; }))
+      throw UsageError(fmt::format("op '{}' has no backward (none of its inputs is differentiable)", opt.op));
     subject = opt.op;
     p.level = "op";
   } else {
