@@ -349,7 +349,7 @@ Json profile_report(const ProfileOptions& opt, const ProfilePlan& plan, const st
     bytes += k.dram_bytes;
   }
   Json acc = nullptr, ratio = nullptr;
-  if (std::isfinite(accountant_flops) && accountant_flops > 0) {
+  if (std::isfinite(accountant_flops) && accountant_flops > 0 && int64_t(kernels.size()) < opt.launch_count) {
     acc = accountant_flops;
     ratio = flops / accountant_flops;
   }
@@ -363,6 +363,8 @@ Json profile_report(const ProfileOptions& opt, const ProfilePlan& plan, const st
           {"nvtx_include", plan.nvtx_include},
           {"kernels", ks},
           {"totals", {{"kernels", kernels.size()}, {"duration_s", t}, {"flops", flops}, {"dram_bytes", bytes}}},
+          // ncu stopped at --launch-count: the totals (and the ratio) cover only the first kernels
+          {"launch_count_reached", int64_t(kernels.size()) >= opt.launch_count},
           {"accountant_flops", acc},
           {"measured_over_accountant_flops", ratio}};
 }

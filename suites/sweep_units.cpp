@@ -267,6 +267,7 @@ Unit layer_unit(const MethodSpec& method, const SweepOptions& opt) {
     Point pt;
     const double lr = opt.sgd_lr;
     pt.step = [&method, st, inputs, dy, cfg, ctx, train, backend, lr](const std::string& nv) {
+      ScopedMethod sm(method.name);  // the layer's op ranges carry its name
       TensorMap in = inputs;
       for (const auto& [n, p] : st->params) in.set(n, p);
       if (!train) {

@@ -11,6 +11,7 @@
 #include "harness/plan.h"
 #include "harness/registry.h"
 #include "harness/residual.h"
+#include "suites/optimizer.h"
 
 namespace mixbench {
 namespace {
@@ -150,7 +151,8 @@ class GainStream final : public ResidualStream {
  public:
   std::string name() const override { return "gain"; }
   std::vector<ParamDef> params(const ModelDims&, const ExecPlan&) const override {
-    return {{"stream_gain", {1}, ParamGroup::Scalar, false, "const", 1.0, 0}};
+    return {{"stream_gain", {1}, ParamGroup::Scalar, false, "const", 1.0, 0,
+             adamw_rule("stream_gain", 0.05, 0.8, 0.95, 0.0, false, false)}};
   }
   TensorMap begin(const at::Tensor& x, const TensorMap&) const override { return TensorMap{{"h", x}}; }
   at::Tensor read(TensorMap& st, const Sublayer&, const TensorMap&) const override { return st.at("h"); }
@@ -192,6 +194,41 @@ TEST(ResidualStream, AStreamOwnsItsParametersAndUpdate) {
   CostQuery q;
   q.T = 32;
   EXPECT_EQ(account_model(spec, cfg, q).params.total(), count_params(m).total());
+}
+
+}  // namespace
+}  // namespace mixbench
+
+namespace mixbench {
+namespace {
+
+// A backbone parameter the optimizer has never seen, declared by a residual stream with its group
+// and init rule, trains with the real optimizer: no edit to it.
+TEST(ResidualStream, AStreamParameterTrainsInItsDeclaredGroup) {
+  MethodSpec spec = Registry::get().method("dense_full");
+  spec.residual = [](const Config&) { return std::make_shared<GainStream>(); };
+  const Config cfg = spec.config.parse("n_layer=2,d_model=32,head_dim=16,vocab=32,seq_len=16");
+  at::Generator g = gen_of(5);
+  Model m = build_model(spec, cfg, g, at::TensorOptions().dtype(at::kFloat));  // training init
+  ASSERT_EQ(m.params.at("stream_gain").item<float>(), 1.0f) << "the declared init rule";
+  for (const auto& [n, t] : m.params) t.requires_grad_(true);
+  TrainHyper h;
+  h.schedule.steps = 3;
+  h.schedule.warmup = 1;
+  Optimizer opt(m, 2 * 16, h);
+  EXPECT_EQ(opt.group_of("stream_gain"), "stream_gain");
+  EXPECT_EQ(opt.base_lr("stream_gain"), 0.05);
+  at::Tensor idx = at::randint(32, {2, 16}, g, at::TensorOptions().dtype(at::kLong));
+  at::Tensor tgt = at::randint(32, {2, 16}, g, at::TensorOptions().dtype(at::kLong));
+  for (int64_t it = 0; it < 3; ++it) {
+    for (const auto& [n, t] : m.params)
+      if (t.grad().defined()) t.mutable_grad().reset();
+    model_loss(m, idx, tgt, Backend::CPU).backward();
+    ASSERT_TRUE(m.params.at("stream_gain").grad().defined());
+    opt.step(m, it);
+  }
+  EXPECT_NE(m.params.at("stream_gain").item<float>(), 1.0f) << "the stream's parameter trained";
+  EXPECT_TRUE(opt.state().has("m1.stream_gain"));
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 
 #include "harness/cli/cli.h"
@@ -11,6 +12,7 @@
 #include "harness/io.h"
 #include "harness/nvtx.h"
 #include "harness/registry.h"
+#include "harness/report.h"
 #include "suites/profile.h"
 
 namespace mixbench {
@@ -40,6 +42,35 @@ TEST(Profile, ReadsNcuRawCsv) {
   EXPECT_NEAR(k[1].achieved_occupancy_pct, 14.07, 1e-9);
   EXPECT_DOUBLE_EQ(k[2].flops, 2.0 * 1048576.0);  // one ffma per element
   EXPECT_NE(k[2].nvtx.find("dense.layer.backward"), std::string::npos);
+}
+
+TEST(Profile, ReportTotalsRatioAndTruncation) {
+  const std::string text = read_file((fs::path(MIXBENCH_SOURCE_DIR) / "tests" / "data" / "ncu_raw_h200.csv").string());
+  std::vector<KernelProfile> k = parse_ncu_raw_csv(text);
+  ProfileOptions o;
+  o.method = "dense";
+  o.device = "cpu";
+  o.preset = "cpu-tiny";
+  ProfilePlan plan = profile_plan(o);
+  nlohmann::json r = profile_report(o, plan, k, 1e10);
+  const double flops = k[0].flops + k[1].flops + k[2].flops;
+  EXPECT_DOUBLE_EQ(r["totals"]["flops"].get<double>(), flops);
+  EXPECT_EQ(r["totals"]["kernels"].get<int>(), 3);
+  EXPECT_DOUBLE_EQ(r["measured_over_accountant_flops"].get<double>(), flops / 1e10);
+  EXPECT_FALSE(r["launch_count_reached"].get<bool>());
+  r["status"] = "pass";
+  RunInfo info;
+  info.kind = "profile";
+  info.argv = {"mixbench", "profile"};
+  EXPECT_TRUE(validate_json(make_report(info, nlohmann::json::array({r})), report_schema()).empty());
+  // ncu stopped at the launch count: no ratio of a partial total
+  o.launch_count = 3;
+  nlohmann::json t = profile_report(o, plan, k, 1e10);
+  EXPECT_TRUE(t["launch_count_reached"].get<bool>());
+  EXPECT_TRUE(t["measured_over_accountant_flops"].is_null());
+  // ops have no accountant
+  EXPECT_TRUE(std::isnan(profile_accountant_flops([] { ProfileOptions p; p.op = "attention"; return p; }())));
+  EXPECT_GT(profile_accountant_flops(o), 0.0);
 }
 
 TEST(Profile, MalformedCsvIsAnInputError) {
@@ -120,6 +151,8 @@ TEST(Profile, FiltersMatchTheRangesTheWorkOpens) {
       if (nvtx_stack_matches(s, p.range_path)) {
         ++hits;
         nested += s.size() > p.range_path.size() + 1 ? 1 : 0;
+        // a method's op calls inside its phase carry the method's name, not the op-level "op."
+        if (o.op.empty()) EXPECT_NE(s.back().rfind("op.", 0), 0u) << what << ": " << s.back();
       }
     EXPECT_GT(hits, 0) << what << ": filter " << p.nvtx_include << " matches no range the work opens";
     if (o.phase == "forward" && o.op.empty()) EXPECT_GT(nested, 0) << what << ": no layer or op range inside " << p.nvtx_include;
