@@ -396,8 +396,18 @@ int run_profile(const ProfileOptions& opt, const std::string& self, const std::v
   int rc = run_process(argv, "");
   std::error_code ec;
   fs::remove(sweep_json, ec);
-  if (rc != 0) throw std::runtime_error(fmt::format("ncu exited with {} (command above)", rc));
-  if (!fs::exists(rep)) throw std::runtime_error(fmt::format("ncu wrote no report {} (no kernel matched {}?)", rep, plan.nvtx_include));
+  if (rc != 0) {
+    // ncu passes on the profiled program's exit status: a failed sweep point is a failed run
+    std::string work_line = "mixbench";
+    for (const auto& a : plan.sweep_args) work_line += " " + a;
+    std::cerr << fmt::format("profile: ncu or the profiled work exited with {}; run the work alone to see its error:\n  {}\n",
+                             rc, work_line);
+    return 1;
+  }
+  if (!fs::exists(rep)) {
+    std::cerr << fmt::format("profile: ncu wrote no report {}: no kernel ran inside {}\n", rep, plan.nvtx_include);
+    return 1;
+  }
   const std::string csv = base.string() + ".csv.tmp";
   rc = run_process({ncu, "--import", rep, "--csv", "--page", "raw"}, csv);
   if (rc != 0) throw std::runtime_error(fmt::format("ncu --import {} exited with {}", rep, rc));

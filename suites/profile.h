@@ -67,7 +67,9 @@ std::string profile_metrics();
 std::vector<KernelProfile> parse_ncu_raw_csv(const std::string& text);
 
 // Runs the profile: ncu on this binary (`self` = its path), the report at opt.out (atomic), plus the
-// ncu report file beside it. Returns the process exit code (0, or 2 when ncu is missing).
+// ncu report file beside it. Returns the process exit code: 0; 1 when the work or ncu failed or
+// no kernel ran in the range (no report), or none was profiled (a report with status fail);
+// UsageError (exit 2) for bad input or a missing ncu / nsys.
 int run_profile(const ProfileOptions& opt, const std::string& self, const std::vector<std::string>& command);
 
 // The report from parsed kernels (kind "profile"): per kernel its counters, totals, and the
