@@ -19,13 +19,6 @@ namespace mixbench {
 namespace fs = std::filesystem;
 
 namespace {
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 const char* kWords[] = {"the", "a", "river", "stone", "light", "blue", "runs", "over", "under", "small",
                         "green", "house", "quiet", "fast", "and", "of", "tree", "sky", "old", "new",
                         "cold", "warm", "bird", "sings", "wind", "moves", "near", "far", "red", "road",

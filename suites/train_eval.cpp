@@ -17,17 +17,18 @@ namespace mixbench {
 using Json = nlohmann::json;
 
 // ------------------------------------------------------------------ probes
-namespace {
-uint64_t mix64(uint64_t x) {
+uint64_t splitmix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
 }
 
+namespace {
+
 struct Rng {
   std::mt19937_64 g;
-  Rng(uint64_t seed, uint64_t salt, int64_t index) : g(mix64(mix64(seed ^ salt) ^ uint64_t(index))) {}
+  Rng(uint64_t seed, uint64_t salt, int64_t index) : g(splitmix64(splitmix64(seed ^ salt) ^ uint64_t(index))) {}
   int64_t uni(int64_t lo, int64_t hi) { return lo + int64_t(g() % uint64_t(hi - lo + 1)); }
 };
 
@@ -210,7 +211,7 @@ ProbeScore score_probes(const std::vector<ProbeSeq>& seqs, const LogitsFn& logit
   return sc;
 }
 
-uint64_t probe_eval_seed(uint64_t seed) { return mix64(seed ^ 0x484F4C444F5554ull); }
+uint64_t probe_eval_seed(uint64_t seed) { return splitmix64(seed ^ 0x484F4C444F5554ull); }
 
 Json evaluate_probes(const LogitsFn& logits, int64_t T, uint64_t seed, int64_t n_per_probe, int64_t bos) {
   Json out = Json::object();

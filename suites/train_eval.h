@@ -12,6 +12,9 @@
 
 namespace mixbench {
 
+// SplitMix64's finaliser: the seed mixer of the synthetic data and the probes.
+uint64_t splitmix64(uint64_t x);
+
 // One probe sequence of byte tokens (no BOS). answer_pos lists the positions p whose token is an
 // answer: the model is scored on predicting tokens[p] from the prefix tokens[0..p−1].
 struct ProbeSeq {
