@@ -1,6 +1,7 @@
 // Markdown rendering of reports (`mixbench report FILE`).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 #include <sstream>
 
@@ -84,6 +85,45 @@ std::string render_markdown(const Json& r) {
          << (x.contains("flop_per_s") && x["flop_per_s"].is_number() ? num(x["flop_per_s"].get<double>() * 1e-9) : "-")
          << " | " << cell(get(x, "memory", "peak_bytes"), 1.0 / 1048576) << " | "
          << cell(get(x, "accountant", "predicted_bytes"), 1.0 / 1048576) << " |\n";
+    }
+  } else if (kind == "profile") {
+    for (const auto& x : results) {
+      const Json& t = x["totals"];
+      const double total = t.value("duration_s", 0.0);
+      md << "## " << str_or(x, "subject") << " " << str_or(x, "phase") << " (" << str_or(x, "subject_kind") << ", "
+         << str_or(x, "level") << " level)\n\n";
+      md << "- ncu filter: `" << str_or(x, "nvtx_include") << "`\n";
+      md << "- " << t.value("kernels", 0) << " kernels, " << num(total * 1e6) << " µs, " << num(t.value("flops", 0.0))
+         << " FLOPs, " << num(t.value("dram_bytes", 0.0)) << " DRAM bytes";
+      if (x.value("launch_count_reached", false)) md << " (stopped at the launch count: partial)";
+      md << "\n- accountant FLOPs: "
+         << (x["accountant_flops"].is_number() ? num(x["accountant_flops"].get<double>()) : std::string("none"))
+         << ", measured ÷ accountant: "
+         << (x.contains("measured_over_accountant_flops") && x["measured_over_accountant_flops"].is_number()
+                 ? num(x["measured_over_accountant_flops"].get<double>())
+                 : std::string("-"))
+         << "\n\n";
+      // the kernels by time, longest first
+      std::vector<const Json*> ks;
+      for (const auto& k : x["kernels"]) ks.push_back(&k);
+      std::stable_sort(ks.begin(), ks.end(), [](const Json* a, const Json* b) {
+        return (*a)["duration_s"].get<double>() > (*b)["duration_s"].get<double>();
+      });
+      md << "| kernel | µs | % time | TFLOP/s | GB/s | SM % | DRAM % | occupancy % | regs | smem B |\n";
+      md << "|---|---|---|---|---|---|---|---|---|---|\n";
+      for (const Json* k : ks) {
+        std::string name = (*k)["name"].get<std::string>();
+        if (name.size() > 60) name = name.substr(0, 57) + "...";
+        for (auto& c : name)
+          if (c == '|') c = '/';
+        const double d = (*k)["duration_s"].get<double>();
+        md << "| `" << name << "` | " << num(d * 1e6) << " | " << num(total > 0 ? 100.0 * d / total : 0.0) << " | "
+           << num((*k).value("achieved_flop_per_s", 0.0) * 1e-12) << " | " << num((*k).value("achieved_bytes_per_s", 0.0) * 1e-9)
+           << " | " << num((*k).value("sm_throughput_pct", 0.0)) << " | " << num((*k).value("dram_throughput_pct", 0.0))
+           << " | " << num((*k).value("achieved_occupancy_pct", 0.0)) << " | " << (*k).value("registers_per_thread", 0)
+           << " | " << (*k).value("shared_mem_static_bytes", 0) + (*k).value("shared_mem_dynamic_bytes", 0) << " |\n";
+      }
+      md << "\n";
     }
   } else if (kind == "account") {
     for (const auto& x : results) {

@@ -87,7 +87,7 @@ double unit_scale(const std::string& u) {
       {"ms", 1e-3},         {"msecond", 1e-3},   {"s", 1.0},             {"second", 1.0},
       {"byte", 1.0},        {"Kbyte", 1e3},      {"Mbyte", 1e6},         {"Gbyte", 1e9},
       {"Tbyte", 1e12},      {"KB", 1e3},         {"MB", 1e6},            {"GB", 1e9}};
-  auto it = k.find(u);
+  auto it = k.find(u.substr(0, u.find('/')));  // "Kbyte/block" scales as "Kbyte"
   return it == k.end() ? 1.0 : it->second;
 }
 
@@ -291,11 +291,11 @@ std::vector<KernelProfile> parse_ncu_raw_csv(const std::string& text) {
     k.dram_pct = value(r, "dram__throughput.avg.pct_of_peak_sustained_elapsed");
     k.memory_pct = value(r, "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed");
     k.achieved_occupancy_pct = value(r, "sm__warps_active.avg.pct_of_peak_sustained_active");
-    k.registers_per_thread = int64_t(value(r, "launch__registers_per_thread"));
-    k.shared_mem_static = int64_t(value(r, "launch__shared_mem_per_block_static"));
-    k.shared_mem_dynamic = int64_t(value(r, "launch__shared_mem_per_block_dynamic"));
-    k.block_size = int64_t(value(r, "launch__block_size"));
-    k.grid_size = int64_t(value(r, "launch__grid_size"));
+    k.registers_per_thread = std::llround(value(r, "launch__registers_per_thread"));
+    k.shared_mem_static = std::llround(value(r, "launch__shared_mem_per_block_static"));
+    k.shared_mem_dynamic = std::llround(value(r, "launch__shared_mem_per_block_dynamic"));
+    k.block_size = std::llround(value(r, "launch__block_size"));
+    k.grid_size = std::llround(value(r, "launch__grid_size"));
     out.push_back(std::move(k));
   }
   return out;

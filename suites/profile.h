@@ -62,7 +62,8 @@ struct KernelProfile {
 // The metrics ncu is asked for (comma-separated for --metrics).
 std::string profile_metrics();
 // Parses the raw CSV page (header row, units row, one row per kernel; numbers with thousands
-// separators; units such as ns/us/ms, byte/Kbyte/Mbyte/Gbyte are converted). InputError naming the
+// separators; units such as ns/usecond/msecond, byte/Kbyte/Mbyte/Gbyte and per-block forms such as
+// Kbyte/block are converted to seconds and bytes). InputError naming the
 // missing column for output that is not such a page.
 std::vector<KernelProfile> parse_ncu_raw_csv(const std::string& text);
 

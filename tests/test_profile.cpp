@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <tuple>
 
 #include "harness/cli/cli.h"
 #include "harness/errors.h"
@@ -13,6 +14,7 @@
 #include "harness/nvtx.h"
 #include "harness/registry.h"
 #include "harness/report.h"
+#include "reports/render.h"
 #include "suites/profile.h"
 
 namespace mixbench {
@@ -63,6 +65,13 @@ TEST(Profile, ReportTotalsRatioAndTruncation) {
   info.kind = "profile";
   info.argv = {"mixbench", "profile"};
   EXPECT_TRUE(validate_json(make_report(info, nlohmann::json::array({r})), report_schema()).empty());
+  // the Markdown summary lists the kernels, longest first
+  const std::string md = render_markdown(make_report(info, nlohmann::json::array({r})));
+  const size_t gemm = md.find("`nvjet_sm90"), other = md.find("`k_other");
+  ASSERT_NE(gemm, std::string::npos) << md;
+  ASSERT_NE(other, std::string::npos) << md;
+  EXPECT_LT(gemm, other) << "the 32.6 µs GEMM before the 5.2 µs kernel";
+  EXPECT_NE(md.find("| kernel | µs |"), std::string::npos);
   // ncu stopped at the launch count: no ratio of a partial total
   o.launch_count = 3;
   nlohmann::json t = profile_report(o, plan, k, 1e10);
@@ -71,6 +80,38 @@ TEST(Profile, ReportTotalsRatioAndTruncation) {
   // ops have no accountant
   EXPECT_TRUE(std::isnan(profile_accountant_flops([] { ProfileOptions p; p.op = "attention"; return p; }())));
   EXPECT_GT(profile_accountant_flops(o), 0.0);
+}
+
+// ncu scales its units to the value (an imported report says "usecond", "Kbyte/block", "Mbyte").
+TEST(Profile, UnitsAreConverted) {
+  std::string head = "\"ID\",\"Kernel Name\"";
+  std::string units = "\"\",\"\"";
+  std::string row = "\"0\",\"k\"";
+  const std::vector<std::tuple<std::string, std::string, std::string>> cols = {
+      {"gpu__time_duration.sum", "usecond", "216.99"},
+      {"dram__bytes_read.sum", "Mbyte", "1.50"},
+      {"dram__bytes_write.sum", "Kbyte", "2"},
+      {"sm__throughput.avg.pct_of_peak_sustained_elapsed", "%", "29.8"},
+      {"dram__throughput.avg.pct_of_peak_sustained_elapsed", "%", "3.95"},
+      {"gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed", "%", "10"},
+      {"sm__warps_active.avg.pct_of_peak_sustained_active", "%", "12.5"},
+      {"launch__registers_per_thread", "register/thread", "255"},
+      {"launch__shared_mem_per_block_static", "byte/block", "0"},
+      {"launch__shared_mem_per_block_dynamic", "Kbyte/block", "147.46"},
+      {"launch__block_size", "", "256"},
+      {"launch__grid_size", "", "1,024"}};
+  for (const auto& [n, u, v] : cols) {
+    head += ",\"" + n + "\"";
+    units += ",\"" + u + "\"";
+    row += ",\"" + v + "\"";
+  }
+  std::vector<KernelProfile> k = parse_ncu_raw_csv(head + "\n" + units + "\n" + row + "\n");
+  ASSERT_EQ(k.size(), 1u);
+  EXPECT_NEAR(k[0].duration_s, 216.99e-6, 1e-15);
+  EXPECT_DOUBLE_EQ(k[0].dram_bytes, 1.5e6 + 2e3);
+  EXPECT_EQ(k[0].shared_mem_dynamic, 147460);
+  EXPECT_EQ(k[0].registers_per_thread, 255);
+  EXPECT_EQ(k[0].grid_size, 1024);
 }
 
 TEST(Profile, MalformedCsvIsAnInputError) {
