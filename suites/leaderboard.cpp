@@ -117,6 +117,7 @@ Json run_leaderboard(const LeaderboardOptions& opt, std::string& md) {
     to.progress = opt.progress;
     to.probe_sequences = opt.probe_sequences;
     to.device = opt.device;
+    to.dtype = opt.dtype;
     Json row;
     try {
       TrainResult tr = run_train(to);

@@ -35,6 +35,7 @@ struct LeaderboardOptions {
   int progress = 0;
   int64_t probe_sequences = -1;  // -1 = the preset's
   std::string device = "cpu";
+  std::string dtype;   // compute dtype ("" = bf16 on a GPU, fp32 on the CPU)
 };
 nlohmann::json run_leaderboard(const LeaderboardOptions& opt, std::string& markdown);
 

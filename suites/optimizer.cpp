@@ -58,18 +58,26 @@ constexpr double kPolarExpress[5][3] = {
 };
 }  // namespace
 
+namespace {
+// The Frobenius norm of each matrix of a [..., rows, cols] stack (keepdim), or of a single matrix.
+at::Tensor frobenius(const at::Tensor& X) {
+  return X.dim() == 2 ? X.norm() : at::linalg_vector_norm(X, 2, at::IntArrayRef{-2, -1}, /*keepdim=*/true);
+}
+at::Tensor sum_matrix(const at::Tensor& X) { return X.dim() == 2 ? X.sum() : X.sum({-2, -1}, /*keepdim=*/true); }
+}  // namespace
+
 at::Tensor polar_express(const at::Tensor& X0, int steps) {
-  if (X0.dim() != 2) throw InputError("polar_express takes a 2-D matrix");
-  at::Tensor X = X0 / (X0.norm() * 1.01 + 1e-6);
-  const bool tall = X.size(0) > X.size(1);
+  if (X0.dim() < 2) throw InputError("polar_express takes a matrix or a stack of matrices");
+  at::Tensor X = X0 / (frobenius(X0) * 1.01 + 1e-6);
+  const bool tall = X.size(-2) > X.size(-1);
   for (int i = 0; i < std::min(steps, 5); ++i) {
     const double a = kPolarExpress[i][0], b = kPolarExpress[i][1], c = kPolarExpress[i][2];
     if (tall) {
-      at::Tensor A = at::matmul(X.t(), X);
+      at::Tensor A = at::matmul(X.mT(), X);
       at::Tensor B = b * A + c * at::matmul(A, A);
       X = a * X + at::matmul(X, B);
     } else {
-      at::Tensor A = at::matmul(X, X.t());
+      at::Tensor A = at::matmul(X, X.mT());
       at::Tensor B = b * A + c * at::matmul(A, A);
       X = a * X + at::matmul(B, X);
     }
@@ -97,29 +105,29 @@ void adamw_update(at::Tensor& p, const at::Tensor& g, at::Tensor& exp_avg, at::T
 void muon_update(at::Tensor& p, const at::Tensor& grad, at::Tensor& buf, at::Tensor& buf2, double momentum, double lr,
                  double wd, double beta2, bool bf16) {
   c10::NoGradGuard ng;
-  const int64_t rows = p.size(0), cols = p.size(1);
+  const int64_t rows = p.size(-2), cols = p.size(-1);
   // Nesterov momentum
   buf.lerp_(grad, 1 - momentum);
   at::Tensor g = grad.lerp(buf, momentum);
   at::Tensor X = bf16 ? g.to(at::kBFloat16) : g;
   // Row equilibration: every row to the mean row norm
   at::Tensor Xf = X.to(at::kFloat);
-  at::Tensor target = Xf.norm() / std::sqrt(double(rows));
+  at::Tensor target = frobenius(Xf) / std::sqrt(double(rows));
   at::Tensor row_norm = Xf.norm(2, {-1}, true).clamp_min(1e-6);
   X = X * (target / row_norm).to(X.scalar_type());
   X = polar_express(X, 5);
   g = X.to(p.scalar_type());
   // Frobenius norm of an exactly semi-orthogonal matrix
   const double target_norm = std::sqrt(double(std::min(rows, cols)));
-  g = g * (target_norm / g.to(at::kFloat).norm().clamp_min(1e-6)).to(g.scalar_type());
+  g = g * (target_norm / frobenius(g.to(at::kFloat)).clamp_min(1e-6)).to(g.scalar_type());
   // NorMuon variance reduction
   const int64_t red_dim = rows >= cols ? -1 : -2;
   const double red_size = double(g.size(red_dim));
   at::Tensor v_mean = g.to(at::kFloat).square().mean({red_dim}, true);
-  at::Tensor v_norm = (v_mean.sum() * red_size).sqrt();
+  at::Tensor v_norm = (sum_matrix(v_mean) * red_size).sqrt();
   buf2.lerp_(v_mean.to(buf2.scalar_type()), 1 - beta2);
   at::Tensor step_size = buf2.clamp_min(1e-10).rsqrt();
-  at::Tensor v_norm_new = ((v_mean * red_size) * step_size.to(at::kFloat).square()).sum().sqrt();
+  at::Tensor v_norm_new = sum_matrix((v_mean * red_size) * step_size.to(at::kFloat).square()).sqrt();
   at::Tensor final_scale = step_size * (v_norm / v_norm_new.clamp_min(1e-10));
   g = g * final_scale.to(g.scalar_type());
   // Cautious weight decay and the update
@@ -170,13 +178,37 @@ void Optimizer::step(Model& m, int64_t it) {
   const double mom = muon_momentum(h_.schedule, it);
   const double wd = muon_weight_decay(h_.schedule, it, h_.muon_wd);
   ++adam_step_;
-  for (const auto& [name, t] : m.params) {
-    const Group& g = groups_[group_of_.at(name)];
-    at::Tensor p = t;
+  auto grad_of = [](const at::Tensor& t) {
     at::Tensor grad = t.grad();
-    if (!grad.defined()) grad = at::zeros_like(t);
-    if (g.muon) muon_update(p, grad, m1_.at(name), m2_.at(name), mom, g.lr * lrm, wd, g.beta2, h_.muon_bf16);
-    else adamw_update(p, grad, m1_.at(name), m2_.at(name), adam_step_, g.lr * lrm, g.beta1, g.beta2, 1e-10, g.wd);
+    return grad.defined() ? grad : at::zeros_like(t);
+  };
+  // On a GPU the Muon matrices of one group and shape are updated as one stack (batched matmuls,
+  // a few dozen launches instead of a few thousand); on the CPU one at a time.
+  std::map<std::pair<size_t, std::vector<int64_t>>, std::vector<std::string>> stacks;
+  for (const auto& [name, t] : m.params) {
+    const size_t gi = group_of_.at(name);
+    const Group& g = groups_[gi];
+    at::Tensor p = t;
+    if (g.muon && t.is_cuda()) stacks[{gi, t.sizes().vec()}].push_back(name);
+    else if (g.muon) muon_update(p, grad_of(t), m1_.at(name), m2_.at(name), mom, g.lr * lrm, wd, g.beta2, h_.muon_bf16);
+    else adamw_update(p, grad_of(t), m1_.at(name), m2_.at(name), adam_step_, g.lr * lrm, g.beta1, g.beta2, 1e-10, g.wd);
+  }
+  for (const auto& [key, names] : stacks) {
+    const Group& g = groups_[key.first];
+    std::vector<at::Tensor> ps, gs, b1, b2;
+    for (const auto& n : names) {
+      ps.push_back(m.params.at(n));
+      gs.push_back(grad_of(m.params.at(n)));
+      b1.push_back(m1_.at(n));
+      b2.push_back(m2_.at(n));
+    }
+    at::Tensor P = at::stack(ps), G = at::stack(gs), B1 = at::stack(b1), B2 = at::stack(b2);
+    muon_update(P, G, B1, B2, mom, g.lr * lrm, wd, g.beta2, h_.muon_bf16);
+    for (size_t k = 0; k < names.size(); ++k) {
+      ps[k].detach().copy_(P[int64_t(k)]);
+      b1[k].copy_(B1[int64_t(k)]);
+      b2[k].copy_(B2[int64_t(k)]);
+    }
   }
 }
 

@@ -26,13 +26,15 @@ double muon_momentum(const Schedule& s, int64_t it);
 double muon_weight_decay(const Schedule& s, int64_t it, double wd0);  // wd0·½(1 + cos(π·it/N))
 
 // ------------------------------------------------------------------ optimizer pieces (nanochat/optim.py)
-// Polar Express orthogonalisation of a 2-D matrix (5 iterations, nanochat's coefficients), after
-// the input is divided by 1.01·‖X‖_F + 1e-6. Computes in X's dtype.
+// Polar Express orthogonalisation of a 2-D matrix, or of each matrix of a [N, rows, cols] stack (5
+// iterations, nanochat's coefficients), after the input is divided by 1.01·‖X‖_F + 1e-6. Computes in
+// X's dtype.
 at::Tensor polar_express(const at::Tensor& X, int steps = 5);
 // One fused AdamW step in place (fp32 math): p *= 1 − lr·wd; m, v lerps; bias-corrected update.
 void adamw_update(at::Tensor& p, const at::Tensor& g, at::Tensor& exp_avg, at::Tensor& exp_avg_sq, int64_t step,
                   double lr, double beta1, double beta2, double eps, double wd);
-// One Muon step in place for a 2-D parameter: Nesterov, row equilibration, Polar Express (bf16 when
+// One Muon step in place for a 2-D parameter, or for a [N, rows, cols] stack of same-shape parameters
+// (each matrix its own norms, as if updated alone): Nesterov, row equilibration, Polar Express (bf16 when
 // `bf16`), Frobenius renormalisation, NorMuon variance reduction, cautious decay; `lr` is the
 // group lr (the max(1, rows/cols)^½ factor is applied here).
 void muon_update(at::Tensor& p, const at::Tensor& g, at::Tensor& momentum_buffer, at::Tensor& second_buffer,

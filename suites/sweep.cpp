@@ -15,9 +15,11 @@
 #include <optional>
 #include <set>
 
+#include "harness/metrics.h"
 #include "harness/args.h"
 #include "harness/errors.h"
 #include "harness/nvtx.h"
+#include "suites/mfu.h"
 #include "suites/sweep_measure.h"
 #include "suites/sweep_units.h"
 #include "suites/sweep_ranges.h"
@@ -230,11 +232,14 @@ Json run_sweep(const SweepOptions& opt, SweepSummary& sum) {
             acct["flops_per_token"] = fpt;
             acct["flops_per_step"] = fpt * tokens;
             r["flop_per_s"] = fpt * tokens / med;
+            // MFU against the matmul rate this device sustains in the sweep's dtype (probed once per run)
+            r["mfu"] = mfu(fpt, tokens / med, matmul_peak(opt.device, parse_dtype(opt.dtype)));
           } else {
             acct["fwd_flops_per_token"] = nullptr;
             acct["flops_per_token"] = nullptr;
             acct["flops_per_step"] = nullptr;
             r["flop_per_s"] = nullptr;
+            r["mfu"] = nullptr;
           }
           for (auto it = pred.extra_accountant.begin(); it != pred.extra_accountant.end(); ++it) acct[it.key()] = it.value();
           r["accountant"] = acct;

@@ -17,7 +17,10 @@
 #include "harness/registry.h"
 #include "harness/report.h"
 #include "harness/safetensors.h"
+#include "suites/step_trace.h"
+#include "suites/sweep_measure.h"
 #include "suites/train_eval.h"
+#include "harness/metrics.h"
 
 namespace mixbench {
 
@@ -67,12 +70,14 @@ TrainResult run_train(const TrainOptions& opt) {
   auto preset_micro = P.method_micro_batch.find(opt.method);
   const int64_t MB = opt.micro_batch > 0 ? opt.micro_batch
                      : preset_micro != P.method_micro_batch.end() ? std::min(preset_micro->second, B)
+                     : P.micro_batch > 0                           ? std::min(P.micro_batch, B)
                                                                    : B;
   if (MB < 1 || B % MB != 0)
     throw UsageError(fmt::format("--micro-batch {} must divide the batch of {} rows", MB, B));
   const int64_t eval_every = opt.eval_every > 0 ? opt.eval_every : P.eval_every;
   const int64_t eval_batches = opt.eval_batches > 0 ? opt.eval_batches : P.eval_batches;
   const int64_t ckpt_every = opt.checkpoint_every > 0 ? opt.checkpoint_every : P.checkpoint_every;
+  const int64_t log_every = opt.log_every > 0 ? opt.log_every : P.log_every;
   if (opt.resume && opt.out.empty()) throw UsageError("--resume needs --out DIR (where the checkpoint is)");
   TrainResult r;
   r.method = ms.name;
@@ -94,7 +99,11 @@ TrainResult run_train(const TrainOptions& opt) {
   const at::Device dev = opt.device == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
   const Backend backend = opt.device == "cuda" ? Backend::CUDA : Backend::CPU;
   r.device = opt.device;
-  if (opt.device == "cuda") at::globalContext().setAllowTF32CuBLAS(true);  // fp32 weights, TF32 matmuls
+  if (opt.device == "cuda") at::globalContext().setAllowTF32CuBLAS(true);  // fp32 compute: TF32 matmuls
+  r.dtype = opt.dtype.empty() ? (opt.device == "cuda" ? "bf16" : "fp32") : opt.dtype;
+  if (r.dtype != "bf16" && r.dtype != "fp32")
+    throw UsageError(fmt::format("--dtype {}: training computes in bf16 or fp32 (fp32 master weights either way)", r.dtype));
+  const at::ScalarType compute = parse_dtype(r.dtype);
   // Small CPU models: the per-op work is too small for intra-op threads to pay off, and on a loaded
   // machine their synchronisation costs more than the work (measured 13× slower with 2 threads).
   struct ThreadsGuard {
@@ -125,7 +134,8 @@ TrainResult run_train(const TrainOptions& opt) {
   Optimizer optim(model, B * T, h);
 
   // a different micro-batching changes the rounding of the accumulated gradients: part of the run
-  const std::string fp = fingerprint(r, steps, B, opt.seed, corpus.hash) + (MB == B ? "" : fmt::format("/mb{}", MB));
+  const std::string fp = fingerprint(r, steps, B, opt.seed, corpus.hash) + (MB == B ? "" : fmt::format("/mb{}", MB)) +
+                         (compute == at::kFloat ? "" : "/" + r.dtype);
   const std::string ckpt = opt.out.empty() ? "" : (fs::path(opt.out) / "checkpoint.safetensors").string();
   int64_t start = 0, pos = 0;
   double prior_seconds = 0;
@@ -196,79 +206,146 @@ TrainResult run_train(const TrainOptions& opt) {
                        {"aux_losses", Json(r.aux_losses).dump()}});
   };
 
+  // The matmul rate this device sustains in the compute dtype: MFU's denominator.
+  r.peak = matmul_peak(opt.device, compute);
+
+  // The compute model: the same blocks, its parameters the compute-dtype copies of the fp32 masters,
+  // made inside each micro-batch's graph so that the gradients flow back into the masters in fp32.
+  Model cm = model;
+  auto compute_model = [&]() -> const Model& {
+    if (compute == at::kFloat) return model;
+    for (const auto& [n, p] : model.params) cm.params.set(n, p.to(compute));
+    return cm;
+  };
+
+  // Losses stay on the device until they are read back (at log, evaluation and checkpoint steps):
+  // reading a value synchronises the host with the device.
+  std::vector<at::Tensor> pending_lm, pending_aux;
+  auto flush_losses = [&] {
+    if (pending_lm.empty()) return;
+    at::Tensor lm = at::stack(pending_lm).to(at::kDouble).cpu();
+    for (int64_t k = 0; k < lm.size(0); ++k) r.losses.push_back(lm[k].item<double>());
+    if (!pending_aux.empty()) {
+      at::Tensor ax = at::stack(pending_aux).to(at::kDouble).cpu();
+      for (int64_t k = 0; k < ax.size(0); ++k) r.aux_losses.push_back(ax[k].item<double>());
+    }
+    pending_lm.clear();
+    pending_aux.clear();
+  };
+
   const int64_t N = corpus.train.size(0);
-  double seconds = 0;
-  int64_t tokens_now = 0;
+  double seconds = 0, steady_seconds = 0;
+  int64_t steady_tokens = 0;
   int64_t done = start;
+  // The traced steps: after the process's first (warm-up) step when there is one.
+  StepTrace tracer;
+  const int64_t trace_from = opt.trace.empty() ? -1 : std::min(start + 1, steps - 1);
+  const int64_t trace_to = trace_from < 0 ? -1 : std::min(steps, trace_from + std::max<int64_t>(1, opt.trace_steps));
+  double trace_wall = 0;
   for (int64_t it = start; it < steps; ++it) {
+    if (it == trace_from) {
+      sweep_detail::sync_device(opt.device);
+      tracer.start(dev.is_cuda());
+    }
     auto t0 = std::chrono::steady_clock::now();
     at::Tensor x, y;
     get_batch(corpus.train, pos, B, T, x, y);
     pos = (pos + B * (T + 1)) % N;
     if (dev.is_cuda()) {
-      x = x.to(dev);
-      y = y.to(dev);
+      x = x.to(dev, /*non_blocking=*/true);
+      y = y.to(dev, /*non_blocking=*/true);
     }
     // The layers see the step (the sparse methods' full-attention warm-up); the evaluations
     // after it run the model as this step trained it.
     model.step = it;
+    cm.step = it;
     // The step's rows in micro-batches of MB: each micro-batch's mean loss weighted by MB/B, so the
     // accumulated gradient (and the logged losses) are the whole batch's means.
-    double lm_sum = 0, aux_sum = 0;
-    bool have_aux = false;
+    at::Tensor lm_sum, aux_sum;
     for (int64_t r0 = 0; r0 < B; r0 += MB) {
       at::Tensor lm_loss;
       ModelAux aux;
       const double w = double(MB) / double(B);
-      at::Tensor loss = model_loss(model, MB == B ? x : x.slice(0, r0, r0 + MB), MB == B ? y : y.slice(0, r0, r0 + MB),
-                                   backend, &lm_loss, &aux);
+      at::Tensor loss = model_loss(compute_model(), MB == B ? x : x.slice(0, r0, r0 + MB),
+                                   MB == B ? y : y.slice(0, r0, r0 + MB), backend, &lm_loss, &aux);
       (MB == B ? loss : loss * w).backward();
-      lm_sum += w * lm_loss.item<double>();
+      at::Tensor lm_w = lm_loss.detach().to(at::kDouble) * w;
+      lm_sum = lm_sum.defined() ? lm_sum + lm_w : lm_w;
       if (aux.aux_loss.defined()) {
-        aux_sum += w * aux.aux_loss.item<double>();
-        have_aux = true;
+        at::Tensor a_w = aux.aux_loss.detach().to(at::kDouble) * w;
+        aux_sum = aux_sum.defined() ? aux_sum + a_w : a_w;
       }
     }
-    r.losses.push_back(lm_sum);
-    if (have_aux) r.aux_losses.push_back(aux_sum);
+    pending_lm.push_back(lm_sum);
+    if (aux_sum.defined()) pending_aux.push_back(aux_sum);
     optim.step(model, it);
     for (const auto& [n, p] : model.params) p.mutable_grad() = at::Tensor();
-    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    tokens_now += B * T;
     done = it + 1;
     const bool do_eval = done % eval_every == 0 || done == steps;
-    if (do_eval) r.val_curve.emplace_back(done, evaluate(model, corpus, B, T, eval_batches, backend, MB));
-    if (opt.progress) {
-      const double tps = double(tokens_now) / std::max(seconds, 1e-9);
+    const bool stopping = opt.stop_after > 0 && done >= opt.stop_after;
+    const bool do_save = done % ckpt_every == 0 || done == steps || stopping;
+    const bool do_log = opt.progress && (done % log_every == 0 || do_eval);
+    const bool first = it == start;
+    // The clock stops on a synchronised device wherever the host is about to wait for it anyway, and
+    // after the process's first step (which the steady rate excludes).
+    const bool traced = tracer.active();
+    if (do_eval || do_save || do_log || first || traced || !dev.is_cuda()) sweep_detail::sync_device(opt.device);
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    seconds += dt;
+    if (traced) {
+      trace_wall += dt;
+      if (done == trace_to) r.trace = tracer.stop(opt.trace, trace_wall, trace_to - trace_from);
+    }
+    if (first) r.first_step_s = dt;
+    else if (!traced) {  // the profiler's own cost stays out of the rate
+      steady_seconds += dt;
+      steady_tokens += B * T;
+    }
+    if (do_eval || do_save || do_log || !dev.is_cuda()) flush_losses();
+    if (do_eval) {
+      c10::NoGradGuard ng;
+      r.val_curve.emplace_back(done, evaluate(compute_model(), corpus, B, T, eval_batches, backend, MB));
+    }
+    if (do_log) {
+      const double tps = steady_tokens > 0 ? double(steady_tokens) / std::max(steady_seconds, 1e-9)
+                                           : double(B * T) / std::max(seconds, 1e-9);
       const double eta = double(steps - done) * double(B * T) / std::max(tps, 1e-9);
       if (opt.progress == 1) {
         Json j = {{"method", r.method}, {"step", done}, {"steps", steps}, {"loss", r.losses.back()},
-                  {"lr_mult", lr_multiplier(h.schedule, it)}, {"tok_per_s", tps}, {"eta_s", eta}};
+                  {"lr_mult", lr_multiplier(h.schedule, it)}, {"tok_per_s", tps},
+                  {"mfu", mfu(r.cost.train_flops_nanochat, tps, r.peak)}, {"eta_s", eta}};
         if (!r.aux_losses.empty()) j["aux_loss"] = r.aux_losses.back();
         if (do_eval) j["val_bpb"] = r.val_curve.back().second;
         std::cout << j.dump() << std::endl;
-      } else if (do_eval || done % 10 == 0) {
-        std::cout << fmt::format("{} step {}/{}  loss {:.4f}{}{}  {:.0f} tok/s  eta {:.0f}s\n", r.method, done, steps,
-                                 r.losses.back(),
+      } else if (do_eval || done % std::max<int64_t>(10, log_every) == 0) {
+        std::cout << fmt::format("{} step {}/{}  loss {:.4f}{}{}  {:.0f} tok/s  mfu {:.1f}%  eta {:.0f}s\n", r.method, done,
+                                 steps, r.losses.back(),
                                  r.aux_losses.empty() ? "" : fmt::format("  aux {:.4f}", r.aux_losses.back()),
-                                 do_eval ? fmt::format("  val bpb {:.4f}", r.val_curve.back().second) : "", tps, eta)
+                                 do_eval ? fmt::format("  val bpb {:.4f}", r.val_curve.back().second) : "", tps,
+                                 100 * mfu(r.cost.train_flops_nanochat, tps, r.peak), eta)
                   << std::flush;
       }
     }
-    const bool stopping = opt.stop_after > 0 && done >= opt.stop_after;
-    if (done % ckpt_every == 0 || done == steps || stopping) save(done, prior_seconds + seconds);
+    if (do_save) save(done, prior_seconds + seconds);
     if (stopping) break;
   }
+  flush_losses();
+  if (tracer.active()) r.trace = tracer.stop(opt.trace, trace_wall, done - trace_from);  // stopped early
   r.steps_done = done;
   r.tokens = done * B * T;
   r.batch = B;
   r.micro_batch = MB;
   r.seconds = prior_seconds + seconds;
-  r.tokens_per_s = tokens_now > 0 ? double(tokens_now) / std::max(seconds, 1e-9) : 0.0;
+  r.tokens_per_s = steady_tokens > 0 ? double(steady_tokens) / std::max(steady_seconds, 1e-9)
+                  : done > start    ? double((done - start) * B * T) / std::max(seconds, 1e-9)
+                                    : 0.0;
+  r.mfu = mfu(r.cost.train_flops_nanochat, r.tokens_per_s, r.peak);
   if (!r.val_curve.empty()) r.val_bpb = r.val_curve.back().second;
   const int64_t n_probe = opt.probe_sequences >= 0 ? opt.probe_sequences : P.probe_sequences;
   if (corpus.byte_level && n_probe > 0) {
-    r.probes = evaluate_probes([&](const at::Tensor& idx) { return forward_rows(model, idx.to(dev), backend, MB); }, T,
+    c10::NoGradGuard ng;
+    const Model& pm = compute_model();
+    r.probes = evaluate_probes([&](const at::Tensor& idx) { return forward_rows(pm, idx.to(dev), backend, MB); }, T,
                                opt.seed, n_probe, corpus.bos);
   }
   return r;
@@ -283,7 +360,8 @@ Json train_result_json(const TrainResult& r) {
           {"level", "model"},
           {"device", r.device},
           {"threads", r.threads},
-          {"dtype", "fp32"},
+          {"dtype", r.dtype},
+          {"master_dtype", "fp32"},
           {"config", r.cfg.to_json()},
           {"shape", {{"n_layer", d.n_layer}, {"d_model", d.d_model}, {"n_head", d.n_head}, {"head_dim", d.head_dim},
                      {"seq_len", d.seq_len}, {"vocab", d.vocab}}},
@@ -294,6 +372,10 @@ Json train_result_json(const TrainResult& r) {
           {"tokens", r.tokens},
           {"seconds", r.seconds},
           {"tokens_per_s", r.tokens_per_s},
+          {"first_step_s", r.first_step_s},
+          {"mfu", r.mfu},
+          {"matmul_peak", matmul_peak_json(r.peak)},
+          {"trace", r.trace},
           {"train_flops_per_token_nanochat", r.cost.train_flops_nanochat},
           {"params", {{"total", r.cost.params.total()}, {"matmul", r.cost.params.matmul}}},
           {"loss_curve", r.losses},

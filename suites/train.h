@@ -13,6 +13,7 @@
 
 #include "harness/backbone.h"
 #include "suites/leaderboard.h"
+#include "suites/mfu.h"
 #include "suites/optimizer.h"
 #include "suites/train_data.h"
 #include "suites/train_presets.h"
@@ -38,6 +39,12 @@ struct TrainOptions {
   int progress = 0;            // 0 = none, 1 = JSON lines, 2 = human lines
   int64_t probe_sequences = -1;  // held-out sequences per probe after training; -1 = the preset's, 0 = none
   std::string device = "cpu";  // "cpu" or "cuda" (parameters initialised on the CPU, then moved)
+  std::string dtype;           // compute dtype: "bf16" or "fp32" ("" = bf16 on a GPU, fp32 on the CPU); the
+                               // parameters and the optimizer state stay fp32 (bf16 copies are the compute weights)
+  std::string trace;           // Kineto trace of `trace_steps` steps after the first ("" = none): a Chrome
+  int64_t trace_steps = 2;     // trace file, and its kernel-time summary in the report (suites/step_trace.h)
+  int64_t log_every = 0;       // steps between loss read-backs and progress lines (0 = the preset's); a
+                               // read-back synchronises the host with the device, so GPU presets log sparsely
 };
 
 struct TrainResult {
@@ -50,7 +57,12 @@ struct TrainResult {
   bool byte_level = true;
   int64_t steps_done = 0, tokens = 0;
   int64_t batch = 0, micro_batch = 0;  // rows per step; rows per forward/backward
-  double seconds = 0, tokens_per_s = 0;
+  double seconds = 0, tokens_per_s = 0;  // tokens_per_s: steady rate, the first step of the process excluded
+  double first_step_s = 0;     // the first step of the process (allocator, cuBLAS and kernel warm-up)
+  std::string dtype = "fp32";  // compute dtype
+  double mfu = 0;              // train FLOPs/token (nanochat convention) × tokens_per_s ÷ peak.flop_per_s
+  MatmulPeak peak;
+  nlohmann::json trace;        // the traced steps' kernel-time summary (null without --trace)
   ModelCost cost;
   nlohmann::json probes;       // {probe: {accuracy, exact, chance, sequences, answers}} (byte-level data)
   std::string device = "cpu";

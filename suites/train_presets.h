@@ -23,6 +23,8 @@ struct TrainPreset {
   int64_t steps, batch, eval_every, eval_batches, checkpoint_every;
   int64_t probe_sequences = 64;  // held-out sequences per probe kind after training
   int cpu_threads = 0;            // intra-op threads on the CPU during the run (0 = LibTorch's default)
+  int64_t log_every = 1;          // steps between loss read-backs / progress lines (each one synchronises)
+  int64_t micro_batch = 0;        // rows per forward/backward for every method (0 = the whole batch)
   std::map<std::string, std::string> method_config;  // per-method overrides after `config`
   std::map<std::string, int64_t> method_micro_batch;  // rows per forward/backward where memory needs it
   TrainHyper hyper;

@@ -33,6 +33,7 @@ void read_run_options(const Args& a, Options& o) {
   o.out = a.get_or("out", "");
   o.config = a.get_or("config", "");
   o.device = a.get_or("device", "cpu");
+  o.dtype = a.get_or("dtype", "");
   o.probe_sequences = a.get_int("probes", -1);
   o.progress = progress_mode(a.flag("quiet"));
 }
@@ -48,9 +49,15 @@ int run_train_command(const Args& a, const std::vector<std::string>& args) {
   o.eval_batches = a.get_int("eval-batches", 0);
   o.checkpoint_every = a.get_int("checkpoint-every", 0);
   o.stop_after = a.get_int("stop-after", 0);
+  o.log_every = a.get_int("log-every", 0);
+  o.trace = a.get_or("trace", "");
+  o.trace_steps = a.get_int("trace-steps", 2);
+  if (o.trace_steps < 1) throw UsageError("--trace-steps must be >= 1");
   if (o.probe_sequences < -1) throw UsageError("--probes must be >= 0");
-  if (o.steps < 0 || o.batch < 0 || o.eval_every < 0 || o.eval_batches < 0 || o.checkpoint_every < 0 || o.stop_after < 0)
-    throw UsageError("--steps, --batch, --eval-every, --eval-batches, --checkpoint-every and --stop-after must be >= 0");
+  if (o.steps < 0 || o.batch < 0 || o.eval_every < 0 || o.eval_batches < 0 || o.checkpoint_every < 0 || o.stop_after < 0 ||
+      o.log_every < 0)
+    throw UsageError("--steps, --batch, --eval-every, --eval-batches, --checkpoint-every, --stop-after and --log-every "
+                     "must be >= 0");
   TrainResult r = run_train(o);
   RunInfo info = run_info("train", args);
   info.argv.insert(info.argv.begin() + 1, "train");
@@ -95,13 +102,15 @@ int run_leaderboard_command(const Args& a, const std::vector<std::string>& args)
 }
 
 // Options train and leaderboard share.
-const OptionDoc kPreset = {"preset", OptionKind::Value, "tiny|small", "model size, steps, batch and schedule (default tiny)"};
+const OptionDoc kPreset = {"preset", OptionKind::Value, "tiny|small|gpu-d12", "model size, steps, batch and schedule (default tiny)"};
 const OptionDoc kBatch = {"batch", OptionKind::Value, "B", "rows per step (default: the preset's)"};
 const OptionDoc kSeed = {"seed", OptionKind::Value, "S", "seed of the weights and the data order (default 0)"};
 const OptionDoc kData = {"data", OptionKind::Value, "synthetic|PATH", "training text: the built-in synthetic stream or a file (default synthetic)"};
 const OptionDoc kProbes = {"probes", OptionKind::Value, "N", "held-out sequences per capability probe (default: the preset's; 0 = none)"};
 const OptionDoc kQuiet = {"quiet", OptionKind::Flag, "", "no progress output"};
 const OptionDoc kDevice = {"device", OptionKind::Value, "cpu|cuda", "device the training runs on (default cpu)"};
+const OptionDoc kDtype = {"dtype", OptionKind::Value, "bf16|fp32",
+                          "compute dtype; weights and optimizer state stay fp32 (default bf16 on cuda, fp32 on cpu)"};
 
 }  // namespace
 
@@ -125,7 +134,11 @@ Command train_command() {
            {"eval-batches", OptionKind::Value, "N", "batches per validation evaluation (default: the preset's)"},
            {"checkpoint-every", OptionKind::Value, "N", "steps between checkpoints (default: the preset's)"},
            {"stop-after", OptionKind::Value, "N", "stop as if interrupted after N steps (0 = never)"},
+           {"log-every", OptionKind::Value, "N", "steps between loss read-backs and progress lines (default: the preset's)"},
+           {"trace", OptionKind::Value, "FILE.json", "Kineto trace (Chrome/Perfetto) of steps after the first; kernel time by kind in train.json"},
+           {"trace-steps", OptionKind::Value, "N", "steps the trace covers (default 2)"},
            kDevice,
+           kDtype,
            kProbes,
            kQuiet},
           run_train_command};
@@ -146,6 +159,7 @@ Command leaderboard_command() {
            kData,
            {"config", OptionKind::Value, "k=v,...", "overrides applied to every method after calibration"},
            kDevice,
+           kDtype,
            kProbes,
            {"out", OptionKind::Value, "report.json", "write the JSON report, with .md and .html beside it"},
            kQuiet},

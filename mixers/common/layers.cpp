@@ -2,6 +2,13 @@
 
 #include <ATen/ATen.h>
 
+#if defined(MIXBENCH_WITH_CUDA)
+#include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "mixers/common/rope_kernel.h"
+#endif
+
 #include "harness/backbone.h"
 #include "harness/errors.h"
 
@@ -14,11 +21,54 @@ bool is_half(const at::Tensor& t) {
 at::Tensor f32(const at::Tensor& t) { return t.defined() ? t.to(at::kFloat) : t; }
 
 at::Tensor rms_norm(const at::Tensor& x) {
+  // LibTorch's fused kernel on a GPU (one pass, fp32 statistics for half inputs, its own backward)
+  if (x.is_cuda()) return at::rms_norm(x, {x.size(-1)}, std::nullopt, 1.1920928955078125e-07);
   if (is_half(x)) return rms_norm(f32(x)).to(x.scalar_type());  // statistics in fp32, as under autocast
   return x * at::rsqrt(x.pow(2).mean(-1, true) + 1.1920928955078125e-07);
 }
 
+#if defined(MIXBENCH_WITH_CUDA)
+namespace {
+rope_cuda::Dtype rope_dtype(const at::Tensor& x) {
+  switch (x.scalar_type()) {
+    case at::kFloat: return rope_cuda::Dtype::F32;
+    case at::kBFloat16: return rope_cuda::Dtype::BF16;
+    case at::kHalf: return rope_cuda::Dtype::F16;
+    default: throw InputError("rope on CUDA takes fp32, bf16 or fp16");
+  }
+}
+at::Tensor rope_apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool inverse) {
+  at::Tensor xc = x.contiguous(), y = at::empty_like(xc);
+  rope_cuda::apply(rope_dtype(xc), xc.data_ptr(), y.data_ptr(), cos.data_ptr<float>(), sin.data_ptr<float>(),
+                   xc.numel() / xc.size(3), int(xc.size(1)), int(xc.size(2)), int(xc.size(3) / 2), inverse,
+                   c10::cuda::getCurrentCUDAStream(xc.device().index()).stream());
+  return y;
+}
+// The rotation is orthogonal: its backward is the rotation by −θ.
+struct RopeFn : public torch::autograd::Function<RopeFn> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos,
+                            const at::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});
+    return rope_apply(x, cos, sin, false);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list g) {
+    auto s = ctx->get_saved_variables();
+    return {rope_apply(g[0], s[0], s[1], true), at::Tensor(), at::Tensor()};
+  }
+};
+}  // namespace
+#endif
+
 at::Tensor rope(const at::Tensor& x, double base, int64_t offset) {
+#if defined(MIXBENCH_WITH_CUDA)
+  // One fused pass on a GPU (fp32 math, one rounding): the same values as the path below.
+  if (x.is_cuda() && x.dim() == 4 && x.size(3) % 2 == 0 && x.scalar_type() != at::kDouble) {
+    const int64_t T = x.size(1), half = x.size(3) / 2;
+    auto opts = at::TensorOptions().dtype(at::kDouble).device(x.device());
+    at::Tensor ang = at::outer(at::arange(offset, offset + T, opts), at::pow(base, -at::arange(0, half, opts) * (2.0 / double(x.size(3)))));
+    return RopeFn::apply(x, ang.cos().to(at::kFloat), ang.sin().to(at::kFloat));
+  }
+#endif
   if (is_half(x)) return rope(f32(x), base, offset).to(x.scalar_type());  // one rounding, not three
   const int64_t T = x.size(1), D = x.size(3), half = D / 2;
   auto opts = at::TensorOptions().dtype(at::kDouble);
