@@ -10,7 +10,16 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <memory>
+#include <tuple>
 #include <iostream>
+
+#if defined(MIXBENCH_WITH_CUDA)
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+#endif
 
 #include "harness/errors.h"
 #include "harness/io.h"
@@ -214,6 +223,7 @@ TrainResult run_train(const TrainOptions& opt) {
   Model cm = model;
   auto compute_model = [&]() -> const Model& {
     if (compute == at::kFloat) return model;
+    cm.params = TensorMap();  // the previous copies go first (with their autograd nodes)
     for (const auto& [n, p] : model.params) cm.params.set(n, p.to(compute));
     return cm;
   };
@@ -237,9 +247,87 @@ TrainResult run_train(const TrainOptions& opt) {
   double seconds = 0, steady_seconds = 0;
   int64_t steady_tokens = 0;
   int64_t done = start;
-  // The traced steps: after the process's first (warm-up) step when there is one.
+  // Forward and backward over the step's rows in micro-batches of MB: each micro-batch's mean loss
+  // weighted by MB/B, so the accumulated gradient (and the logged losses) are the whole batch's means.
+  // Returns the LM loss and the auxiliary loss (undefined without one), on the device.
+  auto forward_backward = [&](const at::Tensor& x, const at::Tensor& y) {
+    at::Tensor lm_sum, aux_sum;
+    for (int64_t r0 = 0; r0 < B; r0 += MB) {
+      at::Tensor lm_loss;
+      ModelAux aux;
+      const double w = double(MB) / double(B);
+      at::Tensor loss = model_loss(compute_model(), MB == B ? x : x.slice(0, r0, r0 + MB),
+                                   MB == B ? y : y.slice(0, r0, r0 + MB), backend, &lm_loss, &aux);
+      (MB == B ? loss : loss * w).backward();
+      at::Tensor lm_w = lm_loss.detach().to(at::kDouble) * w;
+      lm_sum = lm_sum.defined() ? lm_sum + lm_w : lm_w;
+      if (aux.aux_loss.defined()) {
+        at::Tensor a_w = aux.aux_loss.detach().to(at::kDouble) * w;
+        aux_sum = aux_sum.defined() ? aux_sum + a_w : a_w;
+      }
+    }
+    // The compute copies hold the autograd nodes that accumulate into the masters; released here, so
+    // the next step (or a graph capture on another stream) builds its own.
+    if (compute != at::kFloat) cm.params = TensorMap();
+    return std::make_pair(lm_sum, aux_sum);
+  };
+
+  // On a GPU the forward and backward of a step (all its micro-batches) are captured once in a CUDA
+  // graph and replayed: one launch instead of thousands. Static buffers hold the batch, the losses
+  // and the gradients; the optimizer runs eagerly on those gradients. Capture waits for the layers to
+  // stop depending on the step (the sparse methods' full-attention warm-up) and falls back to eager
+  // steps, with the reason in the report, where the method cannot be captured.
+  const bool graph_wanted = dev.is_cuda() && opt.graph != "off";
+  r.graph_reason = !dev.is_cuda() ? "not on a GPU" : opt.graph == "off" ? "--graph off" : "";
+  auto step_dependent = [&](int64_t it) {
+    for (const Config& lc : model.layer_cfgs)
+      if (lc.has("full_attention_warmup_steps") && it < lc.i("full_attention_warmup_steps")) return true;
+    return false;
+  };
+#if defined(MIXBENCH_WITH_CUDA)
+  std::unique_ptr<at::cuda::CUDAGraph> graph;
+  int64_t capture_step_at = -1;
+  at::Tensor graph_x, graph_y, graph_lm, graph_aux;
+  auto capture_step = [&](const at::Tensor& x, const at::Tensor& y) {
+    graph_x = x.clone();
+    graph_y = y.clone();
+    c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool();
+    sweep_detail::sync_device(opt.device);
+    {
+      // a warm-up pass on the capture stream (its gradients are discarded), then the capture
+      c10::cuda::CUDAStreamGuard sg(side);
+      forward_backward(graph_x, graph_y);
+    }
+    sweep_detail::sync_device(opt.device);
+    for (const auto& [n, p] : model.params) p.mutable_grad() = at::Tensor();
+    graph = std::make_unique<at::cuda::CUDAGraph>();
+    c10::cuda::CUDAStreamGuard sg(side);  // capture_end, on success or failure, runs on the capture stream
+    try {
+      graph->capture_begin();
+      std::tie(graph_lm, graph_aux) = forward_backward(graph_x, graph_y);
+      graph->capture_end();
+      r.graph = true;
+    } catch (const std::exception& e) {
+      try {
+        graph->capture_end();  // ends an invalidated capture (and throws about it)
+      } catch (const std::exception&) {
+      }
+      (void)cudaGetLastError();
+      graph.reset();
+      graph_lm = graph_aux = at::Tensor();
+      for (const auto& [n, p] : model.params) p.mutable_grad() = at::Tensor();
+      const std::string what = e.what();
+      r.graph_reason = "capture failed: " + what.substr(0, what.find('\n'));
+    }
+    sweep_detail::sync_device(opt.device);
+  };
+#else
+  if (graph_wanted) r.graph_reason = "built without CUDA";
+#endif
+
+  // The traced steps: after the process's first (warm-up) step and the graph's capture when there are.
   StepTrace tracer;
-  const int64_t trace_from = opt.trace.empty() ? -1 : std::min(start + 1, steps - 1);
+  const int64_t trace_from = opt.trace.empty() ? -1 : std::min(start + (graph_wanted ? 2 : 1), steps - 1);
   const int64_t trace_to = trace_from < 0 ? -1 : std::min(steps, trace_from + std::max<int64_t>(1, opt.trace_steps));
   double trace_wall = 0;
   for (int64_t it = start; it < steps; ++it) {
@@ -259,33 +347,39 @@ TrainResult run_train(const TrainOptions& opt) {
     // after it run the model as this step trained it.
     model.step = it;
     cm.step = it;
-    // The step's rows in micro-batches of MB: each micro-batch's mean loss weighted by MB/B, so the
-    // accumulated gradient (and the logged losses) are the whole batch's means.
     at::Tensor lm_sum, aux_sum;
-    for (int64_t r0 = 0; r0 < B; r0 += MB) {
-      at::Tensor lm_loss;
-      ModelAux aux;
-      const double w = double(MB) / double(B);
-      at::Tensor loss = model_loss(compute_model(), MB == B ? x : x.slice(0, r0, r0 + MB),
-                                   MB == B ? y : y.slice(0, r0, r0 + MB), backend, &lm_loss, &aux);
-      (MB == B ? loss : loss * w).backward();
-      at::Tensor lm_w = lm_loss.detach().to(at::kDouble) * w;
-      lm_sum = lm_sum.defined() ? lm_sum + lm_w : lm_w;
-      if (aux.aux_loss.defined()) {
-        at::Tensor a_w = aux.aux_loss.detach().to(at::kDouble) * w;
-        aux_sum = aux_sum.defined() ? aux_sum + a_w : a_w;
-      }
+    bool replayed = false;
+#if defined(MIXBENCH_WITH_CUDA)
+    if (graph_wanted && !graph && r.graph_reason.empty() && it > start && !step_dependent(it)) {
+      capture_step(x, y);
+      capture_step_at = it;
     }
+    if (graph) {
+      graph_x.copy_(x, /*non_blocking=*/true);
+      graph_y.copy_(y, /*non_blocking=*/true);
+      graph->replay();
+      lm_sum = graph_lm.clone();
+      if (graph_aux.defined()) aux_sum = graph_aux.clone();
+      replayed = true;
+    }
+#endif
+    if (!replayed) std::tie(lm_sum, aux_sum) = forward_backward(x, y);
     pending_lm.push_back(lm_sum);
     if (aux_sum.defined()) pending_aux.push_back(aux_sum);
     optim.step(model, it);
-    for (const auto& [n, p] : model.params) p.mutable_grad() = at::Tensor();
+    // Eager steps start from no gradients; a graph's gradients are its static buffers, overwritten by
+    // every replay.
+    if (!replayed)
+      for (const auto& [n, p] : model.params) p.mutable_grad() = at::Tensor();
     done = it + 1;
     const bool do_eval = done % eval_every == 0 || done == steps;
     const bool stopping = opt.stop_after > 0 && done >= opt.stop_after;
     const bool do_save = done % ckpt_every == 0 || done == steps || stopping;
     const bool do_log = opt.progress && (done % log_every == 0 || do_eval);
-    const bool first = it == start;
+    bool first = it == start;  // steps that include one-time work stay out of the steady rate
+#if defined(MIXBENCH_WITH_CUDA)
+    first = first || it == capture_step_at;
+#endif
     // The clock stops on a synchronised device wherever the host is about to wait for it anyway, and
     // after the process's first step (which the steady rate excludes).
     const bool traced = tracer.active();
@@ -296,8 +390,8 @@ TrainResult run_train(const TrainOptions& opt) {
       trace_wall += dt;
       if (done == trace_to) r.trace = tracer.stop(opt.trace, trace_wall, trace_to - trace_from);
     }
-    if (first) r.first_step_s = dt;
-    else if (!traced) {  // the profiler's own cost stays out of the rate
+    if (it == start) r.first_step_s = dt;
+    if (!first && !traced) {  // the profiler's own cost stays out of the rate
       steady_seconds += dt;
       steady_tokens += B * T;
     }
@@ -376,6 +470,8 @@ Json train_result_json(const TrainResult& r) {
           {"mfu", r.mfu},
           {"matmul_peak", matmul_peak_json(r.peak)},
           {"trace", r.trace},
+          {"cuda_graph", r.graph},
+          {"cuda_graph_reason", r.graph_reason},
           {"train_flops_per_token_nanochat", r.cost.train_flops_nanochat},
           {"params", {{"total", r.cost.params.total()}, {"matmul", r.cost.params.matmul}}},
           {"loss_curve", r.losses},

@@ -43,6 +43,7 @@ struct TrainOptions {
                                // parameters and the optimizer state stay fp32 (bf16 copies are the compute weights)
   std::string trace;           // Kineto trace of `trace_steps` steps after the first ("" = none): a Chrome
   int64_t trace_steps = 2;     // trace file, and its kernel-time summary in the report (suites/step_trace.h)
+  std::string graph = "auto";  // "auto": forward + backward of a step captured in a CUDA graph on a GPU; "off"
   int64_t log_every = 0;       // steps between loss read-backs and progress lines (0 = the preset's); a
                                // read-back synchronises the host with the device, so GPU presets log sparsely
 };
@@ -62,6 +63,8 @@ struct TrainResult {
   std::string dtype = "fp32";  // compute dtype
   double mfu = 0;              // train FLOPs/token (nanochat convention) × tokens_per_s ÷ peak.flop_per_s
   MatmulPeak peak;
+  bool graph = false;          // the steps after the first replayed a CUDA graph of forward + backward
+  std::string graph_reason;    // why not (empty when graphed)
   nlohmann::json trace;        // the traced steps' kernel-time summary (null without --trace)
   ModelCost cost;
   nlohmann::json probes;       // {probe: {accuracy, exact, chance, sequences, answers}} (byte-level data)

@@ -51,6 +51,8 @@ int run_train_command(const Args& a, const std::vector<std::string>& args) {
   o.stop_after = a.get_int("stop-after", 0);
   o.log_every = a.get_int("log-every", 0);
   o.trace = a.get_or("trace", "");
+  o.graph = a.get_or("graph", "auto");
+  if (o.graph != "auto" && o.graph != "off") throw UsageError("--graph takes auto or off");
   o.trace_steps = a.get_int("trace-steps", 2);
   if (o.trace_steps < 1) throw UsageError("--trace-steps must be >= 1");
   if (o.probe_sequences < -1) throw UsageError("--probes must be >= 0");
@@ -137,6 +139,7 @@ Command train_command() {
            {"log-every", OptionKind::Value, "N", "steps between loss read-backs and progress lines (default: the preset's)"},
            {"trace", OptionKind::Value, "FILE.json", "Kineto trace (Chrome/Perfetto) of steps after the first; kernel time by kind in train.json"},
            {"trace-steps", OptionKind::Value, "N", "steps the trace covers (default 2)"},
+           {"graph", OptionKind::Value, "auto|off", "capture each step's forward + backward in a CUDA graph on a GPU (default auto)"},
            kDevice,
            kDtype,
            kProbes,

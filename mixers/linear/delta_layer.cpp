@@ -3,9 +3,18 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include "harness/backbone.h"
 #include "harness/errors.h"
 #include "mixers/common/layers.h"
+
+#if defined(MIXBENCH_WITH_CUDA)
+#include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "mixers/common/short_conv_kernel.h"
+#endif
 
 namespace mixbench::linear {
 
@@ -30,7 +39,44 @@ ConfigSpec delta_method_config() {
   return s;
 }
 
+#if defined(MIXBENCH_WITH_CUDA)
+namespace {
+layers::short_conv_cuda::Dtype conv_dtype(const at::Tensor& x) {
+  return x.scalar_type() == at::kFloat      ? layers::short_conv_cuda::Dtype::F32
+         : x.scalar_type() == at::kBFloat16 ? layers::short_conv_cuda::Dtype::BF16
+                                            : layers::short_conv_cuda::Dtype::F16;
+}
+cudaStream_t stream_of(const at::Tensor& x) { return c10::cuda::getCurrentCUDAStream(x.device().index()).stream(); }
+// The fused kernels (mixers/common/short_conv_kernel.h) with their own backward.
+struct ShortConvSiluFn : public torch::autograd::Function<ShortConvSiluFn> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w) {
+    ctx->save_for_backward({x, w});
+    at::Tensor y = at::empty_like(x);
+    layers::short_conv_cuda::forward(conv_dtype(x), x.data_ptr(), w.data_ptr(), y.data_ptr(), x.size(0), x.size(1),
+                                     x.size(2), int(w.size(1)), stream_of(x));
+    return y;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list g) {
+    auto s = ctx->get_saved_variables();
+    const at::Tensor &x = s[0], &w = s[1];
+    at::Tensor dy = g[0].to(x.scalar_type()).contiguous();
+    at::Tensor dx = at::empty_like(x), pre = at::empty(x.sizes(), x.options().dtype(at::kFloat));
+    at::Tensor dw = at::empty(w.sizes(), w.options().dtype(at::kFloat));
+    layers::short_conv_cuda::backward(conv_dtype(x), x.data_ptr(), w.data_ptr(), dy.data_ptr(), dx.data_ptr(),
+                                      dw.data_ptr<float>(), pre.data_ptr<float>(), x.size(0), x.size(1), x.size(2),
+                                      int(w.size(1)), stream_of(x));
+    return {dx, dw.to(w.scalar_type())};
+  }
+};
+}  // namespace
+#endif
+
 at::Tensor short_conv_silu(const at::Tensor& x, const at::Tensor& w) {
+#if defined(MIXBENCH_WITH_CUDA)
+  const auto st = x.scalar_type();
+  if (x.is_cuda() && x.dim() == 3 && w.size(1) <= 8 && (st == at::kFloat || st == at::kBFloat16 || st == at::kHalf))
+    return ShortConvSiluFn::apply(x.contiguous(), w.to(st).contiguous());
+#endif
   const int64_t T = x.size(1), W = w.size(1);
   at::Tensor xp = at::constant_pad_nd(x, {0, 0, W - 1, 0});  // [B,T+W−1,C]
   at::Tensor y = xp.narrow(1, 0, T) * w.select(1, 0);
@@ -38,9 +84,18 @@ at::Tensor short_conv_silu(const at::Tensor& x, const at::Tensor& w) {
   return at::silu(y);
 }
 
-at::Tensor l2norm(const at::Tensor& x) { return x * at::rsqrt(x.pow(2).sum(-1, true) + kDeltaL2Eps); }
+at::Tensor l2norm(const at::Tensor& x) {
+  // On a GPU LibTorch's fused RMSNorm: x·rsqrt(Σx² + ε) = rms_norm(x, ε/D)/√D (fp32 statistics)
+  if (x.is_cuda() && x.scalar_type() != at::kDouble) {
+    const double D = double(x.size(-1));
+    return at::rms_norm(x, {x.size(-1)}, std::nullopt, kDeltaL2Eps / D) * (1.0 / std::sqrt(D));
+  }
+  return x * at::rsqrt(x.pow(2).sum(-1, true) + kDeltaL2Eps);
+}
 
 at::Tensor rms_norm_gain(const at::Tensor& x, const at::Tensor& w, double eps) {
+  if (x.is_cuda() && x.scalar_type() != at::kDouble)
+    return at::rms_norm(x, {x.size(-1)}, w.to(x.scalar_type()), eps);  // fused, with its gain
   return x * at::rsqrt(x.pow(2).mean(-1, true) + eps) * w;
 }
 
