@@ -4,10 +4,13 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace mixbench {
+
+class DataParallel;  // suites/distributed.h
 
 struct Calibration {
   std::string method;
@@ -35,6 +38,7 @@ struct LeaderboardOptions {
   int progress = 0;
   int64_t probe_sequences = -1;  // -1 = the preset's
   std::string device = "cpu";
+  std::shared_ptr<DataParallel> data_parallel;  // each method trained data-parallel over these ranks (null: one process)
 };
 nlohmann::json run_leaderboard(const LeaderboardOptions& opt, std::string& markdown);
 

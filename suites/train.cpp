@@ -17,6 +17,7 @@
 #include "harness/registry.h"
 #include "harness/report.h"
 #include "harness/safetensors.h"
+#include "suites/distributed.h"
 #include "suites/train_eval.h"
 
 namespace mixbench {
@@ -70,6 +71,13 @@ TrainResult run_train(const TrainOptions& opt) {
                                                                    : B;
   if (MB < 1 || B % MB != 0)
     throw UsageError(fmt::format("--micro-batch {} must divide the batch of {} rows", MB, B));
+  // Several ranks: each trains its contiguous share of the step's rows, in micro-batches of at most MB.
+  DataParallel* dp = opt.data_parallel.get();
+  const bool rank0 = !dp || dp->rank() == 0;
+  const RowShare share = dp ? dp->share(B) : RowShare{0, B};
+  const int64_t MBr = std::min(MB, share.rows);
+  if (share.rows % MBr != 0)
+    throw UsageError(fmt::format("--micro-batch {} must divide each rank's share of {} rows", MBr, share.rows));
   const int64_t eval_every = opt.eval_every > 0 ? opt.eval_every : P.eval_every;
   const int64_t eval_batches = opt.eval_batches > 0 ? opt.eval_batches : P.eval_batches;
   const int64_t ckpt_every = opt.checkpoint_every > 0 ? opt.checkpoint_every : P.checkpoint_every;
@@ -91,7 +99,7 @@ TrainResult run_train(const TrainOptions& opt) {
   if (opt.device != "cpu" && opt.device != "cuda")
     throw UsageError(fmt::format("unknown device '{}' (cpu or cuda)", opt.device));
   if (opt.device == "cuda" && !at::hasCUDA()) throw UsageError("--device cuda: no CUDA device is available");
-  const at::Device dev = opt.device == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  const at::Device dev = opt.device == "cuda" ? at::Device(at::kCUDA, dp ? dp->local_rank() : 0) : at::Device(at::kCPU);
   const Backend backend = opt.device == "cuda" ? Backend::CUDA : Backend::CPU;
   r.device = opt.device;
   if (opt.device == "cuda") at::globalContext().setAllowTF32CuBLAS(true);  // fp32 weights, TF32 matmuls
@@ -110,6 +118,8 @@ TrainResult run_train(const TrainOptions& opt) {
     }
   } threads_guard(opt.device == "cpu" ? P.cpu_threads : 0);
   r.threads = opt.device == "cpu" ? at::get_num_threads() : 0;
+  r.world_size = dp ? dp->world() : 1;
+  r.backend = dp ? dp->backend() : "none";
 
   // Parameters are drawn on the CPU (the same values on every device), then moved.
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(opt.seed);
@@ -179,8 +189,20 @@ TrainResult run_train(const TrainOptions& opt) {
     if (int64_t(r.losses.size()) != start) throw InputError("checkpoint loss history does not match its step");
   }
 
+  // The gradients summed over the ranks; the logged losses too, when they are logged (every rank
+  // logs at the same steps: rank 0's progress mode).
+  std::unique_ptr<GradientReducer> reducer = dp ? dp->reducer(model) : nullptr;
+  const int progress = dp ? int(dp->from_rank0(opt.progress)) : opt.progress;
+  size_t losses_summed = r.losses.size();
+  auto sum_losses = [&] {
+    if (!dp) return;
+    dp->sum(r.losses, losses_summed);
+    if (!r.aux_losses.empty()) dp->sum(r.aux_losses, losses_summed);
+    losses_summed = r.losses.size();
+  };
+
   auto save = [&](int64_t step_done, double seconds) {
-    if (ckpt.empty()) return;
+    if (ckpt.empty() || !rank0) return;  // rank 0 writes (atomically); the others' state is the same
     fs::create_directories(opt.out);
     TensorMap t;
     for (const auto& [n, p] : model.params) t.set("param." + n, p.detach().cpu());
@@ -193,7 +215,7 @@ TrainResult run_train(const TrainOptions& opt) {
                        {"seconds", fmt::format("{:.17g}", seconds)}, {"losses", Json(r.losses).dump()},
                        {"val_curve", vc.dump()}, {"method", r.method}, {"config", r.cfg.str()},
                        {"layer_mixers", Json(model.layer_mixers).dump()},
-                       {"aux_losses", Json(r.aux_losses).dump()}});
+                       {"aux_losses", Json(r.aux_losses).dump()}, {"world_size", std::to_string(r.world_size)}});
   };
 
   const int64_t N = corpus.train.size(0);
@@ -203,8 +225,13 @@ TrainResult run_train(const TrainOptions& opt) {
   for (int64_t it = start; it < steps; ++it) {
     auto t0 = std::chrono::steady_clock::now();
     at::Tensor x, y;
+    if (dp) dp->step_begins(it);
     get_batch(corpus.train, pos, B, T, x, y);
     pos = (pos + B * (T + 1)) % N;
+    if (share.rows != B) {
+      x = x.slice(0, share.first, share.first + share.rows);
+      y = y.slice(0, share.first, share.first + share.rows);
+    }
     if (dev.is_cuda()) {
       x = x.to(dev);
       y = y.to(dev);
@@ -213,16 +240,18 @@ TrainResult run_train(const TrainOptions& opt) {
     // after it run the model as this step trained it.
     model.step = it;
     // The step's rows in micro-batches of MB: each micro-batch's mean loss weighted by MB/B, so the
-    // accumulated gradient (and the logged losses) are the whole batch's means.
+    // accumulated gradient (and the logged losses) are the whole batch's means. Over several ranks
+    // each runs its share with the same MB/B weights, so the sums over the ranks are those means.
     double lm_sum = 0, aux_sum = 0;
     bool have_aux = false;
-    for (int64_t r0 = 0; r0 < B; r0 += MB) {
+    for (int64_t r0 = 0; r0 < share.rows; r0 += MBr) {
       at::Tensor lm_loss;
       ModelAux aux;
-      const double w = double(MB) / double(B);
-      at::Tensor loss = model_loss(model, MB == B ? x : x.slice(0, r0, r0 + MB), MB == B ? y : y.slice(0, r0, r0 + MB),
+      const double w = double(MBr) / double(B);
+      at::Tensor loss = model_loss(model, MBr == B ? x : x.slice(0, r0, r0 + MBr), MBr == B ? y : y.slice(0, r0, r0 + MBr),
                                    backend, &lm_loss, &aux);
-      (MB == B ? loss : loss * w).backward();
+      if (reducer) reducer->arm(r0 + MBr >= share.rows);  // the last backward reduces as it goes
+      (MBr == B ? loss : loss * w).backward();
       lm_sum += w * lm_loss.item<double>();
       if (aux.aux_loss.defined()) {
         aux_sum += w * aux.aux_loss.item<double>();
@@ -231,23 +260,28 @@ TrainResult run_train(const TrainOptions& opt) {
     }
     r.losses.push_back(lm_sum);
     if (have_aux) r.aux_losses.push_back(aux_sum);
+    if (reducer) reducer->finish();
     optim.step(model, it);
     for (const auto& [n, p] : model.params) p.mutable_grad() = at::Tensor();
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     tokens_now += B * T;
     done = it + 1;
     const bool do_eval = done % eval_every == 0 || done == steps;
-    if (do_eval) r.val_curve.emplace_back(done, evaluate(model, corpus, B, T, eval_batches, backend, MB));
-    if (opt.progress) {
+    if (do_eval && rank0) r.val_curve.emplace_back(done, evaluate(model, corpus, B, T, eval_batches, backend, MB));
+    const bool stopping = opt.stop_after > 0 && done >= opt.stop_after;
+    const bool saving = done % ckpt_every == 0 || done == steps || stopping;
+    const bool logged = progress == 1 || (progress == 2 && (do_eval || done % 10 == 0));
+    if (logged || saving) sum_losses();
+    if (logged && rank0) {
       const double tps = double(tokens_now) / std::max(seconds, 1e-9);
       const double eta = double(steps - done) * double(B * T) / std::max(tps, 1e-9);
-      if (opt.progress == 1) {
+      if (progress == 1) {
         Json j = {{"method", r.method}, {"step", done}, {"steps", steps}, {"loss", r.losses.back()},
                   {"lr_mult", lr_multiplier(h.schedule, it)}, {"tok_per_s", tps}, {"eta_s", eta}};
         if (!r.aux_losses.empty()) j["aux_loss"] = r.aux_losses.back();
         if (do_eval) j["val_bpb"] = r.val_curve.back().second;
         std::cout << j.dump() << std::endl;
-      } else if (do_eval || done % 10 == 0) {
+      } else {
         std::cout << fmt::format("{} step {}/{}  loss {:.4f}{}{}  {:.0f} tok/s  eta {:.0f}s\n", r.method, done, steps,
                                  r.losses.back(),
                                  r.aux_losses.empty() ? "" : fmt::format("  aux {:.4f}", r.aux_losses.back()),
@@ -255,8 +289,7 @@ TrainResult run_train(const TrainOptions& opt) {
                   << std::flush;
       }
     }
-    const bool stopping = opt.stop_after > 0 && done >= opt.stop_after;
-    if (done % ckpt_every == 0 || done == steps || stopping) save(done, prior_seconds + seconds);
+    if (saving) save(done, prior_seconds + seconds);
     if (stopping) break;
   }
   r.steps_done = done;
@@ -267,10 +300,11 @@ TrainResult run_train(const TrainOptions& opt) {
   r.tokens_per_s = tokens_now > 0 ? double(tokens_now) / std::max(seconds, 1e-9) : 0.0;
   if (!r.val_curve.empty()) r.val_bpb = r.val_curve.back().second;
   const int64_t n_probe = opt.probe_sequences >= 0 ? opt.probe_sequences : P.probe_sequences;
-  if (corpus.byte_level && n_probe > 0) {
+  if (corpus.byte_level && n_probe > 0 && rank0) {
     r.probes = evaluate_probes([&](const at::Tensor& idx) { return forward_rows(model, idx.to(dev), backend, MB); }, T,
                                opt.seed, n_probe, corpus.bos);
   }
+  if (dp) dp->barrier();  // the other ranks wait while rank 0 evaluates the probes
   return r;
 }
 
@@ -283,6 +317,8 @@ Json train_result_json(const TrainResult& r) {
           {"level", "model"},
           {"device", r.device},
           {"threads", r.threads},
+          {"world_size", r.world_size},
+          {"backend", r.backend},
           {"dtype", "fp32"},
           {"config", r.cfg.to_json()},
           {"shape", {{"n_layer", d.n_layer}, {"d_model", d.d_model}, {"n_head", d.n_head}, {"head_dim", d.head_dim},

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,8 @@
 #include "suites/train_presets.h"
 
 namespace mixbench {
+
+class DataParallel;  // suites/distributed.h
 
 struct TrainOptions {
   std::string method;
@@ -38,6 +41,9 @@ struct TrainOptions {
   int progress = 0;            // 0 = none, 1 = JSON lines, 2 = human lines
   int64_t probe_sequences = -1;  // held-out sequences per probe after training; -1 = the preset's, 0 = none
   std::string device = "cpu";  // "cpu" or "cuda" (parameters initialised on the CPU, then moved)
+  // Several ranks (suites/distributed.h): each trains its share of every step's rows on GPU LOCAL_RANK
+  // (or the CPU) and the gradients are summed; rank 0 evaluates and saves. Null: one process.
+  std::shared_ptr<DataParallel> data_parallel;
 };
 
 struct TrainResult {
@@ -55,6 +61,8 @@ struct TrainResult {
   nlohmann::json probes;       // {probe: {accuracy, exact, chance, sequences, answers}} (byte-level data)
   std::string device = "cpu";
   int threads = 0;             // intra-op threads the run used on the CPU (0 on a GPU)
+  int world_size = 1;          // ranks that trained data-parallel
+  std::string backend = "none";  // their c10d backend: "gloo", "nccl" ("none": one process)
 };
 
 TrainResult run_train(const TrainOptions& opt);
