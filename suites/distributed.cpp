@@ -181,16 +181,20 @@ std::shared_ptr<DataParallel> DataParallel::connect(const DistEnv& env, const st
   }
   // Every rank publishes its WORLD_SIZE; rank 0 checks everyone's, the others check rank 0's.
   auto& st = *impl->store;
-  st.set(impl->key("world_size", env.rank), bytes(std::to_string(env.world)));
   auto world_of = [&](int k) {
     try {
       st.wait({impl->key("world_size", k)}, impl->timeout);
-    } catch (const std::exception&) {
-      throw UsageError(fmt::format("rank {}: rank {} did not join the rendezvous at {} within {} s", env.rank, k, where,
-                                   timeout.count()));
+      return std::stoi(text(st.get(impl->key("world_size", k))));
+    } catch (const std::exception& e) {
+      throw UsageError(fmt::format("rank {}: rank {} did not join the rendezvous at {} within {} s: {}", env.rank, k,
+                                   where, timeout.count(), message_of(e)));
     }
-    return std::stoi(text(st.get(impl->key("world_size", k))));
   };
+  try {
+    st.set(impl->key("world_size", env.rank), bytes(std::to_string(env.world)));
+  } catch (const std::exception& e) {
+    throw UsageError(fmt::format("rank {}: the rendezvous store at {} failed: {}", env.rank, where, message_of(e)));
+  }
   for (int k = env.rank == 0 ? 1 : 0; k < (env.rank == 0 ? env.world : 1); ++k) {
     const int w = world_of(k);
     if (w != env.world)
