@@ -8,6 +8,7 @@
 
 #include "harness/errors.h"
 #include "harness/registry.h"
+#include "suites/distributed.h"
 #include "suites/train.h"
 
 namespace mixbench {
@@ -118,11 +119,14 @@ Json run_leaderboard(const LeaderboardOptions& opt, std::string& md) {
     to.probe_sequences = opt.probe_sequences;
     to.device = opt.device;
     to.dtype = opt.dtype;
+    to.data_parallel = opt.data_parallel;
     Json row;
     try {
       TrainResult tr = run_train(to);
       row = train_result_json(tr);
     } catch (const UsageError&) {
+      throw;
+    } catch (const PeerFailure&) {  // the ranks no longer agree on where they are
       throw;
     } catch (const c10::Error& e) {  // e.g. CUDA out of memory: the message, not LibTorch's backtrace
       row = {{"status", "error"}, {"method", m}, {"message", e.what_without_backtrace()}};

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <utility>
 
 #include "harness/metrics.h"
@@ -30,6 +31,14 @@ std::string cpu_model() {
   return "cpu";
 }
 
+int current_gpu() {
+#if defined(MIXBENCH_WITH_CUDA)
+  return at::cuda::current_device();
+#else
+  return 0;
+#endif
+}
+
 MatmulPeak probe(const std::string& device, at::ScalarType dtype) {
   MatmulPeak p;
   p.device = device;
@@ -43,7 +52,7 @@ MatmulPeak probe(const std::string& device, at::ScalarType dtype) {
 #endif
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(0);
   const auto opts = at::TensorOptions().dtype(at::kFloat);
-  const at::Device dev = gpu ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  const at::Device dev = gpu ? at::Device(at::kCUDA, current_gpu()) : at::Device(at::kCPU);
   at::Tensor a = at::randn({p.n, p.n}, gen, opts).to(dev, dtype);
   at::Tensor b = at::randn({p.n, p.n}, gen, opts).to(dev, dtype);
   at::Tensor c = at::empty({p.n, p.n}, a.options());
@@ -65,9 +74,9 @@ MatmulPeak probe(const std::string& device, at::ScalarType dtype) {
 
 const MatmulPeak& matmul_peak(const std::string& device, at::ScalarType dtype) {
   static std::mutex mu;
-  static std::map<std::pair<std::string, int>, MatmulPeak> cache;
+  static std::map<std::tuple<std::string, int, int>, MatmulPeak> cache;
   std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_pair(device, int(dtype));
+  const auto key = std::make_tuple(device, int(dtype), device == "cuda" ? current_gpu() : -1);
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, probe(device, dtype)).first;
   return it->second;

@@ -18,7 +18,7 @@ struct MatmulPeak {
   double flop_per_s = 0;    // the best of the probe's repetitions
 };
 
-// Measures (once per process, device and dtype; later calls return the first measurement) the rate of
+// Measures (once per process, device (the current GPU) and dtype; later calls return the first measurement) the rate of
 // an n×n×n matmul: 8192 in bf16 on a GPU, 1024 in fp32 on the CPU (a few warm-up and timed reps).
 const MatmulPeak& matmul_peak(const std::string& device, at::ScalarType dtype);
 nlohmann::json matmul_peak_json(const MatmulPeak& p);

@@ -28,6 +28,7 @@
 #include "harness/safetensors.h"
 #include "suites/step_trace.h"
 #include "suites/sweep_measure.h"
+#include "suites/distributed.h"
 #include "suites/train_eval.h"
 #include "harness/metrics.h"
 
@@ -83,6 +84,13 @@ TrainResult run_train(const TrainOptions& opt) {
                                                                    : B;
   if (MB < 1 || B % MB != 0)
     throw UsageError(fmt::format("--micro-batch {} must divide the batch of {} rows", MB, B));
+  // Several ranks: each trains its contiguous share of the step's rows, in micro-batches of at most MB.
+  DataParallel* dp = opt.data_parallel.get();
+  const bool rank0 = !dp || dp->rank() == 0;
+  const RowShare share = dp ? dp->share(B) : RowShare{0, B};
+  const int64_t MBr = std::min(MB, share.rows);
+  if (share.rows % MBr != 0)
+    throw UsageError(fmt::format("--micro-batch {} must divide each rank's share of {} rows", MBr, share.rows));
   const int64_t eval_every = opt.eval_every > 0 ? opt.eval_every : P.eval_every;
   const int64_t eval_batches = opt.eval_batches > 0 ? opt.eval_batches : P.eval_batches;
   const int64_t ckpt_every = opt.checkpoint_every > 0 ? opt.checkpoint_every : P.checkpoint_every;
@@ -105,7 +113,7 @@ TrainResult run_train(const TrainOptions& opt) {
   if (opt.device != "cpu" && opt.device != "cuda")
     throw UsageError(fmt::format("unknown device '{}' (cpu or cuda)", opt.device));
   if (opt.device == "cuda" && !at::hasCUDA()) throw UsageError("--device cuda: no CUDA device is available");
-  const at::Device dev = opt.device == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  const at::Device dev = opt.device == "cuda" ? at::Device(at::kCUDA, dp ? dp->local_rank() : 0) : at::Device(at::kCPU);
   const Backend backend = opt.device == "cuda" ? Backend::CUDA : Backend::CPU;
   r.device = opt.device;
   if (opt.device == "cuda") at::globalContext().setAllowTF32CuBLAS(true);  // fp32 compute: TF32 matmuls
@@ -128,6 +136,8 @@ TrainResult run_train(const TrainOptions& opt) {
     }
   } threads_guard(opt.device == "cpu" ? P.cpu_threads : 0);
   r.threads = opt.device == "cpu" ? at::get_num_threads() : 0;
+  r.world_size = dp ? dp->world() : 1;
+  r.backend = dp ? dp->backend() : "none";
 
   // Parameters are drawn on the CPU (the same values on every device), then moved.
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(opt.seed);
@@ -198,8 +208,20 @@ TrainResult run_train(const TrainOptions& opt) {
     if (int64_t(r.losses.size()) != start) throw InputError("checkpoint loss history does not match its step");
   }
 
+  // The gradients summed over the ranks; the logged losses too, when they are logged (every rank
+  // logs at the same steps: rank 0's progress mode).
+  std::unique_ptr<GradientReducer> reducer = dp ? dp->reducer(model) : nullptr;
+  const int progress = dp ? int(dp->from_rank0(opt.progress)) : opt.progress;
+  size_t losses_summed = r.losses.size();
+  auto sum_losses = [&] {
+    if (!dp) return;
+    dp->sum(r.losses, losses_summed);
+    if (!r.aux_losses.empty()) dp->sum(r.aux_losses, losses_summed);
+    losses_summed = r.losses.size();
+  };
+
   auto save = [&](int64_t step_done, double seconds) {
-    if (ckpt.empty()) return;
+    if (ckpt.empty() || !rank0) return;  // rank 0 writes (atomically); the others' state is the same
     fs::create_directories(opt.out);
     TensorMap t;
     for (const auto& [n, p] : model.params) t.set("param." + n, p.detach().cpu());
@@ -212,7 +234,7 @@ TrainResult run_train(const TrainOptions& opt) {
                        {"seconds", fmt::format("{:.17g}", seconds)}, {"losses", Json(r.losses).dump()},
                        {"val_curve", vc.dump()}, {"method", r.method}, {"config", r.cfg.str()},
                        {"layer_mixers", Json(model.layer_mixers).dump()},
-                       {"aux_losses", Json(r.aux_losses).dump()}});
+                       {"aux_losses", Json(r.aux_losses).dump()}, {"world_size", std::to_string(r.world_size)}});
   };
 
   // The matmul rate this device sustains in the compute dtype: MFU's denominator.
@@ -250,15 +272,18 @@ TrainResult run_train(const TrainOptions& opt) {
   // Forward and backward over the step's rows in micro-batches of MB: each micro-batch's mean loss
   // weighted by MB/B, so the accumulated gradient (and the logged losses) are the whole batch's means.
   // Returns the LM loss and the auxiliary loss (undefined without one), on the device.
+  // Over several ranks each runs its share of the rows with the same MB/B weights, so the sums over
+  // the ranks are those means.
   auto forward_backward = [&](const at::Tensor& x, const at::Tensor& y) {
     at::Tensor lm_sum, aux_sum;
-    for (int64_t r0 = 0; r0 < B; r0 += MB) {
+    for (int64_t r0 = 0; r0 < share.rows; r0 += MBr) {
       at::Tensor lm_loss;
       ModelAux aux;
-      const double w = double(MB) / double(B);
-      at::Tensor loss = model_loss(compute_model(), MB == B ? x : x.slice(0, r0, r0 + MB),
-                                   MB == B ? y : y.slice(0, r0, r0 + MB), backend, &lm_loss, &aux);
-      (MB == B ? loss : loss * w).backward();
+      const double w = double(MBr) / double(B);
+      at::Tensor loss = model_loss(compute_model(), MBr == B ? x : x.slice(0, r0, r0 + MBr),
+                                   MBr == B ? y : y.slice(0, r0, r0 + MBr), backend, &lm_loss, &aux);
+      if (reducer) reducer->arm(r0 + MBr >= share.rows);  // the last backward reduces as it goes
+      (MBr == B ? loss : loss * w).backward();
       at::Tensor lm_w = lm_loss.detach().to(at::kDouble) * w;
       lm_sum = lm_sum.defined() ? lm_sum + lm_w : lm_w;
       if (aux.aux_loss.defined()) {
@@ -277,8 +302,11 @@ TrainResult run_train(const TrainOptions& opt) {
   // and the gradients; the optimizer runs eagerly on those gradients. Capture waits for the layers to
   // stop depending on the step (the sparse methods' full-attention warm-up) and falls back to eager
   // steps, with the reason in the report, where the method cannot be captured.
-  const bool graph_wanted = dev.is_cuda() && opt.graph != "off";
-  r.graph_reason = !dev.is_cuda() ? "not on a GPU" : opt.graph == "off" ? "--graph off" : "";
+  const bool graph_wanted = dev.is_cuda() && opt.graph != "off" && !dp;
+  r.graph_reason = !dev.is_cuda()     ? "not on a GPU"
+                   : opt.graph == "off" ? "--graph off"
+                   : dp                 ? "data parallel: the gradients are all-reduced from hooks during the backward"
+                                        : "";
   auto step_dependent = [&](int64_t it) {
     for (const Config& lc : model.layer_cfgs)
       if (lc.has("full_attention_warmup_steps") && it < lc.i("full_attention_warmup_steps")) return true;
@@ -337,8 +365,13 @@ TrainResult run_train(const TrainOptions& opt) {
     }
     auto t0 = std::chrono::steady_clock::now();
     at::Tensor x, y;
+    if (dp) dp->step_begins(it);
     get_batch(corpus.train, pos, B, T, x, y);
     pos = (pos + B * (T + 1)) % N;
+    if (share.rows != B) {
+      x = x.slice(0, share.first, share.first + share.rows);
+      y = y.slice(0, share.first, share.first + share.rows);
+    }
     if (dev.is_cuda()) {
       x = x.to(dev, /*non_blocking=*/true);
       y = y.to(dev, /*non_blocking=*/true);
@@ -364,6 +397,7 @@ TrainResult run_train(const TrainOptions& opt) {
     }
 #endif
     if (!replayed) std::tie(lm_sum, aux_sum) = forward_backward(x, y);
+    if (reducer) reducer->finish();
     pending_lm.push_back(lm_sum);
     if (aux_sum.defined()) pending_aux.push_back(aux_sum);
     optim.step(model, it);
@@ -375,7 +409,7 @@ TrainResult run_train(const TrainOptions& opt) {
     const bool do_eval = done % eval_every == 0 || done == steps;
     const bool stopping = opt.stop_after > 0 && done >= opt.stop_after;
     const bool do_save = done % ckpt_every == 0 || done == steps || stopping;
-    const bool do_log = opt.progress && (done % log_every == 0 || do_eval);
+    const bool do_log = progress && (done % log_every == 0 || do_eval);
     bool first = it == start;  // steps that include one-time work stay out of the steady rate
 #if defined(MIXBENCH_WITH_CUDA)
     first = first || it == capture_step_at;
@@ -395,16 +429,19 @@ TrainResult run_train(const TrainOptions& opt) {
       steady_seconds += dt;
       steady_tokens += B * T;
     }
-    if (do_eval || do_save || do_log || !dev.is_cuda()) flush_losses();
-    if (do_eval) {
+    if (do_eval || do_save || do_log || !dev.is_cuda()) {
+      flush_losses();
+      sum_losses();  // every rank reaches this at the same steps
+    }
+    if (do_eval && rank0) {
       c10::NoGradGuard ng;
       r.val_curve.emplace_back(done, evaluate(compute_model(), corpus, B, T, eval_batches, backend, MB));
     }
-    if (do_log) {
+    if (do_log && rank0) {
       const double tps = steady_tokens > 0 ? double(steady_tokens) / std::max(steady_seconds, 1e-9)
                                            : double(B * T) / std::max(seconds, 1e-9);
       const double eta = double(steps - done) * double(B * T) / std::max(tps, 1e-9);
-      if (opt.progress == 1) {
+      if (progress == 1) {
         Json j = {{"method", r.method}, {"step", done}, {"steps", steps}, {"loss", r.losses.back()},
                   {"lr_mult", lr_multiplier(h.schedule, it)}, {"tok_per_s", tps},
                   {"mfu", mfu(r.cost.train_flops_nanochat, tps, r.peak)}, {"eta_s", eta}};
@@ -436,12 +473,13 @@ TrainResult run_train(const TrainOptions& opt) {
   r.mfu = mfu(r.cost.train_flops_nanochat, r.tokens_per_s, r.peak);
   if (!r.val_curve.empty()) r.val_bpb = r.val_curve.back().second;
   const int64_t n_probe = opt.probe_sequences >= 0 ? opt.probe_sequences : P.probe_sequences;
-  if (corpus.byte_level && n_probe > 0) {
+  if (corpus.byte_level && n_probe > 0 && rank0) {
     c10::NoGradGuard ng;
     const Model& pm = compute_model();
     r.probes = evaluate_probes([&](const at::Tensor& idx) { return forward_rows(pm, idx.to(dev), backend, MB); }, T,
                                opt.seed, n_probe, corpus.bos);
   }
+  if (dp) dp->barrier();  // the other ranks wait while rank 0 evaluates the probes
   return r;
 }
 
@@ -454,6 +492,8 @@ Json train_result_json(const TrainResult& r) {
           {"level", "model"},
           {"device", r.device},
           {"threads", r.threads},
+          {"world_size", r.world_size},
+          {"backend", r.backend},
           {"dtype", r.dtype},
           {"master_dtype", "fp32"},
           {"config", r.cfg.to_json()},

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,8 @@
 #include "suites/train_presets.h"
 
 namespace mixbench {
+
+class DataParallel;  // suites/distributed.h
 
 struct TrainOptions {
   std::string method;
@@ -46,6 +49,9 @@ struct TrainOptions {
   std::string graph = "auto";  // "auto": forward + backward of a step captured in a CUDA graph on a GPU; "off"
   int64_t log_every = 0;       // steps between loss read-backs and progress lines (0 = the preset's); a
                                // read-back synchronises the host with the device, so GPU presets log sparsely
+  // Several ranks (suites/distributed.h): each trains its share of every step's rows on GPU LOCAL_RANK
+  // (or the CPU) and the gradients are summed; rank 0 evaluates and saves. Null: one process.
+  std::shared_ptr<DataParallel> data_parallel;
 };
 
 struct TrainResult {
@@ -70,6 +76,8 @@ struct TrainResult {
   nlohmann::json probes;       // {probe: {accuracy, exact, chance, sequences, answers}} (byte-level data)
   std::string device = "cpu";
   int threads = 0;             // intra-op threads the run used on the CPU (0 on a GPU)
+  int world_size = 1;          // ranks that trained data-parallel
+  std::string backend = "none";  // their c10d backend: "gloo", "nccl" ("none": one process)
 };
 
 TrainResult run_train(const TrainOptions& opt);

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include "harness/cli/commands.h"
 #include "harness/cli/common.h"
@@ -12,6 +13,7 @@
 #include "harness/io.h"
 #include "harness/report.h"
 #include "reports/leaderboard.h"
+#include "suites/distributed.h"
 #include "suites/train.h"
 
 namespace mixbench {
@@ -38,6 +40,45 @@ void read_run_options(const Args& a, Options& o) {
   o.progress = progress_mode(a.flag("quiet"));
 }
 
+// Several ranks. With --nproc N this process starts the N local ranks of the same command (without
+// --nproc) and returns their exit code; otherwise, under torchrun's variables, it joins as one rank
+// (data_parallel stays null for one process). Only rank 0 writes reports and prints the summary.
+std::optional<int> spawn_ranks(const Args& a, const std::string& command, const std::vector<std::string>& args) {
+  if (!a.get("nproc")) return std::nullopt;
+  const int64_t n = a.get_int("nproc", 0);
+  if (n < 1 || n > 4096) throw UsageError("--nproc must be in [1, 4096]");
+  std::vector<std::string> rank_args = {command};
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--nproc") ++i;  // and its value
+    else if (args[i].rfind("--nproc=", 0) != 0) rank_args.push_back(args[i]);
+  }
+  return spawn_local_ranks(int(n), a.get_or("device", "cpu"), rank_args);
+}
+
+std::shared_ptr<DataParallel> join_ranks(const Args& a, const std::string& device) {
+  const int64_t t = a.get_int("dist-timeout", 300);
+  if (t < 1) throw UsageError("--dist-timeout must be >= 1 (seconds)");
+  return DataParallel::connect(dist_env_from_environment(), device, std::chrono::seconds(t));
+}
+
+// Runs one rank's work: its failure is recorded in the store for the other ranks' messages, and a
+// peer's failure is reported as an error (exit 3).
+template <class Body>
+int as_rank(const std::shared_ptr<DataParallel>& dp, Body body) {
+  try {
+    return body();
+  } catch (const PeerFailure& e) {
+    std::cerr << "mixbench: error: " << e.what() << "\n";
+    return 3;
+  } catch (const std::exception& e) {
+    if (dp) dp->report_failure(e.what());
+    throw;
+  }
+}
+
+int train_rank(const TrainOptions& o, const std::vector<std::string>& args);
+int leaderboard_rank(const LeaderboardOptions& o, const std::vector<std::string>& args);
+
 int run_train_command(const Args& a, const std::vector<std::string>& args) {
   TrainOptions o;
   auto m = a.get("method");
@@ -60,7 +101,14 @@ int run_train_command(const Args& a, const std::vector<std::string>& args) {
       o.log_every < 0)
     throw UsageError("--steps, --batch, --eval-every, --eval-batches, --checkpoint-every, --stop-after and --log-every "
                      "must be >= 0");
+  if (auto rc = spawn_ranks(a, "train", args)) return *rc;
+  o.data_parallel = join_ranks(a, o.device);
+  return as_rank(o.data_parallel, [&] { return train_rank(o, args); });
+}
+
+int train_rank(const TrainOptions& o, const std::vector<std::string>& args) {
   TrainResult r = run_train(o);
+  if (o.data_parallel && o.data_parallel->rank() != 0) return 0;
   RunInfo info = run_info("train", args);
   info.argv.insert(info.argv.begin() + 1, "train");
   info.config = {{"method", o.method}, {"preset", o.preset}, {"config", r.cfg.to_json()}, {"steps", o.steps},
@@ -78,8 +126,15 @@ int run_leaderboard_command(const Args& a, const std::vector<std::string>& args)
   o.methods = a.list("methods");
   read_run_options(a, o);
   if (o.steps < 0 || o.batch < 0 || o.probe_sequences < -1) throw UsageError("--steps, --batch and --probes must be >= 0");
+  if (auto rc = spawn_ranks(a, "leaderboard", args)) return *rc;
+  o.data_parallel = join_ranks(a, o.device);
+  return as_rank(o.data_parallel, [&] { return leaderboard_rank(o, args); });
+}
+
+int leaderboard_rank(const LeaderboardOptions& o, const std::vector<std::string>& args) {
   std::string md;
   Json results = run_leaderboard(o, md);
+  if (o.data_parallel && o.data_parallel->rank() != 0) return 0;
   RunInfo info = run_info("leaderboard", args);
   info.argv.insert(info.argv.begin() + 1, "leaderboard");
   info.config = {{"preset", o.preset}, {"methods", results.size()}, {"steps", o.steps}, {"batch", o.batch},
@@ -113,6 +168,8 @@ const OptionDoc kQuiet = {"quiet", OptionKind::Flag, "", "no progress output"};
 const OptionDoc kDevice = {"device", OptionKind::Value, "cpu|cuda", "device the training runs on (default cpu)"};
 const OptionDoc kDtype = {"dtype", OptionKind::Value, "bf16|fp32",
                           "compute dtype; weights and optimizer state stay fp32 (default bf16 on cuda, fp32 on cpu)"};
+const OptionDoc kNproc = {"nproc", OptionKind::Value, "N", "data-parallel over N local ranks, one per GPU (or CPU process), started here"};
+const OptionDoc kDistTimeout = {"dist-timeout", OptionKind::Value, "SECONDS", "limit on every collective and rendezvous over several ranks (default 300)"};
 
 }  // namespace
 
@@ -143,7 +200,9 @@ Command train_command() {
            kDevice,
            kDtype,
            kProbes,
-           kQuiet},
+           kQuiet,
+           kNproc,
+           kDistTimeout},
           run_train_command};
 }
 
@@ -165,7 +224,9 @@ Command leaderboard_command() {
            kDtype,
            kProbes,
            {"out", OptionKind::Value, "report.json", "write the JSON report, with .md and .html beside it"},
-           kQuiet},
+           kQuiet,
+           kNproc,
+           kDistTimeout},
           run_leaderboard_command};
 }
 

@@ -1,0 +1,3 @@
+// See gloo/context.h: the declarations ProcessGroupGloo.hpp needs, without Gloo itself.
+#pragma once
+#include "gloo/context.h"

@@ -1,0 +1,233 @@
+// Tests of data-parallel training over c10d (Gloo on the CPU, localhost): the built `mixbench` binary
+// runs as several ranks, started by --nproc or by hand with torchrun's variables. Two ranks give the
+// one-process losses; a 2-rank checkpoint resumes on one rank; a rank that dies or hangs makes the
+// others stop within the timeout naming it, with the last checkpoint intact; bad input exits 2.
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+
+#include "harness/io.h"
+#include "harness/report.h"
+#include "harness/safetensors.h"
+#include "suites/train.h"
+
+namespace fs = std::filesystem;
+using namespace mixbench;
+using Json = nlohmann::json;
+
+namespace {
+
+fs::path dist_tmp() {
+  static fs::path d = [] {
+    fs::path p = fs::temp_directory_path() / fmt::format("mixbench_dist_test_{}", ::getpid());
+    fs::create_directories(p);
+    return p;
+  }();
+  return d;
+}
+
+// The binary beside the test executable.
+std::string mixbench_bin() { return (fs::read_symlink("/proc/self/exe").parent_path() / "mixbench").string(); }
+
+// A port nobody listens on (now).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// torchrun's variables cleared, then `env` (VAR=value ...) set.
+std::string clean_env(const std::string& env) {
+  return "env -u WORLD_SIZE -u RANK -u LOCAL_RANK -u MASTER_ADDR -u MASTER_PORT " + env;
+}
+
+struct Outcome {
+  int rc = -1;
+  std::string log;  // stdout and stderr
+  double seconds = 0;
+};
+
+int exit_code(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }
+
+// One `mixbench ARGS` process.
+Outcome run_bin(const std::string& env, const std::string& args) {
+  static int n = 0;
+  const fs::path log = dist_tmp() / fmt::format("run{}.log", n++);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int st = std::system(fmt::format("{} {} {} > {} 2>&1", clean_env(env), mixbench_bin(), args, log.string()).c_str());
+  Outcome o;
+  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  o.rc = exit_code(st);
+  o.log = read_file(log.string());
+  return o;
+}
+
+// Two ranks started by hand (as torchrun would): env0/env1 are each rank's extra variables.
+std::pair<Outcome, Outcome> run_pair(const std::string& env0, const std::string& env1, const std::string& args,
+                                     int world0 = 2, int world1 = 2) {
+  static int n = 0;
+  const int port = free_port();
+  const fs::path base = dist_tmp() / fmt::format("pair{}", n++);
+  std::string cmd;
+  for (int r = 0; r < 2; ++r)
+    cmd += fmt::format("({} MASTER_ADDR=127.0.0.1 MASTER_PORT={} RANK={} LOCAL_RANK={} WORLD_SIZE={} {} {} > {}.log{} 2>&1; "
+                       "echo $? > {}.rc{}) & ",
+                       clean_env(r == 0 ? env0 : env1), port, r, r, r == 0 ? world0 : world1, mixbench_bin(), args,
+                       base.string(), r, base.string(), r);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::system(("bash -c '" + cmd + "wait'").c_str());
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::pair<Outcome, Outcome> out;
+  for (int r = 0; r < 2; ++r) {
+    Outcome& o = r == 0 ? out.first : out.second;
+    o.rc = std::stoi(read_file(fmt::format("{}.rc{}", base.string(), r)));
+    o.log = read_file(fmt::format("{}.log{}", base.string(), r));
+    o.seconds = secs;
+  }
+  return out;
+}
+
+const char* kCfg = "n_layer=2,d_model=64,head_dim=32,seq_len=32";
+constexpr int64_t kSteps = 20;
+
+// The run every test shares: 4 rows per step in micro-batches of 2 (one per rank over two ranks).
+std::string train_args(const std::string& extra) {
+  return fmt::format("train --method dense --config {} --steps {} --batch 4 --micro-batch 2 --seed 7 --eval-every 5 "
+                     "--eval-batches 1 --probes 0 --quiet {}",
+                     kCfg, kSteps, extra);
+}
+
+TrainOptions one_rank_options() {
+  TrainOptions o;
+  o.method = "dense";
+  o.config = kCfg;
+  o.steps = kSteps;
+  o.batch = 4;
+  o.micro_batch = 2;
+  o.seed = 7;
+  o.eval_every = 5;
+  o.eval_batches = 1;
+  o.probe_sequences = 0;
+  return o;
+}
+
+// The one-process run, in this process.
+const TrainResult& one_rank() {
+  static const TrainResult r = run_train(one_rank_options());
+  return r;
+}
+
+void expect_same_losses(const std::vector<double>& got, const std::vector<double>& want, size_t n) {
+  ASSERT_GE(got.size(), n);
+  ASSERT_GE(want.size(), n);
+  for (size_t i = 0; i < n; ++i) EXPECT_NEAR(got[i], want[i], 1e-6 * std::abs(want[i])) << "step " << i + 1;
+}
+
+}  // namespace
+
+TEST(Distributed, TwoRanksGiveTheOneProcessLosses) {
+  const fs::path dir = dist_tmp() / "two";
+  const Outcome o = run_bin("", train_args(fmt::format("--nproc 2 --dist-timeout 30 --out {}", dir.string())));
+  ASSERT_EQ(o.rc, 0) << o.log;
+  const Json rep = Json::parse(read_file((dir / "train.json").string()));
+  EXPECT_TRUE(validate_json(rep, report_schema()).empty());
+  const Json& r = rep["results"][0];
+  EXPECT_EQ(r["world_size"], 2);
+  EXPECT_EQ(r["backend"], "gloo");
+  const auto losses = r["loss_curve"].get<std::vector<double>>();
+  ASSERT_EQ(losses.size(), size_t(kSteps));
+  expect_same_losses(losses, one_rank().losses, kSteps);
+  EXPECT_NEAR(r["val_bpb"].get<double>(), one_rank().val_bpb, 1e-6 * one_rank().val_bpb);
+  EXPECT_EQ(one_rank().world_size, 1);
+  EXPECT_EQ(one_rank().backend, "none");
+  // a run that differs (another seed) is far from it: the comparison can tell runs apart
+  TrainOptions other = one_rank_options();
+  other.seed = 8;
+  other.steps = 3;
+  EXPECT_GT(std::abs(run_train(other).losses[2] - losses[2]), 1e-3);
+}
+
+TEST(Distributed, TwoRankCheckpointResumesOnOneRank) {
+  const fs::path dir = dist_tmp() / "resume";
+  const Outcome o = run_bin("", train_args(fmt::format("--nproc 2 --dist-timeout 30 --stop-after 10 --out {}", dir.string())));
+  ASSERT_EQ(o.rc, 0) << o.log;
+  const SafetensorsFile f = read_safetensors((dir / "checkpoint.safetensors").string());
+  EXPECT_EQ(f.metadata.at("world_size"), "2");
+  EXPECT_EQ(f.metadata.at("step"), "10");
+  TrainOptions rest = one_rank_options();
+  rest.out = dir.string();
+  rest.resume = true;
+  const TrainResult r = run_train(rest);
+  ASSERT_EQ(r.losses.size(), size_t(kSteps));
+  expect_same_losses(r.losses, one_rank().losses, kSteps);
+  EXPECT_NEAR(r.val_bpb, one_rank().val_bpb, 1e-6 * one_rank().val_bpb);
+}
+
+TEST(Distributed, DeadRankIsNamedAndTheCheckpointSurvives) {
+  const fs::path dir = dist_tmp() / "dead";
+  // the last rank kills itself (SIGKILL) at the start of step 7; checkpoints every 2 steps
+  const auto [r0, r1] = run_pair("MIXBENCH_TEST_DIE_AT_STEP=7", "MIXBENCH_TEST_DIE_AT_STEP=7",
+                                 train_args(fmt::format("--checkpoint-every 2 --dist-timeout 10 --out {}", dir.string())));
+  EXPECT_EQ(r1.rc, 128 + 9) << r1.log;
+  EXPECT_NE(r0.rc, 0) << r0.log;
+  EXPECT_NE(r0.log.find("rank 1 stopped responding after starting step 6"), std::string::npos) << r0.log;
+  EXPECT_LT(r0.seconds, 40.0);
+  // the checkpoint of step 6 is intact: it resumes and continues the one-process curve
+  const SafetensorsFile f = read_safetensors((dir / "checkpoint.safetensors").string());
+  EXPECT_EQ(f.metadata.at("step"), "6");
+  TrainOptions rest = one_rank_options();
+  rest.out = dir.string();
+  rest.resume = true;
+  rest.stop_after = 8;
+  const TrainResult r = run_train(rest);
+  ASSERT_EQ(r.losses.size(), 8u);
+  expect_same_losses(r.losses, one_rank().losses, 8);
+}
+
+TEST(Distributed, HungRankTimesOutAndTheLauncherStops) {
+  // the last rank stops at step 3; rank 0's all-reduce times out (3 s) naming it, and --nproc's
+  // launcher stops the hung rank and exits non-zero naming the rank that failed
+  const auto o = run_bin("MIXBENCH_TEST_HANG_AT_STEP=3", train_args("--nproc 2 --dist-timeout 3"));
+  EXPECT_NE(o.rc, 0) << o.log;
+  EXPECT_NE(o.log.find("rank 1 stopped responding after starting step 2"), std::string::npos) << o.log;
+  EXPECT_NE(o.log.find("mixbench: error: rank 0 exited with code 3; stopping the other ranks"), std::string::npos) << o.log;
+  EXPECT_LT(o.seconds, 40.0);
+}
+
+TEST(Distributed, BadInputExitsTwoWithItsMessage) {
+  auto expect2 = [](const Outcome& o, const std::string& msg) {
+    EXPECT_EQ(o.rc, 2) << o.log;
+    EXPECT_NE(o.log.find(msg), std::string::npos) << "expected '" << msg << "' in:\n" << o.log;
+  };
+  const int port = free_port();
+  const std::string addr = fmt::format("MASTER_ADDR=127.0.0.1 MASTER_PORT={}", port);
+  expect2(run_bin("", "train --method dense --config n_layer=1 --steps 1 --batch 3 --nproc 2 --quiet"),
+          "the batch of 3 rows cannot be shared out evenly over 2 ranks");
+  expect2(run_bin(addr + " RANK=2 WORLD_SIZE=2", train_args("")), "RANK 2 must be < WORLD_SIZE 2");
+  expect2(run_bin("RANK=0", train_args("")), "MASTER_ADDR, MASTER_PORT, WORLD_SIZE missing");
+  expect2(run_bin("", train_args("--nproc 4096 --device cuda")), "--nproc 4096 with --device cuda: only");
+  expect2(run_bin("", train_args("--nproc 0")), "--nproc must be in [1, 4096]");
+  // nobody hosts the store at that port: rank 1 gives up after --dist-timeout
+  const Outcome lone = run_bin(addr + " RANK=1 WORLD_SIZE=2", train_args("--dist-timeout 2"));
+  expect2(lone, "rank 1: cannot reach the rendezvous store at 127.0.0.1:");
+  EXPECT_LT(lone.seconds, 30.0);
+  // WORLD_SIZE differs between the ranks: both refuse
+  const auto [r0, r1] = run_pair("", "", train_args("--dist-timeout 10"), 2, 3);
+  expect2(r0, "WORLD_SIZE is 2 on rank 0 but 3 on rank 1");
+  EXPECT_EQ(r1.rc, 2) << r1.log;
+}
