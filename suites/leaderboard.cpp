@@ -119,6 +119,7 @@ Json run_leaderboard(const LeaderboardOptions& opt, std::string& md) {
     to.probe_sequences = opt.probe_sequences;
     to.device = opt.device;
     to.dtype = opt.dtype;
+    to.graph = opt.graph;
     to.data_parallel = opt.data_parallel;
     Json row;
     try {

@@ -39,6 +39,7 @@ struct LeaderboardOptions {
   int64_t probe_sequences = -1;  // -1 = the preset's
   std::string device = "cpu";
   std::string dtype;   // compute dtype ("" = bf16 on a GPU, fp32 on the CPU)
+  std::string graph = "auto";  // CUDA-graph replay of the training steps ("auto" or "off")
   std::shared_ptr<DataParallel> data_parallel;  // each method trained data-parallel over these ranks (null: one process)
 };
 nlohmann::json run_leaderboard(const LeaderboardOptions& opt, std::string& markdown);

@@ -237,8 +237,10 @@ TrainResult run_train(const TrainOptions& opt) {
                        {"aux_losses", Json(r.aux_losses).dump()}, {"world_size", std::to_string(r.world_size)}});
   };
 
-  // The matmul rate this device sustains in the compute dtype: MFU's denominator.
+  // The matmul rate this device sustains in the compute dtype: MFU's denominator (per device: the
+  // tokens/s of several ranks are over as many devices).
   r.peak = matmul_peak(opt.device, compute);
+  auto run_mfu = [&](double tps) { return mfu(r.cost.train_flops_nanochat, tps, r.peak) / double(r.world_size); };
 
   // The compute model: the same blocks, its parameters the compute-dtype copies of the fp32 masters,
   // made inside each micro-batch's graph so that the gradients flow back into the masters in fp32.
@@ -444,7 +446,7 @@ TrainResult run_train(const TrainOptions& opt) {
       if (progress == 1) {
         Json j = {{"method", r.method}, {"step", done}, {"steps", steps}, {"loss", r.losses.back()},
                   {"lr_mult", lr_multiplier(h.schedule, it)}, {"tok_per_s", tps},
-                  {"mfu", mfu(r.cost.train_flops_nanochat, tps, r.peak)}, {"eta_s", eta}};
+                  {"mfu", run_mfu(tps)}, {"eta_s", eta}};
         if (!r.aux_losses.empty()) j["aux_loss"] = r.aux_losses.back();
         if (do_eval) j["val_bpb"] = r.val_curve.back().second;
         std::cout << j.dump() << std::endl;
@@ -453,7 +455,7 @@ TrainResult run_train(const TrainOptions& opt) {
                                  steps, r.losses.back(),
                                  r.aux_losses.empty() ? "" : fmt::format("  aux {:.4f}", r.aux_losses.back()),
                                  do_eval ? fmt::format("  val bpb {:.4f}", r.val_curve.back().second) : "", tps,
-                                 100 * mfu(r.cost.train_flops_nanochat, tps, r.peak), eta)
+                                 100 * run_mfu(tps), eta)
                   << std::flush;
       }
     }
@@ -470,7 +472,7 @@ TrainResult run_train(const TrainOptions& opt) {
   r.tokens_per_s = steady_tokens > 0 ? double(steady_tokens) / std::max(steady_seconds, 1e-9)
                   : done > start    ? double((done - start) * B * T) / std::max(seconds, 1e-9)
                                     : 0.0;
-  r.mfu = mfu(r.cost.train_flops_nanochat, r.tokens_per_s, r.peak);
+  r.mfu = run_mfu(r.tokens_per_s);
   if (!r.val_curve.empty()) r.val_bpb = r.val_curve.back().second;
   const int64_t n_probe = opt.probe_sequences >= 0 ? opt.probe_sequences : P.probe_sequences;
   if (corpus.byte_level && n_probe > 0 && rank0) {

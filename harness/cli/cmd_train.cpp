@@ -36,6 +36,8 @@ void read_run_options(const Args& a, Options& o) {
   o.config = a.get_or("config", "");
   o.device = a.get_or("device", "cpu");
   o.dtype = a.get_or("dtype", "");
+  o.graph = a.get_or("graph", "auto");
+  if (o.graph != "auto" && o.graph != "off") throw UsageError("--graph takes auto or off");
   o.probe_sequences = a.get_int("probes", -1);
   o.progress = progress_mode(a.flag("quiet"));
 }
@@ -92,8 +94,6 @@ int run_train_command(const Args& a, const std::vector<std::string>& args) {
   o.stop_after = a.get_int("stop-after", 0);
   o.log_every = a.get_int("log-every", 0);
   o.trace = a.get_or("trace", "");
-  o.graph = a.get_or("graph", "auto");
-  if (o.graph != "auto" && o.graph != "off") throw UsageError("--graph takes auto or off");
   o.trace_steps = a.get_int("trace-steps", 2);
   if (o.trace_steps < 1) throw UsageError("--trace-steps must be >= 1");
   if (o.probe_sequences < -1) throw UsageError("--probes must be >= 0");
@@ -166,6 +166,8 @@ const OptionDoc kData = {"data", OptionKind::Value, "synthetic|PATH", "training 
 const OptionDoc kProbes = {"probes", OptionKind::Value, "N", "held-out sequences per capability probe (default: the preset's; 0 = none)"};
 const OptionDoc kQuiet = {"quiet", OptionKind::Flag, "", "no progress output"};
 const OptionDoc kDevice = {"device", OptionKind::Value, "cpu|cuda", "device the training runs on (default cpu)"};
+const OptionDoc kGraph = {"graph", OptionKind::Value, "auto|off",
+                          "capture each step's forward + backward in a CUDA graph on a GPU (default auto)"};
 const OptionDoc kDtype = {"dtype", OptionKind::Value, "bf16|fp32",
                           "compute dtype; weights and optimizer state stay fp32 (default bf16 on cuda, fp32 on cpu)"};
 const OptionDoc kNproc = {"nproc", OptionKind::Value, "N", "data-parallel over N local ranks, one per GPU (or CPU process), started here"};
@@ -196,7 +198,7 @@ Command train_command() {
            {"log-every", OptionKind::Value, "N", "steps between loss read-backs and progress lines (default: the preset's)"},
            {"trace", OptionKind::Value, "FILE.json", "Kineto trace (Chrome/Perfetto) of steps after the first; kernel time by kind in train.json"},
            {"trace-steps", OptionKind::Value, "N", "steps the trace covers (default 2)"},
-           {"graph", OptionKind::Value, "auto|off", "capture each step's forward + backward in a CUDA graph on a GPU (default auto)"},
+           kGraph,
            kDevice,
            kDtype,
            kProbes,
@@ -222,6 +224,7 @@ Command leaderboard_command() {
            {"config", OptionKind::Value, "k=v,...", "overrides applied to every method after calibration"},
            kDevice,
            kDtype,
+           kGraph,
            kProbes,
            {"out", OptionKind::Value, "report.json", "write the JSON report, with .md and .html beside it"},
            kQuiet,
