@@ -168,7 +168,9 @@ std::shared_ptr<DataParallel> DataParallel::connect(const DistEnv& env, const st
   }
   c10d::TCPStoreOptions so;
   so.port = uint16_t(env.master_port);
-  so.isServer = env.rank == 0;
+  // torchrun's agent already hosts a store at MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True): every rank
+  // is its client; otherwise rank 0 hosts it.
+  so.isServer = env.rank == 0 && env_var("TORCHELASTIC_USE_AGENT_STORE").value_or("") != "True";
   so.numWorkers = size_t(env.world);
   so.waitWorkers = false;
   so.timeout = impl->timeout;
@@ -179,7 +181,8 @@ std::shared_ptr<DataParallel> DataParallel::connect(const DistEnv& env, const st
                                  env.rank, env.rank == 0 ? "start or reach" : "reach", where, timeout.count(),
                                  message_of(e)));
   }
-  // Every rank publishes its WORLD_SIZE; rank 0 checks everyone's, the others check rank 0's.
+  // Every rank publishes its WORLD_SIZE; rank 0 checks everyone's, the others check rank 0's (read
+  // before they publish theirs, so that rank 0 cannot have left over a mismatch it saw first).
   auto& st = *impl->store;
   auto world_of = [&](int k) {
     try {
@@ -190,17 +193,20 @@ std::shared_ptr<DataParallel> DataParallel::connect(const DistEnv& env, const st
                                    where, timeout.count(), message_of(e)));
     }
   };
+  auto check = [&](int k, int w) {
+    if (w != env.world)
+      throw UsageError(fmt::format("WORLD_SIZE is {} on rank {} but {} on rank {}: every rank needs the same WORLD_SIZE",
+                                   env.world, env.rank, w, k));
+  };
+  const int world0 = env.rank == 0 ? env.world : world_of(0);
   try {
     st.set(impl->key("world_size", env.rank), bytes(std::to_string(env.world)));
   } catch (const std::exception& e) {
     throw UsageError(fmt::format("rank {}: the rendezvous store at {} failed: {}", env.rank, where, message_of(e)));
   }
-  for (int k = env.rank == 0 ? 1 : 0; k < (env.rank == 0 ? env.world : 1); ++k) {
-    const int w = world_of(k);
-    if (w != env.world)
-      throw UsageError(fmt::format("WORLD_SIZE is {} on rank {} but {} on rank {}: every rank needs the same WORLD_SIZE",
-                                   env.world, env.rank, w, k));
-  }
+  check(0, world0);
+  if (env.rank == 0)
+    for (int k = 1; k < env.world; ++k) check(k, world_of(k));
   auto pg_store = c10::make_intrusive<c10d::PrefixStore>("mixbench/pg", impl->store);
   try {
     if (device == "cuda") {
