@@ -217,3 +217,30 @@ TEST(Distributed, BadInputExitsTwoWithItsMessage) {
   expect2(r0, "WORLD_SIZE is 2 on rank 0 but 3 on rank 1");
   expect2(r1, "WORLD_SIZE is 3 on rank 1 but 2 on rank 0");
 }
+
+TEST(Distributed, LeaderboardTrainsEachMethodOverTheRanks) {
+  const std::string args = fmt::format("leaderboard --methods dense,gdn --config {} --steps 4 --batch 4 --micro-batch 2 "
+                                       "--seed 3 --probes 2 --quiet --out ",
+                                       kCfg);
+  const fs::path two = dist_tmp() / "lb2.json", one = dist_tmp() / "lb1.json";
+  const Outcome o = run_bin("", args + two.string() + " --nproc 2 --dist-timeout 30");
+  ASSERT_EQ(o.rc, 0) << o.log;
+  std::vector<std::string> argv;
+  for (const auto& w : split(args + one.string(), ' '))
+    if (!w.empty()) argv.push_back(w);
+  ASSERT_EQ(run_cli(argv), 0);
+  const Json a = Json::parse(read_file(two.string())), b = Json::parse(read_file(one.string()));
+  EXPECT_TRUE(validate_json(a, report_schema()).empty());
+  ASSERT_EQ(a["results"].size(), 2u);
+  ASSERT_EQ(b["results"].size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const Json &x = a["results"][i], &y = b["results"][i];
+    EXPECT_EQ(x["method"], y["method"]);
+    EXPECT_EQ(x["world_size"], 2);
+    EXPECT_EQ(x["backend"], "gloo");
+    EXPECT_EQ(y["world_size"], 1);
+    expect_same_losses(losses_of(x), losses_of(y), 4);
+    EXPECT_NEAR(x["val_bpb"].get<double>(), y["val_bpb"].get<double>(), 1e-6 * y["val_bpb"].get<double>());
+    EXPECT_EQ(x["probes"], y["probes"]);  // rank 0 ran them on the same model
+  }
+}
