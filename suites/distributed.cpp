@@ -107,6 +107,17 @@ struct DataParallel::Impl {
   c10::intrusive_ptr<c10d::Backend> pg;
   at::Device device = at::Device(at::kCPU);
   int64_t step = -1;
+  int64_t beat = -1;  // 2·step when the step started, 2·step + 1 when it reached its gradient all-reduce
+
+  // Publishes this rank's heartbeat (the store's key "mixbench/beat/RANK").
+  void heartbeat(int64_t b) {
+    beat = b;
+    try {
+      store->set(key("beat", env.rank), bytes(std::to_string(b)));
+    } catch (const std::exception& e) {
+      throw failure("the heartbeat", message_of(e));
+    }
+  }
   int64_t broadcasts = 0;
 
   std::string key(const std::string& k, int r) const { return fmt::format("mixbench/{}/{}", k, r); }
@@ -123,10 +134,12 @@ struct DataParallel::Impl {
       if (who.empty())
         for (int k = 0; k < env.world; ++k) {
           if (k == env.rank) continue;
-          const int64_t hb = store->check({key("step", k)}) ? std::stoll(text(store->get(key("step", k)))) : -1;
-          if (hb < step)
-            who += fmt::format("; rank {} stopped responding {} (it died or hung)", k,
-                               hb < 0 ? "before its first step" : fmt::format("after starting step {}", hb + 1));
+          const int64_t hb = store->check({key("beat", k)}) ? std::stoll(text(store->get(key("beat", k)))) : -1;
+          if (hb >= beat) continue;
+          who += fmt::format("; rank {} stopped responding {} (it died or hung)", k,
+                             hb < 0         ? std::string("before its first step")
+                             : hb % 2 == 0 ? fmt::format("in step {}, before its gradient all-reduce", hb / 2 + 1)
+                                           : fmt::format("after the gradient all-reduce of step {}", hb / 2 + 1));
         }
     } catch (const std::exception&) {
       if (env.rank != 0)
@@ -278,16 +291,11 @@ void DataParallel::barrier() {
 void DataParallel::step_begins(int64_t step) {
   static const int64_t die_at = std::atoll(env_var("MIXBENCH_TEST_DIE_AT_STEP").value_or("0").c_str());
   static const int64_t hang_at = std::atoll(env_var("MIXBENCH_TEST_HANG_AT_STEP").value_or("0").c_str());
-  if (impl_->env.rank == impl_->env.world - 1) {
-    if (die_at > 0 && step + 1 == die_at) ::raise(SIGKILL);
-    while (hang_at > 0 && step + 1 == hang_at) std::this_thread::sleep_for(std::chrono::seconds(1));
-  }
+  const bool last = impl_->env.rank == impl_->env.world - 1;
+  if (last && die_at > 0 && step + 1 == die_at) ::raise(SIGKILL);
   impl_->step = step;
-  try {
-    impl_->store->set(impl_->key("step", impl_->env.rank), bytes(std::to_string(step)));
-  } catch (const std::exception& e) {
-    throw impl_->failure("the heartbeat", message_of(e));
-  }
+  impl_->heartbeat(2 * step);
+  while (last && hang_at > 0 && step + 1 == hang_at) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
 void DataParallel::report_failure(const std::string& message) {
@@ -409,6 +417,7 @@ void GradientReducer::arm(bool on) {
 
 void GradientReducer::finish() {
   auto& I = *impl_;
+  I.dp.heartbeat(2 * I.dp.step + 1);
   {
     std::lock_guard<std::mutex> lock(I.mu);
     // gradients that never came (parameters this backward did not reach) count as zeros
