@@ -145,6 +145,11 @@ TEST(Distributed, TwoRanksGiveTheOneProcessLosses) {
   const Json& r = rep["results"][0];
   EXPECT_EQ(r["world_size"], 2);
   EXPECT_EQ(r["backend"], "gloo");
+  Json bad = rep;  // the schema knows the two fields
+  bad["results"][0]["world_size"] = 0;
+  EXPECT_FALSE(validate_json(bad, report_schema()).empty());
+  bad["results"][0]["world_size"] = "2";
+  EXPECT_FALSE(validate_json(bad, report_schema()).empty());
   const auto losses = losses_of(r);
   ASSERT_EQ(losses.size(), size_t(kSteps));
   expect_same_losses(losses, losses_of(one_rank()), kSteps);
