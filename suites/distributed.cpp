@@ -108,6 +108,7 @@ struct DataParallel::Impl {
   at::Device device = at::Device(at::kCPU);
   int64_t step = -1;
   int64_t beat = -1;  // 2·step when the step started, 2·step + 1 when it reached its gradient all-reduce
+  int64_t broadcasts = 0;  // from_rank0 calls so far (each uses its own key)
 
   // Publishes this rank's heartbeat (the store's key "mixbench/beat/RANK").
   void heartbeat(int64_t b) {
@@ -118,12 +119,12 @@ struct DataParallel::Impl {
       throw failure("the heartbeat", message_of(e));
     }
   }
-  int64_t broadcasts = 0;
 
   std::string key(const std::string& k, int r) const { return fmt::format("mixbench/{}/{}", k, r); }
 
   // The failure of a collective (`what`), naming the rank responsible where the store can tell: a rank
-  // that recorded its failure, else ranks whose heartbeat is behind this rank's step.
+  // that recorded its failure, else ranks whose heartbeat is behind this rank's; where the store is
+  // gone, rank 0 (its host).
   PeerFailure failure(const std::string& what, const std::string& cause) {
     std::string who;
     try {
