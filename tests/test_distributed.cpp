@@ -14,12 +14,14 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <thread>
 
 #include "harness/args.h"
 #include "harness/cli/cli.h"
 #include "harness/io.h"
 #include "harness/report.h"
 #include "harness/safetensors.h"
+#include "suites/distributed.h"
 
 namespace fs = std::filesystem;
 using namespace mixbench;
@@ -247,5 +249,59 @@ TEST(Distributed, LeaderboardTrainsEachMethodOverTheRanks) {
     expect_same_losses(losses_of(x), losses_of(y), 4);
     EXPECT_NEAR(x["val_bpb"].get<double>(), y["val_bpb"].get<double>(), 1e-6 * y["val_bpb"].get<double>());
     EXPECT_EQ(x["probes"], y["probes"]);  // rank 0 ran them on the same model
+  }
+}
+
+// Two ranks in this process (a thread each): small buckets, two micro-batches (the first unarmed), a
+// parameter only rank 0 uses and one nobody uses. Every rank ends with the sums of the ranks' gradients.
+TEST(Distributed, BucketsSumTheGradientsOfEveryParameter) {
+  const int port = free_port();
+  const std::vector<int64_t> sizes = {300, 7, 500, 64, 1000, 3};  // "p0".."p5"; p4 rank 0 only, p5 nobody
+  auto coeff = [&](int rank, int micro, size_t i) {
+    return at::arange(sizes[i], at::kFloat).mul(0.01f * float(i + 1)).add(float(rank) + 0.5f * float(micro)).sin();
+  };
+  std::vector<std::vector<at::Tensor>> grads(2);
+  std::vector<size_t> buckets(2);
+  std::vector<std::string> errors(2);
+  auto rank = [&](int r) {
+    try {
+      DistEnv e;
+      e.rank = r;
+      e.world = 2;
+      e.master_addr = "127.0.0.1";
+      e.master_port = port;
+      auto dp = DataParallel::connect(e, "cpu", std::chrono::seconds(20));
+      Model m;
+      for (size_t i = 0; i < sizes.size(); ++i)
+        m.params.set(fmt::format("p{}", i), at::zeros({sizes[i]}, at::kFloat).requires_grad_(true));
+      auto red = dp->reducer(m, 1200);  // a few parameters per bucket
+      buckets[r] = red->buckets();
+      for (int micro = 0; micro < 2; ++micro) {
+        red->arm(micro == 1);
+        at::Tensor loss = at::zeros({}, at::kFloat);
+        for (size_t i = 0; i < 4; ++i) loss = loss + (m.params.at(fmt::format("p{}", i)) * coeff(r, micro, i)).sum();
+        if (r == 0) loss = loss + (m.params.at("p4") * coeff(r, micro, 4)).sum();
+        loss.backward();
+      }
+      red->finish();
+      for (size_t i = 0; i < sizes.size(); ++i) grads[r].push_back(m.params.at(fmt::format("p{}", i)).grad());
+    } catch (const std::exception& ex) {
+      errors[r] = ex.what();
+    }
+  };
+  std::thread t1(rank, 1);
+  rank(0);
+  t1.join();
+  ASSERT_EQ(errors[0], "");
+  ASSERT_EQ(errors[1], "");
+  EXPECT_GT(buckets[0], 2u);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    at::Tensor want = at::zeros({sizes[i]}, at::kFloat);
+    if (i < 4) want = (coeff(0, 0, i) + coeff(0, 1, i)) + (coeff(1, 0, i) + coeff(1, 1, i));
+    if (i == 4) want = coeff(0, 0, i) + coeff(0, 1, i);
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(grads[r][i].defined()) << "rank " << r << " p" << i;
+      EXPECT_TRUE(at::equal(grads[r][i], want)) << "rank " << r << " p" << i;
+    }
   }
 }
