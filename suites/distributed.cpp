@@ -292,8 +292,11 @@ void DataParallel::barrier() {
 void DataParallel::step_begins(int64_t step) {
   static const int64_t die_at = std::atoll(env_var("MIXBENCH_TEST_DIE_AT_STEP").value_or("0").c_str());
   static const int64_t hang_at = std::atoll(env_var("MIXBENCH_TEST_HANG_AT_STEP").value_or("0").c_str());
+  static const int64_t fail_at = std::atoll(env_var("MIXBENCH_TEST_FAIL_AT_STEP").value_or("0").c_str());
   const bool last = impl_->env.rank == impl_->env.world - 1;
   if (last && die_at > 0 && step + 1 == die_at) ::raise(SIGKILL);
+  if (last && fail_at > 0 && step + 1 == fail_at)
+    throw std::runtime_error(fmt::format("MIXBENCH_TEST_FAIL_AT_STEP: step {} fails", fail_at));
   impl_->step = step;
   impl_->heartbeat(2 * step);
   while (last && hang_at > 0 && step + 1 == hang_at) std::this_thread::sleep_for(std::chrono::seconds(1));

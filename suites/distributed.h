@@ -70,7 +70,7 @@ class DataParallel {
   // Marks the start of step `step` on this rank (a heartbeat in the store, as is reaching the step's
   // gradient all-reduce: the failure messages name the ranks whose heartbeat is behind). With
   // MIXBENCH_TEST_DIE_AT_STEP=k (tests only) the last rank kills itself as step k starts; with
-  // MIXBENCH_TEST_HANG_AT_STEP=k it stops inside step k.
+  // MIXBENCH_TEST_HANG_AT_STEP=k it stops inside step k; with MIXBENCH_TEST_FAIL_AT_STEP=k it throws.
   void step_begins(int64_t step);
   // Records this rank's failure in the store (best effort) before the process exits.
   void report_failure(const std::string& message);

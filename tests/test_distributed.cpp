@@ -192,6 +192,14 @@ TEST(Distributed, DeadRankIsNamedAndTheCheckpointSurvives) {
   expect_same_losses(losses_of(r), losses_of(one_rank()), 8);
 }
 
+TEST(Distributed, FailingRankIsNamedWithItsError) {
+  // the last rank throws as step 4 starts: it records its error in the store, and rank 0 quotes it
+  const auto [r0, r1] = run_pair("", "MIXBENCH_TEST_FAIL_AT_STEP=4", train_args("--dist-timeout 10"));
+  EXPECT_EQ(r1.rc, 3) << r1.log;
+  EXPECT_NE(r0.rc, 0) << r0.log;
+  EXPECT_NE(r0.log.find("rank 1 failed: MIXBENCH_TEST_FAIL_AT_STEP: step 4 fails"), std::string::npos) << r0.log;
+}
+
 TEST(Distributed, HungRankTimesOutAndTheLauncherStops) {
   // the last rank stops inside step 3; rank 0's all-reduce times out (3 s) naming it, and --nproc's
   // launcher stops the hung rank and exits non-zero naming the rank that failed
