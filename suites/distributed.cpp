@@ -107,12 +107,24 @@ struct DataParallel::Impl {
   c10::intrusive_ptr<c10d::Backend> pg;
   at::Device device = at::Device(at::kCPU);
   int64_t step = -1;
-  int64_t broadcasts = 0;
+  int64_t beat = -1;  // 2·step when the step started, 2·step + 1 when it reached its gradient all-reduce
+  int64_t broadcasts = 0;  // from_rank0 calls so far (each uses its own key)
+
+  // Publishes this rank's heartbeat (the store's key "mixbench/beat/RANK").
+  void heartbeat(int64_t b) {
+    beat = b;
+    try {
+      store->set(key("beat", env.rank), bytes(std::to_string(b)));
+    } catch (const std::exception& e) {
+      throw failure("the heartbeat", message_of(e));
+    }
+  }
 
   std::string key(const std::string& k, int r) const { return fmt::format("mixbench/{}/{}", k, r); }
 
   // The failure of a collective (`what`), naming the rank responsible where the store can tell: a rank
-  // that recorded its failure, else ranks whose heartbeat is behind this rank's step.
+  // that recorded its failure, else ranks whose heartbeat is behind this rank's; where the store is
+  // gone, rank 0 (its host).
   PeerFailure failure(const std::string& what, const std::string& cause) {
     std::string who;
     try {
@@ -123,10 +135,12 @@ struct DataParallel::Impl {
       if (who.empty())
         for (int k = 0; k < env.world; ++k) {
           if (k == env.rank) continue;
-          const int64_t hb = store->check({key("step", k)}) ? std::stoll(text(store->get(key("step", k)))) : -1;
-          if (hb < step)
-            who += fmt::format("; rank {} stopped responding {} (it died or hung)", k,
-                               hb < 0 ? "before its first step" : fmt::format("after starting step {}", hb + 1));
+          const int64_t hb = store->check({key("beat", k)}) ? std::stoll(text(store->get(key("beat", k)))) : -1;
+          if (hb >= beat) continue;
+          who += fmt::format("; rank {} stopped responding {} (it died or hung)", k,
+                             hb < 0         ? std::string("before its first step")
+                             : hb % 2 == 0 ? fmt::format("in step {}, before its gradient all-reduce", hb / 2 + 1)
+                                           : fmt::format("after the gradient all-reduce of step {}", hb / 2 + 1));
         }
     } catch (const std::exception&) {
       if (env.rank != 0)
@@ -168,7 +182,9 @@ std::shared_ptr<DataParallel> DataParallel::connect(const DistEnv& env, const st
   }
   c10d::TCPStoreOptions so;
   so.port = uint16_t(env.master_port);
-  so.isServer = env.rank == 0;
+  // torchrun's agent already hosts a store at MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True): every rank
+  // is its client; otherwise rank 0 hosts it.
+  so.isServer = env.rank == 0 && env_var("TORCHELASTIC_USE_AGENT_STORE").value_or("") != "True";
   so.numWorkers = size_t(env.world);
   so.waitWorkers = false;
   so.timeout = impl->timeout;
@@ -179,7 +195,8 @@ std::shared_ptr<DataParallel> DataParallel::connect(const DistEnv& env, const st
                                  env.rank, env.rank == 0 ? "start or reach" : "reach", where, timeout.count(),
                                  message_of(e)));
   }
-  // Every rank publishes its WORLD_SIZE; rank 0 checks everyone's, the others check rank 0's.
+  // Every rank publishes its WORLD_SIZE; rank 0 checks everyone's, the others check rank 0's (read
+  // before they publish theirs, so that rank 0 cannot have left over a mismatch it saw first).
   auto& st = *impl->store;
   auto world_of = [&](int k) {
     try {
@@ -190,17 +207,20 @@ std::shared_ptr<DataParallel> DataParallel::connect(const DistEnv& env, const st
                                    where, timeout.count(), message_of(e)));
     }
   };
+  auto check = [&](int k, int w) {
+    if (w != env.world)
+      throw UsageError(fmt::format("WORLD_SIZE is {} on rank {} but {} on rank {}: every rank needs the same WORLD_SIZE",
+                                   env.world, env.rank, w, k));
+  };
+  const int world0 = env.rank == 0 ? env.world : world_of(0);
   try {
     st.set(impl->key("world_size", env.rank), bytes(std::to_string(env.world)));
   } catch (const std::exception& e) {
     throw UsageError(fmt::format("rank {}: the rendezvous store at {} failed: {}", env.rank, where, message_of(e)));
   }
-  for (int k = env.rank == 0 ? 1 : 0; k < (env.rank == 0 ? env.world : 1); ++k) {
-    const int w = world_of(k);
-    if (w != env.world)
-      throw UsageError(fmt::format("WORLD_SIZE is {} on rank {} but {} on rank {}: every rank needs the same WORLD_SIZE",
-                                   env.world, env.rank, w, k));
-  }
+  check(0, world0);
+  if (env.rank == 0)
+    for (int k = 1; k < env.world; ++k) check(k, world_of(k));
   auto pg_store = c10::make_intrusive<c10d::PrefixStore>("mixbench/pg", impl->store);
   try {
     if (device == "cuda") {
@@ -272,16 +292,14 @@ void DataParallel::barrier() {
 void DataParallel::step_begins(int64_t step) {
   static const int64_t die_at = std::atoll(env_var("MIXBENCH_TEST_DIE_AT_STEP").value_or("0").c_str());
   static const int64_t hang_at = std::atoll(env_var("MIXBENCH_TEST_HANG_AT_STEP").value_or("0").c_str());
-  if (impl_->env.rank == impl_->env.world - 1) {
-    if (die_at > 0 && step + 1 == die_at) ::raise(SIGKILL);
-    while (hang_at > 0 && step + 1 == hang_at) std::this_thread::sleep_for(std::chrono::seconds(1));
-  }
+  static const int64_t fail_at = std::atoll(env_var("MIXBENCH_TEST_FAIL_AT_STEP").value_or("0").c_str());
+  const bool last = impl_->env.rank == impl_->env.world - 1;
+  if (last && die_at > 0 && step + 1 == die_at) ::raise(SIGKILL);
+  if (last && fail_at > 0 && step + 1 == fail_at)
+    throw std::runtime_error(fmt::format("MIXBENCH_TEST_FAIL_AT_STEP: step {} fails", fail_at));
   impl_->step = step;
-  try {
-    impl_->store->set(impl_->key("step", impl_->env.rank), bytes(std::to_string(step)));
-  } catch (const std::exception& e) {
-    throw impl_->failure("the heartbeat", message_of(e));
-  }
+  impl_->heartbeat(2 * step);
+  while (last && hang_at > 0 && step + 1 == hang_at) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
 void DataParallel::report_failure(const std::string& message) {
@@ -403,6 +421,7 @@ void GradientReducer::arm(bool on) {
 
 void GradientReducer::finish() {
   auto& I = *impl_;
+  I.dp.heartbeat(2 * I.dp.step + 1);
   {
     std::lock_guard<std::mutex> lock(I.mu);
     // gradients that never came (parameters this backward did not reach) count as zeros

@@ -67,9 +67,10 @@ class DataParallel {
   // Rank 0's value, on every rank.
   int64_t from_rank0(int64_t value);
   void barrier();
-  // Marks the start of step `step` on this rank (the heartbeat the failure messages read). With
-  // MIXBENCH_TEST_DIE_AT_STEP=k (tests only) the last rank kills itself at step k; with
-  // MIXBENCH_TEST_HANG_AT_STEP=k it stops there.
+  // Marks the start of step `step` on this rank (a heartbeat in the store, as is reaching the step's
+  // gradient all-reduce: the failure messages name the ranks whose heartbeat is behind). With
+  // MIXBENCH_TEST_DIE_AT_STEP=k (tests only) the last rank kills itself as step k starts; with
+  // MIXBENCH_TEST_HANG_AT_STEP=k it stops inside step k; with MIXBENCH_TEST_FAIL_AT_STEP=k it throws.
   void step_begins(int64_t step);
   // Records this rank's failure in the store (best effort) before the process exits.
   void report_failure(const std::string& message);

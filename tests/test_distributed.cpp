@@ -14,11 +14,14 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <thread>
 
+#include "harness/args.h"
+#include "harness/cli/cli.h"
 #include "harness/io.h"
 #include "harness/report.h"
 #include "harness/safetensors.h"
-#include "suites/train.h"
+#include "suites/distributed.h"
 
 namespace fs = std::filesystem;
 using namespace mixbench;
@@ -26,13 +29,11 @@ using Json = nlohmann::json;
 
 namespace {
 
+// This test process's folder (created on first use).
 fs::path dist_tmp() {
-  static fs::path d = [] {
-    fs::path p = fs::temp_directory_path() / fmt::format("mixbench_dist_test_{}", ::getpid());
-    fs::create_directories(p);
-    return p;
-  }();
-  return d;
+  const fs::path p = fs::temp_directory_path() / fmt::format("mixbench_dist_test_{}", ::getpid());
+  fs::create_directories(p);
+  return p;
 }
 
 // The binary beside the test executable.
@@ -112,25 +113,22 @@ std::string train_args(const std::string& extra) {
                      kCfg, kSteps, extra);
 }
 
-TrainOptions one_rank_options() {
-  TrainOptions o;
-  o.method = "dense";
-  o.config = kCfg;
-  o.steps = kSteps;
-  o.batch = 4;
-  o.micro_batch = 2;
-  o.seed = 7;
-  o.eval_every = 5;
-  o.eval_batches = 1;
-  o.probe_sequences = 0;
-  return o;
+// `mixbench ARGS` in this process (one rank, no torchrun variables): its train.json result.
+Json train_here(const fs::path& out, const std::string& extra) {
+  std::vector<std::string> argv;
+  for (const auto& w : split(train_args(fmt::format("--out {} {}", out.string(), extra)), ' '))
+    if (!w.empty()) argv.push_back(w);
+  EXPECT_EQ(run_cli(argv), 0);
+  return Json::parse(read_file((out / "train.json").string()))["results"][0];
 }
 
-// The one-process run, in this process.
-const TrainResult& one_rank() {
-  static const TrainResult r = run_train(one_rank_options());
+// The uninterrupted one-process run.
+const Json& one_rank() {
+  static const Json r = train_here(dist_tmp() / "one", "");
   return r;
 }
+
+std::vector<double> losses_of(const Json& r) { return r["loss_curve"].get<std::vector<double>>(); }
 
 void expect_same_losses(const std::vector<double>& got, const std::vector<double>& want, size_t n) {
   ASSERT_GE(got.size(), n);
@@ -149,17 +147,19 @@ TEST(Distributed, TwoRanksGiveTheOneProcessLosses) {
   const Json& r = rep["results"][0];
   EXPECT_EQ(r["world_size"], 2);
   EXPECT_EQ(r["backend"], "gloo");
-  const auto losses = r["loss_curve"].get<std::vector<double>>();
+  Json bad = rep;  // the schema knows the two fields
+  bad["results"][0]["world_size"] = 0;
+  EXPECT_FALSE(validate_json(bad, report_schema()).empty());
+  bad["results"][0]["world_size"] = "2";
+  EXPECT_FALSE(validate_json(bad, report_schema()).empty());
+  const auto losses = losses_of(r);
   ASSERT_EQ(losses.size(), size_t(kSteps));
-  expect_same_losses(losses, one_rank().losses, kSteps);
-  EXPECT_NEAR(r["val_bpb"].get<double>(), one_rank().val_bpb, 1e-6 * one_rank().val_bpb);
-  EXPECT_EQ(one_rank().world_size, 1);
-  EXPECT_EQ(one_rank().backend, "none");
-  // a run that differs (another seed) is far from it: the comparison can tell runs apart
-  TrainOptions other = one_rank_options();
-  other.seed = 8;
-  other.steps = 3;
-  EXPECT_GT(std::abs(run_train(other).losses[2] - losses[2]), 1e-3);
+  expect_same_losses(losses, losses_of(one_rank()), kSteps);
+  EXPECT_NEAR(r["val_bpb"].get<double>(), one_rank()["val_bpb"].get<double>(), 1e-6 * one_rank()["val_bpb"].get<double>());
+  EXPECT_EQ(one_rank()["world_size"], 1);
+  EXPECT_EQ(one_rank()["backend"], "none");
+  // the run trains (the losses move far more than the tolerance)
+  EXPECT_GT(losses.front() - losses.back(), 0.1);
 }
 
 TEST(Distributed, TwoRankCheckpointResumesOnOneRank) {
@@ -169,13 +169,10 @@ TEST(Distributed, TwoRankCheckpointResumesOnOneRank) {
   const SafetensorsFile f = read_safetensors((dir / "checkpoint.safetensors").string());
   EXPECT_EQ(f.metadata.at("world_size"), "2");
   EXPECT_EQ(f.metadata.at("step"), "10");
-  TrainOptions rest = one_rank_options();
-  rest.out = dir.string();
-  rest.resume = true;
-  const TrainResult r = run_train(rest);
-  ASSERT_EQ(r.losses.size(), size_t(kSteps));
-  expect_same_losses(r.losses, one_rank().losses, kSteps);
-  EXPECT_NEAR(r.val_bpb, one_rank().val_bpb, 1e-6 * one_rank().val_bpb);
+  const Json r = train_here(dir, "--resume");
+  expect_same_losses(losses_of(r), losses_of(one_rank()), kSteps);
+  EXPECT_NEAR(r["val_bpb"].get<double>(), one_rank()["val_bpb"].get<double>(), 1e-6 * one_rank()["val_bpb"].get<double>());
+  EXPECT_EQ(r["world_size"], 1);
 }
 
 TEST(Distributed, DeadRankIsNamedAndTheCheckpointSurvives) {
@@ -185,26 +182,30 @@ TEST(Distributed, DeadRankIsNamedAndTheCheckpointSurvives) {
                                  train_args(fmt::format("--checkpoint-every 2 --dist-timeout 10 --out {}", dir.string())));
   EXPECT_EQ(r1.rc, 128 + 9) << r1.log;
   EXPECT_NE(r0.rc, 0) << r0.log;
-  EXPECT_NE(r0.log.find("rank 1 stopped responding after starting step 6"), std::string::npos) << r0.log;
+  EXPECT_NE(r0.log.find("rank 1 stopped responding after the gradient all-reduce of step 6"), std::string::npos) << r0.log;
   EXPECT_LT(r0.seconds, 40.0);
   // the checkpoint of step 6 is intact: it resumes and continues the one-process curve
   const SafetensorsFile f = read_safetensors((dir / "checkpoint.safetensors").string());
   EXPECT_EQ(f.metadata.at("step"), "6");
-  TrainOptions rest = one_rank_options();
-  rest.out = dir.string();
-  rest.resume = true;
-  rest.stop_after = 8;
-  const TrainResult r = run_train(rest);
-  ASSERT_EQ(r.losses.size(), 8u);
-  expect_same_losses(r.losses, one_rank().losses, 8);
+  const Json r = train_here(dir, "--resume --stop-after 8");
+  EXPECT_EQ(r["steps"], 8);
+  expect_same_losses(losses_of(r), losses_of(one_rank()), 8);
+}
+
+TEST(Distributed, FailingRankIsNamedWithItsError) {
+  // the last rank throws as step 4 starts: it records its error in the store, and rank 0 quotes it
+  const auto [r0, r1] = run_pair("", "MIXBENCH_TEST_FAIL_AT_STEP=4", train_args("--dist-timeout 10"));
+  EXPECT_EQ(r1.rc, 3) << r1.log;
+  EXPECT_NE(r0.rc, 0) << r0.log;
+  EXPECT_NE(r0.log.find("rank 1 failed: MIXBENCH_TEST_FAIL_AT_STEP: step 4 fails"), std::string::npos) << r0.log;
 }
 
 TEST(Distributed, HungRankTimesOutAndTheLauncherStops) {
-  // the last rank stops at step 3; rank 0's all-reduce times out (3 s) naming it, and --nproc's
+  // the last rank stops inside step 3; rank 0's all-reduce times out (3 s) naming it, and --nproc's
   // launcher stops the hung rank and exits non-zero naming the rank that failed
   const auto o = run_bin("MIXBENCH_TEST_HANG_AT_STEP=3", train_args("--nproc 2 --dist-timeout 3"));
   EXPECT_NE(o.rc, 0) << o.log;
-  EXPECT_NE(o.log.find("rank 1 stopped responding after starting step 2"), std::string::npos) << o.log;
+  EXPECT_NE(o.log.find("rank 1 stopped responding in step 3, before its gradient all-reduce"), std::string::npos) << o.log;
   EXPECT_NE(o.log.find("mixbench: error: rank 0 exited with code 3; stopping the other ranks"), std::string::npos) << o.log;
   EXPECT_LT(o.seconds, 40.0);
 }
@@ -229,5 +230,86 @@ TEST(Distributed, BadInputExitsTwoWithItsMessage) {
   // WORLD_SIZE differs between the ranks: both refuse
   const auto [r0, r1] = run_pair("", "", train_args("--dist-timeout 10"), 2, 3);
   expect2(r0, "WORLD_SIZE is 2 on rank 0 but 3 on rank 1");
-  EXPECT_EQ(r1.rc, 2) << r1.log;
+  expect2(r1, "WORLD_SIZE is 3 on rank 1 but 2 on rank 0");
+}
+
+TEST(Distributed, LeaderboardTrainsEachMethodOverTheRanks) {
+  const std::string args = fmt::format("leaderboard --methods dense,gdn --config {} --steps 4 --batch 4 --micro-batch 2 "
+                                       "--seed 3 --probes 2 --quiet --out ",
+                                       kCfg);
+  const fs::path two = dist_tmp() / "lb2.json", one = dist_tmp() / "lb1.json";
+  const Outcome o = run_bin("", args + two.string() + " --nproc 2 --dist-timeout 30");
+  ASSERT_EQ(o.rc, 0) << o.log;
+  std::vector<std::string> argv;
+  for (const auto& w : split(args + one.string(), ' '))
+    if (!w.empty()) argv.push_back(w);
+  ASSERT_EQ(run_cli(argv), 0);
+  const Json a = Json::parse(read_file(two.string())), b = Json::parse(read_file(one.string()));
+  EXPECT_TRUE(validate_json(a, report_schema()).empty());
+  ASSERT_EQ(a["results"].size(), 2u);
+  ASSERT_EQ(b["results"].size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const Json &x = a["results"][i], &y = b["results"][i];
+    EXPECT_EQ(x["method"], y["method"]);
+    EXPECT_EQ(x["world_size"], 2);
+    EXPECT_EQ(x["backend"], "gloo");
+    EXPECT_EQ(y["world_size"], 1);
+    expect_same_losses(losses_of(x), losses_of(y), 4);
+    EXPECT_NEAR(x["val_bpb"].get<double>(), y["val_bpb"].get<double>(), 1e-6 * y["val_bpb"].get<double>());
+    EXPECT_EQ(x["probes"], y["probes"]);  // rank 0 ran them on the same model
+  }
+}
+
+// Two ranks in this process (a thread each): small buckets, two micro-batches (the first unarmed), a
+// parameter only rank 0 uses and one nobody uses. Every rank ends with the sums of the ranks' gradients.
+TEST(Distributed, BucketsSumTheGradientsOfEveryParameter) {
+  const int port = free_port();
+  const std::vector<int64_t> sizes = {300, 7, 500, 64, 1000, 3};  // "p0".."p5"; p4 rank 0 only, p5 nobody
+  auto coeff = [&](int rank, int micro, size_t i) {
+    return at::arange(sizes[i], at::kFloat).mul(0.01f * float(i + 1)).add(float(rank) + 0.5f * float(micro)).sin();
+  };
+  std::vector<std::vector<at::Tensor>> grads(2);
+  std::vector<size_t> buckets(2);
+  std::vector<std::string> errors(2);
+  auto rank = [&](int r) {
+    try {
+      DistEnv e;
+      e.rank = r;
+      e.world = 2;
+      e.master_addr = "127.0.0.1";
+      e.master_port = port;
+      auto dp = DataParallel::connect(e, "cpu", std::chrono::seconds(20));
+      Model m;
+      for (size_t i = 0; i < sizes.size(); ++i)
+        m.params.set(fmt::format("p{}", i), at::zeros({sizes[i]}, at::kFloat).requires_grad_(true));
+      auto red = dp->reducer(m, 1200);  // a few parameters per bucket
+      buckets[r] = red->buckets();
+      for (int micro = 0; micro < 2; ++micro) {
+        red->arm(micro == 1);
+        at::Tensor loss = at::zeros({}, at::kFloat);
+        for (size_t i = 0; i < 4; ++i) loss = loss + (m.params.at(fmt::format("p{}", i)) * coeff(r, micro, i)).sum();
+        if (r == 0) loss = loss + (m.params.at("p4") * coeff(r, micro, 4)).sum();
+        loss.backward();
+      }
+      red->finish();
+      for (size_t i = 0; i < sizes.size(); ++i) grads[r].push_back(m.params.at(fmt::format("p{}", i)).grad());
+    } catch (const std::exception& ex) {
+      errors[r] = ex.what();
+    }
+  };
+  std::thread t1(rank, 1);
+  rank(0);
+  t1.join();
+  ASSERT_EQ(errors[0], "");
+  ASSERT_EQ(errors[1], "");
+  EXPECT_GT(buckets[0], 2u);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    at::Tensor want = at::zeros({sizes[i]}, at::kFloat);
+    if (i < 4) want = (coeff(0, 0, i) + coeff(0, 1, i)) + (coeff(1, 0, i) + coeff(1, 1, i));
+    if (i == 4) want = coeff(0, 0, i) + coeff(0, 1, i);
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(grads[r][i].defined()) << "rank " << r << " p" << i;
+      EXPECT_TRUE(at::equal(grads[r][i], want)) << "rank " << r << " p" << i;
+    }
+  }
 }
