@@ -14,6 +14,7 @@ using Json = nlohmann::json;
 
 std::string kernel_kind(const std::string& n) {
   static const std::vector<std::pair<std::string, std::regex>> kinds = {
+      {"elementwise", std::regex("rope_|short_conv", std::regex::icase)},  // mixbench's fused element-wise kernels
       {"attention", std::regex("flash|fmha|attention|sdpa|softmax", std::regex::icase)},
       {"linear_attention", std::regex("chunk|delta|gla|wy_|recurrent|mixbench", std::regex::icase)},
       {"matmul", std::regex("gemm|xmma|cutlass|nvjet|cublas|sm90_|sm80_|ampere_|wgmma|splitK", std::regex::icase)},

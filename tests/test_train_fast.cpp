@@ -15,6 +15,7 @@
 #include "harness/report.h"
 #include "harness/safetensors.h"
 #include "suites/mfu.h"
+#include "suites/step_trace.h"
 #include "suites/train.h"
 
 namespace fs = std::filesystem;
@@ -142,4 +143,51 @@ TEST(TrainFast, ReportsCarryMfuAndTheMatmulProbe) {
   EXPECT_NEAR(res["mfu"].get<double>(), expect, 1e-12 * expect);
   EXPECT_EQ(run_cli({"train", "--method", "dense", "--dtype", "fp8"}), 2);
   EXPECT_EQ(run_cli({"train", "--method", "dense", "--log-every", "-1"}), 2);
+}
+
+// The trace summary: kernels sorted into kinds by name, summed by name and by launching operator,
+// shares of the wall time.
+TEST(TrainFast, KernelSummaryByKindNameAndOperator) {
+  EXPECT_EQ(kernel_kind("nvjet_sm90_tst_192x192_64x3_1x2_h_bz_coopB_splitK_NTN"), "matmul");
+  EXPECT_EQ(kernel_kind("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26"), "attention");
+  EXPECT_EQ(kernel_kind("void mixbench::linear::tc::(anonymous namespace)::dqkv_kernel<__nv_bfloat16, 128, 128, true>"),
+            "linear_attention");
+  EXPECT_EQ(kernel_kind("void mixbench::layers::rope_cuda::(anonymous namespace)::rope_kernel<__nv_bfloat16>"), "elementwise");
+  EXPECT_EQ(kernel_kind("void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add<c10::BFloat16>>"),
+            "elementwise");
+  EXPECT_EQ(kernel_kind("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float>>"), "reduction");
+  EXPECT_EQ(kernel_kind("something_else"), "other");
+  Json s = summarize_kernels({{"nvjet_a", "aten::mm", 1, 0.3}, {"nvjet_a", "aten::mm", 1, 0.2},
+                              {"vectorized_elementwise_kernel<mul>", "aten::mul", 2, 0.1}, {"odd", "", 1, 0.05}},
+                             1.0, 2, 2);
+  EXPECT_DOUBLE_EQ(s["kernel_s"].get<double>(), 0.65);
+  EXPECT_DOUBLE_EQ(s["busy"].get<double>(), 0.65);
+  EXPECT_DOUBLE_EQ(s["kernels_per_step"].get<double>(), 2.5);
+  EXPECT_DOUBLE_EQ(s["by_kind"]["matmul"]["seconds"].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(s["by_kind"]["elementwise"]["share_of_wall"].get<double>(), 0.1);
+  ASSERT_EQ(s["top"].size(), 2u);  // top = 2
+  EXPECT_EQ(s["top"][0]["name"], "nvjet_a");
+  EXPECT_EQ(s["top"][0]["calls"], 2);
+  EXPECT_EQ(s["top_ops"][0]["op"], "aten::mm");
+  EXPECT_EQ(s["top_ops"][1]["op"], "aten::mul");
+}
+
+// --trace profiles the steps after the first: a Chrome trace file and the summary in train.json.
+TEST(TrainFast, TraceWritesTheFileAndItsSummary) {
+  const fs::path dir = tmp_dir("trace");
+  ASSERT_EQ(run_cli({"train", "--method", "dense", "--config", "n_layer=2,d_model=64,head_dim=32,seq_len=32", "--steps", "4",
+                     "--batch", "2", "--eval-batches", "1", "--probes", "0", "--trace", (dir / "t.json").string(),
+                     "--trace-steps", "2", "--out", dir.string(), "--quiet"}),
+            0);
+  ASSERT_TRUE(fs::exists(dir / "t.json"));
+  Json trace = Json::parse(read_file((dir / "t.json").string()));
+  EXPECT_TRUE(trace.contains("traceEvents"));
+  Json r = Json::parse(read_file((dir / "train.json").string()));
+  EXPECT_TRUE(validate_json(r, report_schema()).empty());
+  const Json& t = r["results"][0]["trace"];
+  EXPECT_EQ(t["steps"], 2);
+  EXPECT_EQ(t["device"], "cpu");
+  EXPECT_GT(t["wall_s"].get<double>(), 0.0);
+  EXPECT_GT(t["top_ops"].size(), 0u);
+  EXPECT_EQ(run_cli({"train", "--method", "dense", "--trace-steps", "0"}), 2);
 }
