@@ -10,11 +10,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: ci/gpu_ddp.sh OUT_DIR [DEPS_DIR]}
 DEPS=${2:-$PWD/.deps}
-mkdir -p "$OUT"
-if [ ! -x build-gpu/mixbench ] || [ -z "${MIXBENCH_NO_BUILD:-}" ]; then
-  MIXBENCH_GPU_PARTS=none bash ci/gpu.sh "$OUT/build" "$DEPS" > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
-  rm -rf "$OUT/build"
-fi
+source ci/gpu_build.sh
+gpu_build "$OUT" "$DEPS" || exit 1
 N=${MIXBENCH_DDP_NPROC:-$(nvidia-smi -L | wc -l)}
 ARGS=${MIXBENCH_DDP_ARGS:---preset gpu-d12 --steps 6 --probes 0}
 rc=0

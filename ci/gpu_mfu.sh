@@ -11,11 +11,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: ci/gpu_mfu.sh OUT_DIR [DEPS_DIR]}
 DEPS=${2:-$PWD/.deps}
+source ci/gpu_build.sh
+gpu_build "$OUT" "$DEPS" || exit 1
 mkdir -p "$OUT/lb"
-if [ ! -x build-gpu/mixbench ] || [ -z "${MIXBENCH_NO_BUILD:-}" ]; then
-  MIXBENCH_GPU_PARTS=none bash ci/gpu.sh "$OUT/build" "$DEPS" > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
-  rm -rf "$OUT/build"
-fi
 MB=build-gpu/mixbench
 METHODS=${MIXBENCH_MFU_METHODS:-$($MB list --json | python3 -c 'import json,sys; print(" ".join(m["name"] for m in json.load(sys.stdin)["methods"]))')}
 ARGS=${MIXBENCH_MFU_ARGS:---preset gpu-d12 --steps 3 --batch 64 --probes 0}

@@ -9,10 +9,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: ci/gpu_train.sh OUT_DIR [DEPS_DIR]}
 DEPS=${2:-$PWD/.deps}
-mkdir -p "$OUT"
-if [ ! -x build-gpu/mixbench ] || [ -z "${MIXBENCH_NO_BUILD:-}" ]; then
-  MIXBENCH_GPU_PARTS=none bash ci/gpu.sh "$OUT/build" "$DEPS" > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
-fi
+source ci/gpu_build.sh
+gpu_build "$OUT" "$DEPS" || exit 1
 rc=0
 for m in ${MIXBENCH_TRAIN_METHODS:-dense_full gdn}; do
   echo "== $(date +%H:%M:%S) $m"

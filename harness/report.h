@@ -17,6 +17,7 @@ struct RunInfo {
 };
 
 nlohmann::json machine_info();
+std::string cpu_model();  // /proc/cpuinfo's model name ("unknown" elsewhere)
 std::string git_commit();
 nlohmann::json make_report(const RunInfo& info, nlohmann::json results);
 // Validates against the schema, then writes atomically. Throws on a schema violation (a bug).

@@ -8,29 +8,18 @@
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <tuple>
 #include <utility>
 
 #include "harness/metrics.h"
+#include "harness/report.h"
 #include "suites/sweep_measure.h"
 
 namespace mixbench {
 
 namespace {
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("model name", 0) == 0) {
-      auto c = line.find(':');
-      if (c != std::string::npos) return line.substr(line.find_first_not_of(' ', c + 1));
-    }
-  return "cpu";
-}
-
 int current_gpu() {
 #if defined(MIXBENCH_WITH_CUDA)
   return at::cuda::current_device();

@@ -2,26 +2,13 @@
 // path casts the whole tensor to fp32 and back, ~10 memory passes per call).
 #include "mixers/common/rope_kernel.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include "mixers/common/cuda_dtype.cuh"
 
 #include <stdexcept>
 
 namespace mixbench::layers::rope_cuda {
 
 namespace {
-template <class T>
-__device__ __forceinline__ float load(const T* p) { return float(*p); }
-template <>
-__device__ __forceinline__ float load<__nv_bfloat16>(const __nv_bfloat16* p) { return __bfloat162float(*p); }
-template <>
-__device__ __forceinline__ float load<__half>(const __half* p) { return __half2float(*p); }
-template <class T>
-__device__ __forceinline__ T store(float v) { return T(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 store<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
-template <>
-__device__ __forceinline__ __half store<__half>(float v) { return __float2half(v); }
 
 // x, y: [rows, D] with rows = B·T·H ordered (b, t, h); cos, sin: [T, D/2] fp32.
 template <class T>
@@ -33,9 +20,9 @@ __global__ void rope_kernel(const T* __restrict__ x, T* __restrict__ y, const fl
     const int t = int((row / H) % T_len);
     const float c = cos[int64_t(t) * half + j], s = sign * sin[int64_t(t) * half + j];
     const int64_t base = row * 2 * half;
-    const float x1 = load(x + base + j), x2 = load(x + base + half + j);
-    y[base + j] = store<T>(x1 * c + x2 * s);
-    y[base + half + j] = store<T>(x2 * c - x1 * s);
+    const float x1 = load_f32(x + base + j), x2 = load_f32(x + base + half + j);
+    y[base + j] = from_f32<T>(x1 * c + x2 * s);
+    y[base + half + j] = from_f32<T>(x2 * c - x1 * s);
   }
 }
 

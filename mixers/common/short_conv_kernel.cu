@@ -3,8 +3,7 @@
 // backward). fp32 accumulation, one rounding to the input dtype.
 #include "mixers/common/short_conv_kernel.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include "mixers/common/cuda_dtype.cuh"
 
 #include <algorithm>
 #include <stdexcept>
@@ -13,34 +12,27 @@
 namespace mixbench::layers::short_conv_cuda {
 
 namespace {
-template <class T>
-__device__ __forceinline__ float ld(const T* p) { return float(*p); }
-template <>
-__device__ __forceinline__ float ld<__nv_bfloat16>(const __nv_bfloat16* p) { return __bfloat162float(*p); }
-template <>
-__device__ __forceinline__ float ld<__half>(const __half* p) { return __half2float(*p); }
-template <class T>
-__device__ __forceinline__ T st(float v) { return T(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 st<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
-template <>
-__device__ __forceinline__ __half st<__half>(float v) { return __float2half(v); }
 
 constexpr int kMaxW = 8;
 
 // Every kernel: blockIdx.x a row (b, t), threads over the channels (coalesced), no 64-bit division.
+// The pre-activation at (row, c): Σ_i w[c,i]·x[b, t−W+1+i, c], zero before the sequence's start.
+template <class T>
+__device__ __forceinline__ float conv_pre(const T* x, const T* w, int64_t row, int T_len, int C, int c, int W) {
+  const int t = int(row % T_len);
+  float acc = 0.f;
+  for (int i = 0; i < W; ++i)
+    if (t - (W - 1) + i >= 0) acc += load_f32(w + int64_t(c) * W + i) * load_f32(x + (row - (W - 1) + i) * C + c);
+  return acc;
+}
+
 template <class T>
 __global__ void fwd_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int T_len, int C, int W) {
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
   if (c >= C) return;
   const int64_t row = blockIdx.x;
-  const int t = int(row % T_len);
-  float acc = 0.f;
-  for (int i = 0; i < W; ++i) {
-    const int s = t - (W - 1) + i;
-    if (s >= 0) acc += ld(w + int64_t(c) * W + i) * ld(x + (row - (W - 1) + i) * C + c);
-  }
-  y[row * C + c] = st<T>(acc / (1.f + __expf(-acc)));
+  const float a = conv_pre(x, w, row, T_len, C, c, W);
+  y[row * C + c] = from_f32<T>(a / (1.f + __expf(-a)));
 }
 
 // pre ← dy·silu′(a) in fp32
@@ -50,14 +42,9 @@ __global__ void dpre_kernel(const T* __restrict__ x, const T* __restrict__ w, co
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
   if (c >= C) return;
   const int64_t row = blockIdx.x;
-  const int t = int(row % T_len);
-  float a = 0.f;
-  for (int i = 0; i < W; ++i) {
-    const int s = t - (W - 1) + i;
-    if (s >= 0) a += ld(w + int64_t(c) * W + i) * ld(x + (row - (W - 1) + i) * C + c);
-  }
+  const float a = conv_pre(x, w, row, T_len, C, c, W);
   const float sg = 1.f / (1.f + __expf(-a));
-  pre[row * C + c] = ld(dy + row * C + c) * sg * (1.f + a * (1.f - sg));
+  pre[row * C + c] = load_f32(dy + row * C + c) * sg * (1.f + a * (1.f - sg));
 }
 
 // dx[b,s,c] = Σ_i w[c,i]·pre[b, s+W−1−i, c]
@@ -70,9 +57,9 @@ __global__ void dx_kernel(const float* __restrict__ pre, const T* __restrict__ w
   float acc = 0.f;
   for (int k = 0; k < W; ++k) {
     const int t = s + (W - 1) - k;
-    if (t < T_len) acc += ld(w + int64_t(c) * W + k) * pre[(row + (W - 1) - k) * C + c];
+    if (t < T_len) acc += load_f32(w + int64_t(c) * W + k) * pre[(row + (W - 1) - k) * C + c];
   }
-  dx[row * C + c] = st<T>(acc);
+  dx[row * C + c] = from_f32<T>(acc);
 }
 
 // dw[c,i] = Σ_{b,t} pre[b,t,c]·x[b, t−W+1+i, c]: each thread a channel over a slice of the rows,
@@ -91,7 +78,7 @@ __global__ void dw_kernel(const float* __restrict__ pre, const T* __restrict__ x
 #pragma unroll
     for (int k = 0; k < kMaxW; ++k) {
       if (k >= W) break;
-      if (t - (W - 1) + k >= 0) acc[k] += p * ld(x + (r - (W - 1) + k) * C + c);
+      if (t - (W - 1) + k >= 0) acc[k] += p * load_f32(x + (r - (W - 1) + k) * C + c);
     }
   }
   for (int k = 0; k < W; ++k) atomicAdd(dw + int64_t(c) * W + k, acc[k]);
