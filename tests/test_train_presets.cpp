@@ -85,7 +85,7 @@ TEST(TrainPresets, TheTableNamesRegisteredMethods) {
   ASSERT_GE(table.size(), 2u);
   std::vector<std::string> names;
   for (const auto& [name, j] : table.items()) names.push_back(name);
-  EXPECT_EQ(names, (std::vector<std::string>{"tiny", "small"}));  // declaration order: the error message lists them so
+  EXPECT_EQ(names, (std::vector<std::string>{"tiny", "small", "gpu-d12"}));  // declaration order: the error message lists them so
   for (const auto& name : names) {
     const TrainPreset p = train_preset(name);
     EXPECT_EQ(p.name, name);
@@ -95,11 +95,19 @@ TEST(TrainPresets, TheTableNamesRegisteredMethods) {
   }
   EXPECT_EQ(train_preset("tiny").lineup.size(), 6u);
   EXPECT_TRUE(train_preset("small").lineup.empty());  // "all": every registered method
+  // gpu-d12: nanochat's d12 shape, 0.5M tokens per step in micro-batches, sparse read-backs
+  const TrainPreset d12 = train_preset("gpu-d12");
+  EXPECT_EQ(d12.config, "n_layer=12,d_model=768,head_dim=128,seq_len=2048,vocab=257");
+  EXPECT_EQ(d12.batch * 2048, 524288);
+  EXPECT_EQ(d12.micro_batch, 32);
+  EXPECT_EQ(d12.log_every, 10);
+  EXPECT_EQ(train_preset("tiny").micro_batch, 0);
+  EXPECT_EQ(train_preset("tiny").log_every, 1);
   try {
     train_preset("huge");
     ADD_FAILURE() << "no error";
   } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("known: tiny, small"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("known: tiny, small, gpu-d12"), std::string::npos) << e.what();
   }
 }
 
