@@ -31,6 +31,8 @@ TrainPreset train_preset(const std::string& name) {
   p.eval_batches = j.at("eval_batches").get<int64_t>();
   p.checkpoint_every = j.at("checkpoint_every").get<int64_t>();
   p.probe_sequences = j.at("probe_sequences").get<int64_t>();
+  p.seeds = j.at("seeds").get<int64_t>();
+  if (p.seeds < 1) throw std::logic_error("preset " + name + ": seeds must be >= 1");
   p.cpu_threads = j.at("cpu_threads").get<int>();
   p.hyper.batch_tokens_ref = j.at("batch_tokens_ref").get<double>();
   p.hyper.muon_wd = j.at("muon_wd").get<double>();

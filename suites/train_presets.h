@@ -22,6 +22,7 @@ struct TrainPreset {
   std::string config;  // backbone overrides
   int64_t steps, batch, eval_every, eval_batches, checkpoint_every;
   int64_t probe_sequences = 64;  // held-out sequences per probe kind after training
+  int64_t seeds = 1;              // the leaderboard's runs per method (seeds seed, seed+1, ...)
   int cpu_threads = 0;            // intra-op threads on the CPU during the run (0 = LibTorch's default)
   std::map<std::string, std::string> method_config;  // per-method overrides after `config`
   std::map<std::string, int64_t> method_micro_batch;  // rows per forward/backward where memory needs it
