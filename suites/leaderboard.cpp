@@ -273,7 +273,16 @@ LeaderboardTables leaderboard_tables(const Json& results, const std::string& bas
     if (r.value("status", std::string()) == "ok") rows.push_back(r);
   const std::string key = metric_key(rows);
   const std::string delta_key = "delta_vs_" + baseline;
-  std::stable_sort(rows.begin(), rows.end(), [&](const Json& a, const Json& b) { return a[key].get<double>() < b[key].get<double>(); });
+  // the row's value (either metric; +inf when it has none)
+  auto value_of = [&](const Json& r) {
+    for (const std::string& k : {key, std::string("val_bpb"), std::string("val_bits_per_token")})
+      if (r.contains(k) && r[k].is_number()) return r[k].get<double>();
+    return double(INFINITY);
+  };
+  std::stable_sort(rows.begin(), rows.end(), [&](const Json& a, const Json& b) { return value_of(a) < value_of(b); });
+  auto num = [](const Json& j, const std::string& k, const char* f) {
+    return j.contains(k) && j[k].is_number() ? fmt::format(fmt::runtime(f), j[k].get<double>()) : std::string("-");
+  };
   const bool intervals = !rows.empty() && std::all_of(rows.begin(), rows.end(), [&](const Json& r) {
     return r.contains(key + "_ci95") && !r[key + "_ci95"].is_null();
   });
@@ -294,28 +303,34 @@ LeaderboardTables leaderboard_tables(const Json& results, const std::string& bas
   }
   for (const Json& r : rows) {
     // a tie: a shared rank range, or (single runs) the same value as another's
-    bool tie = r["rank"].get<std::string>().find("–") != std::string::npos;
+    const std::string rank = r.contains("rank") ? (r["rank"].is_string() ? r["rank"].get<std::string>() : r["rank"].dump()) : "-";
+    bool tie = rank.find("–") != std::string::npos;
     if (!intervals)
-      for (const Json& o : rows) tie = tie || (&o != &r && o[key] == r[key]);
+      for (const Json& o : rows) tie = tie || (&o != &r && value_of(o) == value_of(r) && std::isfinite(value_of(r)));
     t.ranking.tie.push_back(tie);
-    const Json& c = r["calibration"];
-    const int64_t cd = c["d_model"].get<int64_t>(), cm = c.value("mlp_hidden", 4 * cd);
+    std::string calibration = "-";
+    if (const Json c = r.value("calibration", Json::object()); c.contains("n_layer") && c.contains("d_model")) {
+      const int64_t cd = c["d_model"].get<int64_t>(), cm = c.value("mlp_hidden", 4 * cd);
+      calibration = fmt::format("L={} d={}{} ({:+.2f}%{})", c["n_layer"].get<int64_t>(), cd,
+                                cm == 4 * cd ? std::string() : fmt::format(" mlp={}", cm), 100 * c.value("residual", 0.0),
+                                c.value("within_2pct", true) ? "" : ", outside ±2%");
+    }
     const Json sd = r.value(key + "_sd", Json());
     std::vector<std::string> cells = {
-        r["rank"].get<std::string>() + (tie ? " =" : ""),
-        r["method"].get<std::string>(),
-        fmt::format("{:.4f}", r[key].get<double>()) + (sd.is_null() ? std::string() : fmt::format(" ± {:.4f}", sd.get<double>())),
+        rank + (tie ? " =" : ""),
+        r.value("method", std::string("?")),
+        std::isfinite(value_of(r)) ? fmt::format("{:.4f}", value_of(r)) +
+                                         (sd.is_number() ? fmt::format(" ± {:.4f}", sd.get<double>()) : std::string())
+                                   : std::string("-"),
         interval_md(r.value(key + "_ci95", Json()), "{:.4f}"),
-        r.value(delta_key, Json()).is_null() ? "-" : fmt::format("{:+.4f}", r[delta_key].get<double>()),
+        num(r, delta_key, "{:+.4f}"),
         interval_md(r.value(delta_key + "_ci95", Json()), "{:+.4f}"),
-        fmt::format("{:.4g}", r["train_flops_per_token_nanochat"].get<double>()),
-        fmt::format("L={} d={}{} ({:+.2f}%{})", c["n_layer"].get<int64_t>(), cd,
-                    cm == 4 * cd ? std::string() : fmt::format(" mlp={}", cm), 100 * c["residual"].get<double>(),
-                    c["within_2pct"].get<bool>() ? "" : ", outside ±2%"),
-        std::to_string(r["params"]["total"].get<int64_t>()),
-        std::to_string(r["tokens"].get<int64_t>()),
-        fmt::format("{:.0f}", r["tokens_per_s"].get<double>())};
-    if (mfu) cells.push_back(r.contains("mfu") ? fmt::format("{:.3f}", r["mfu"].get<double>()) : "-");
+        num(r, "train_flops_per_token_nanochat", "{:.4g}"),
+        calibration,
+        num(r.value("params", Json::object()), "total", "{:.0f}"),
+        num(r, "tokens", "{:.0f}"),
+        num(r, "tokens_per_s", "{:.0f}")};
+    if (mfu) cells.push_back(num(r, "mfu", "{:.3f}"));
     t.ranking.rows.push_back(cells);
   }
   if (std::count(t.ranking.tie.begin(), t.ranking.tie.end(), true) > 0)
@@ -334,10 +349,9 @@ LeaderboardTables leaderboard_tables(const Json& results, const std::string& bas
       t.probes.right.push_back(true);
     }
     for (const Json& r : rows) {
-      std::vector<std::string> cells = {r["method"].get<std::string>()};
+      std::vector<std::string> cells = {r.value("method", std::string("?"))};
       const Json pr = r.value("probes", Json::object());
-      for (const auto& c : probe_cols)
-        cells.push_back(pr.contains(c.first) ? fmt::format("{:.3f}", pr[c.first]["accuracy"].get<double>()) : "-");
+      for (const auto& c : probe_cols) cells.push_back(pr.contains(c.first) ? num(pr[c.first], "accuracy", "{:.3f}") : "-");
       t.probes.rows.push_back(cells);
       t.probes.tie.push_back(false);
     }

@@ -183,11 +183,11 @@ Corpus bin_corpus(const std::string& path) {
 
 void rotate_train_stream(Corpus& c, uint64_t seed) {
   if (seed == 0) return;
-  const int64_t n = c.train.size(0);
-  int64_t start = int64_t(splitmix64(seed) % uint64_t(n));
-  // forward to the next document start, if there is one
-  const at::Tensor bos = (c.train.slice(0, start) == c.bos).nonzero();
-  if (bos.size(0) > 0) start += bos[0][0].item<int64_t>();
+  // one of the documents' starts (any position when the stream has no document marks)
+  const at::Tensor starts = (c.train == c.bos).nonzero().flatten();
+  const uint64_t r = splitmix64(seed);
+  const int64_t start = starts.size(0) > 0 ? starts[int64_t(r % uint64_t(starts.size(0)))].item<int64_t>()
+                                           : int64_t(r % uint64_t(c.train.size(0)));
   c.train = at::cat({c.train.slice(0, start), c.train.slice(0, 0, start)});
 }
 

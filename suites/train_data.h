@@ -31,7 +31,7 @@ Corpus text_corpus(const std::string& path);
 at::Tensor read_bin_shard(const std::string& path);
 Corpus bin_corpus(const std::string& path);
 // The seed's data order for a file corpus: seed 0 reads the training stream from its start, any
-// other seed from the document start at or after a position drawn from the seed (wrapping).
+// other seed from a document start drawn from the seed (wrapping).
 void rotate_train_stream(Corpus& c, uint64_t seed);
 // "synthetic" (with probes for length probe_T, 0 = none; at least train_tokens long so that a
 // run reads no byte twice; its content is drawn from the seed) or a path (in the seed's order,
