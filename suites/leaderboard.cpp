@@ -337,10 +337,12 @@ LeaderboardTables leaderboard_tables(const Json& results, const std::string& bas
     t.tie_note = std::string("= tied: ") + (intervals ? "its 95% interval overlaps another's" : "the same value as another");
   // Capability probes: held-out accuracy on the answer tokens (greedy argmax), chance in the header.
   std::vector<std::pair<std::string, double>> probe_cols;
-  for (const Json& r : rows)
-    for (const auto& [name, v] : r.value("probes", Json::object()).items())
+  for (const Json& r : rows) {
+    const Json probes = r.value("probes", Json::object());
+    for (const auto& [name, v] : probes.items())
       if (std::none_of(probe_cols.begin(), probe_cols.end(), [&](const auto& c) { return c.first == name; }))
         probe_cols.emplace_back(name, v.value("chance", 0.0));
+  }
   if (!probe_cols.empty()) {
     t.probes.header = {"method"};
     t.probes.right = {false};
@@ -413,15 +415,16 @@ Json run_leaderboard(const LeaderboardOptions& opt, std::string& md, Json* summa
   };
   std::map<std::string, Calibration> cals;
   for (const auto& m : methods) cals[m] = calibrate(m, opt.preset, opt.config);
-  // Seed by seed, so that an interrupted run has every method at its first seeds.
-  for (int64_t k = 0; k < n_seeds && (opt.stop_after == 0 || trained < opt.stop_after); ++k)
+  // Seed by seed, so that an interrupted run has every method at its first seeds; past
+  // --stop-after only the kept cells are taken.
+  for (int64_t k = 0; k < n_seeds; ++k)
     for (const auto& m : methods) {
-      if (opt.stop_after > 0 && trained >= opt.stop_after) break;
       const uint64_t seed = opt.seed + uint64_t(k);
       const Calibration& cal = cals.at(m);
       Json row;
       const auto it = kept.find({m, seed});
       const bool reuse = it != kept.end();
+      if (!reuse && opt.stop_after > 0 && trained >= opt.stop_after) continue;
       if (reuse) {
         row = it->second;
       } else {

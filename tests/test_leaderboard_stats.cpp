@@ -25,13 +25,11 @@ using namespace mixbench;
 using Json = nlohmann::json;
 
 namespace {
-fs::path lb_tmp() {
-  static fs::path d = [] {
-    fs::path p = fs::temp_directory_path() / fmt::format("mixbench_lb_stats_test_{}", ::getpid());
-    fs::create_directories(p);
-    return p;
-  }();
-  return d;
+// This process's scratch folder.
+const fs::path& lb_tmp() {
+  static const fs::path dir = fs::temp_directory_path() / fmt::format("mixbench_lb_stats_test_{}", ::getpid());
+  fs::create_directories(dir);
+  return dir;
 }
 
 size_t count(const std::string& text, const std::string& part) {
