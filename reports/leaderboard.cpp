@@ -103,10 +103,12 @@ std::string scatter(std::vector<Dot> dots, const std::string& xlabel, const std:
                          pts);
   }
   std::vector<std::pair<double, double>> at, sizes;
+  std::vector<LabelBox> bars;  // the error bars: no label on them
   for (const Dot& d : dots) {
     const double cx = p.X(d.x), cy = p.Y(d.y);
     at.emplace_back(cx, cy);
     sizes.emplace_back(text_width(d.method, 10), 12);
+    if (std::isfinite(d.lo) && std::isfinite(d.hi)) bars.push_back({cx - 4, p.Y(d.hi), 8, p.Y(d.lo) - p.Y(d.hi)});
     if (std::isfinite(d.lo) && std::isfinite(d.hi))
       svg += fmt::format(
           "<g class=\"ci\" data-method=\"{0}\" stroke=\"{1}\" stroke-width=\"1.2\"><line x1=\"{2:.2f}\" x2=\"{2:.2f}\" "
@@ -121,7 +123,7 @@ std::string scatter(std::vector<Dot> dots, const std::string& xlabel, const std:
                        "<title>{0}: {4:.4f}</title></circle>\n",
                        html_escape(d.method), cx, cy, d.colour, d.y);
   }
-  const std::vector<PlacedLabel> labels = place_labels(at, sizes, {p.x0, p.y0, p.w, p.h});
+  const std::vector<PlacedLabel> labels = place_labels(at, sizes, {p.x0, p.y0, p.w, p.h}, 4, bars);
   for (size_t i = 0; i < dots.size(); ++i) {
     const LabelBox& b = labels[i].box;
     if (labels[i].moved) {  // a leader line from the point to the nearest point of the label's box
@@ -130,7 +132,8 @@ std::string scatter(std::vector<Dot> dots, const std::string& xlabel, const std:
                          "stroke-width=\"0.8\"/>\n",
                          at[i].first, at[i].second, lx, ly);
     }
-    svg += fmt::format("<text class=\"label\" x=\"{:.2f}\" y=\"{:.2f}\" font-size=\"10\" fill=\"{}\">{}</text>\n", b.x,
+    svg += fmt::format("<text class=\"label\" x=\"{:.2f}\" y=\"{:.2f}\" font-size=\"10\" fill=\"{}\" stroke=\"#fff\" "
+                       "stroke-width=\"3\" paint-order=\"stroke\">{}</text>\n", b.x,
                        b.y + b.h - 3, dots[i].colour, html_escape(dots[i].method));
   }
   if (pareto)
@@ -205,8 +208,8 @@ std::string leaderboard_html(const Json& results, const std::string& title, cons
   a.ymin = lmin;
   a.ymax = lmax;
   pad_range(a.ymin, a.ymax);
-  const double legend_rows = double((rows.size() + 3) / 4);
-  std::string loss_svg = svg_open(560, 400 + 14 * std::max(0.0, legend_rows - 3), " class=\"loss\"");
+  const double legend_rows = double((rows.size() + 3) / 4);  // four methods a row, 14 units apart, from y = 390
+  std::string loss_svg = svg_open(560, 400 + 14 * std::max(0.0, legend_rows - 1), " class=\"loss\"");
   loss_svg += axes(a, "cumulative training FLOPs", "training loss (nats/token)", "loss vs compute (first seed)");
   std::vector<Dot> by_flops, by_speed;
   for (size_t i = 0; i < rows.size(); ++i) {

@@ -189,10 +189,11 @@ double text_width(const std::string& text, double font_size) {
 }
 
 std::vector<PlacedLabel> place_labels(const std::vector<std::pair<double, double>>& points,
-                                      const std::vector<std::pair<double, double>>& sizes, const LabelBox& area, double marker) {
+                                      const std::vector<std::pair<double, double>>& sizes, const LabelBox& area, double marker,
+                                      const std::vector<LabelBox>& obstacles) {
   if (points.size() != sizes.size())
     throw InputError(fmt::format("label placement needs one size per point ({} points, {} sizes)", points.size(), sizes.size()));
-  std::vector<LabelBox> markers;
+  std::vector<LabelBox> markers = obstacles;
   for (const auto& [px, py] : points) markers.push_back({px - marker, py - marker, 2 * marker, 2 * marker});
   std::vector<PlacedLabel> placed;
   const double gap = 3;
