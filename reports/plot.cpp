@@ -178,4 +178,71 @@ std::string render_sweep_html(const Json& report) {
   return html.str();
 }
 
+bool LabelBox::intersects(const LabelBox& o) const {
+  return x < o.x + o.w && o.x < x + w && y < o.y + o.h && o.y < y + h;
+}
+
+double text_width(const std::string& text, double font_size) {
+  size_t chars = 0;
+  for (unsigned char c : text) chars += (c & 0xC0) != 0x80;  // UTF-8 continuation bytes are not characters
+  return 0.6 * font_size * double(chars);
+}
+
+std::vector<PlacedLabel> place_labels(const std::vector<std::pair<double, double>>& points,
+                                      const std::vector<std::pair<double, double>>& sizes, const LabelBox& area, double marker,
+                                      const std::vector<LabelBox>& obstacles) {
+  if (points.size() != sizes.size())
+    throw InputError(fmt::format("label placement needs one size per point ({} points, {} sizes)", points.size(), sizes.size()));
+  std::vector<LabelBox> markers = obstacles;
+  for (const auto& [px, py] : points) markers.push_back({px - marker, py - marker, 2 * marker, 2 * marker});
+  std::vector<PlacedLabel> placed;
+  const double gap = 3;
+  // Directions around the point: right, left, above, below, the diagonals, then between them.
+  const double kDir[][2] = {{1, 0},  {-1, 0}, {0, -1}, {0, 1},   {1, -1},  {-1, -1},   {1, 1},      {-1, 1},
+                            {1, -0.5}, {-1, -0.5}, {1, 0.5}, {-1, 0.5}, {0.5, -1}, {-0.5, -1}, {0.5, 1}, {-0.5, 1}};
+  for (size_t i = 0; i < points.size(); ++i) {
+    const auto [px, py] = points[i];
+    const auto [w, h] = sizes[i];
+    // the box whose side faces the point at distance d in direction (dx, dy)
+    auto candidate = [&](double dx, double dy, double d) {
+      LabelBox b{0, 0, w, h};
+      b.x = dx > 0 ? px + marker + gap + d * dx : dx < 0 ? px - marker - gap - w + d * dx : px - w / 2;
+      b.y = dy > 0 ? py + marker + gap + d * dy : dy < 0 ? py - marker - gap - h + d * dy : py - h / 2;
+      if (dx != 0 && dy == 0) b.y = py - h / 2;
+      return b;
+    };
+    auto inside = [&](const LabelBox& b) {
+      return b.x >= area.x && b.y >= area.y && b.x + b.w <= area.x + area.w && b.y + b.h <= area.y + area.h;
+    };
+    auto free = [&](const LabelBox& b) {
+      for (const auto& p : placed)
+        if (b.intersects(p.box)) return false;
+      for (const auto& m : markers)
+        if (b.intersects(m)) return false;
+      return true;
+    };
+    const double step = std::max(4.0, h / 2);
+    std::optional<PlacedLabel> best;
+    // First pass: inside the area; second: anywhere (a crowded area), always free of the others.
+    for (int pass = 0; pass < 2 && !best; ++pass)
+      for (int ring = 0; ring < 400 && !best; ++ring)
+        for (const auto& dir : kDir) {
+          const LabelBox b = candidate(dir[0], dir[1], ring * step);
+          if ((pass == 1 || inside(b)) && free(b)) {
+            best = PlacedLabel{b, ring > 0};
+            break;
+          }
+        }
+    if (!best) {  // unreachable in practice: stack below everything placed so far
+      double y = py;
+      for (const auto& p : placed) y = std::max(y, p.box.y + p.box.h + gap);
+      for (const auto& m : markers) y = std::max(y, m.y + m.h + gap);
+      best = PlacedLabel{{px, y, w, h}, true};
+    }
+    placed.push_back(*best);
+  }
+  return placed;
+}
+
 }  // namespace mixbench
+

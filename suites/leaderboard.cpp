@@ -5,10 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iostream>
+#include <map>
+#include <optional>
 
 #include "harness/errors.h"
 #include "harness/registry.h"
 #include "suites/distributed.h"
+#include "suites/stats.h"
 #include "suites/train.h"
 
 namespace mixbench {
@@ -89,8 +93,10 @@ Calibration calibrate(const std::string& method, const std::string& preset, cons
   return best;
 }
 
-Json run_leaderboard(const LeaderboardOptions& opt, std::string& md) {
-  const TrainPreset P = train_preset(opt.preset);
+namespace {
+
+// The methods a leaderboard ranks: the given list, the preset's lineup, or every registered method.
+std::vector<std::string> lineup(const LeaderboardOptions& opt, const TrainPreset& P) {
   std::vector<std::string> methods = opt.methods;
   const bool all = (methods.size() == 1 && methods[0] == "all") || (methods.empty() && P.lineup.empty());
   if (all) {
@@ -103,102 +109,374 @@ Json run_leaderboard(const LeaderboardOptions& opt, std::string& md) {
     methods = P.lineup;
   }
   for (const auto& m : methods) Registry::get().method(m);  // unknown names fail first
+  return methods;
+}
+
+int64_t seed_count(const LeaderboardOptions& opt, const TrainPreset& P) {
+  if (opt.seeds < 0) throw UsageError("--seeds must be >= 1");
+  return opt.seeds > 0 ? opt.seeds : P.seeds;
+}
+
+// The config fields that decide the numbers of a (method, seed) cell.
+const char* const kCellFields[] = {"preset", "config", "steps", "batch", "micro_batch", "data", "data_hash", "device", "probes"};
+
+std::string metric_key(const std::vector<Json>& runs) {
+  for (const auto& r : runs)
+    if (r.contains("val_bits_per_token")) return "val_bits_per_token";
+  return "val_bpb";
+}
+
+Json interval_json(const std::optional<Interval>& c) { return c ? Json::array({c->lo, c->hi}) : Json(); }
+
+std::string interval_md(const Json& c, const char* fmt_one) {
+  if (c.is_null()) return "-";
+  return "[" + fmt::format(fmt::runtime(fmt_one), c[0].get<double>()) + ", " +
+         fmt::format(fmt::runtime(fmt_one), c[1].get<double>()) + "]";
+}
+
+// Mean over the seeds of a numeric field every run has; null otherwise.
+Json mean_of(const std::vector<Json>& runs, const char* field) {
+  std::vector<double> v;
+  for (const auto& r : runs)
+    if (r.contains(field) && r[field].is_number()) v.push_back(r[field].get<double>());
+  return v.size() == runs.size() && !v.empty() ? Json(mean(v)) : Json();
+}
+
+}  // namespace
+
+Json leaderboard_config(const LeaderboardOptions& opt) {
+  const TrainPreset P = train_preset(opt.preset);
+  const std::vector<std::string> methods = lineup(opt, P);
+  return {{"preset", opt.preset},
+          {"methods", methods.size()},
+          {"method_names", methods},
+          {"steps", opt.steps},
+          {"batch", opt.batch},
+          {"micro_batch", opt.micro_batch},
+          {"data", opt.data},
+          {"data_hash", opt.data == "synthetic" ? std::string("synthetic") : load_corpus(opt.data, 0).hash},
+          {"config", opt.config},
+          {"anchor", P.anchor},
+          {"baseline", P.baseline},
+          {"device", opt.device},
+          {"probes", opt.probe_sequences},
+          {"seed", opt.seed},
+          {"seeds", seed_count(opt, P)}};
+}
+
+void check_leaderboard_resume(const Json& report, const Json& config) {
+  if (!report.is_object() || report.value("kind", std::string()) != "leaderboard" || !report.contains("config") ||
+      !report["config"].is_object() || !report.contains("results") || !report["results"].is_array())
+    throw InputError("the report to resume is not a leaderboard report");
+  const Json& theirs = report["config"];
+  for (const char* f : kCellFields)
+    if (!theirs.contains(f) || theirs[f] != config.at(f))
+      throw InputError(fmt::format("the report to resume was written with {} = {}, this run has {} = {}", f,
+                                   theirs.contains(f) ? theirs[f].dump() : std::string("(none)"), f, config.at(f).dump()));
+}
+
+Json leaderboard_rows(const std::vector<std::string>& methods, const std::vector<Json>& runs, const std::string& baseline,
+                      std::string& md) {
+  const std::string key = metric_key(runs);
+  const std::string delta_key = "delta_vs_" + baseline;
+  // Per method: its runs in seed order.
+  std::vector<std::vector<Json>> by_method(methods.size());
+  for (const auto& r : runs) {
+    const auto it = std::find(methods.begin(), methods.end(), r.at("method").get<std::string>());
+    if (it != methods.end()) by_method[size_t(it - methods.begin())].push_back(r);
+  }
+  for (auto& v : by_method)
+    std::stable_sort(v.begin(), v.end(), [](const Json& a, const Json& b) { return a["seed"].get<uint64_t>() < b["seed"].get<uint64_t>(); });
+  auto seed_values = [&](const std::vector<Json>& v) {
+    std::map<uint64_t, double> m;
+    for (const auto& r : v)
+      if (r["status"] == "ok") m[r["seed"].get<uint64_t>()] = r[key].get<double>();
+    return m;
+  };
+  std::map<uint64_t, double> base;
+  for (size_t i = 0; i < methods.size(); ++i)
+    if (methods[i] == baseline) base = seed_values(by_method[i]);
   Json results = Json::array();
-  for (const auto& m : methods) {
-    Calibration cal = calibrate(m, opt.preset, opt.config);
-    TrainOptions to;
-    to.method = m;
-    to.preset = opt.preset;
-    to.config = cal.config + (opt.config.empty() ? "" : "," + opt.config);
-    to.steps = opt.steps;
-    to.batch = opt.batch;
-    to.micro_batch = opt.micro_batch;
-    to.seed = opt.seed;
-    to.data = opt.data;
-    to.progress = opt.progress;
-    to.probe_sequences = opt.probe_sequences;
-    to.device = opt.device;
-    to.dtype = opt.dtype;
-    to.graph = opt.graph;
-    to.data_parallel = opt.data_parallel;
-    Json row;
-    try {
-      TrainResult tr = run_train(to);
-      row = train_result_json(tr);
-    } catch (const UsageError&) {
-      throw;
-    } catch (const PeerFailure&) {  // the ranks no longer agree on where they are
-      throw;
-    } catch (const c10::Error& e) {  // e.g. CUDA out of memory: the message, not LibTorch's backtrace
-      row = {{"status", "error"}, {"method", m}, {"message", e.what_without_backtrace()}};
-    } catch (const std::exception& e) {
-      row = {{"status", "error"}, {"method", m}, {"message", e.what()}};
+  std::vector<double> means;
+  std::vector<std::optional<Interval>> cis;
+  std::vector<size_t> ok_rows;
+  for (size_t i = 0; i < methods.size(); ++i) {
+    const std::vector<Json>& v = by_method[i];
+    if (v.empty()) continue;
+    Json runs_json = Json::array(), seeds = Json::array();
+    for (const auto& r : v) {
+      runs_json.push_back(r);
+      seeds.push_back(r["seed"]);
     }
-    row["calibration"] = {{"n_layer", cal.n_layer}, {"d_model", cal.d_model},
-                          {"mlp_hidden", cal.mlp_hidden ? cal.mlp_hidden : 4 * cal.d_model}, {"flops_per_token", cal.flops},
-                          {"anchor_flops_per_token", cal.anchor_flops}, {"residual", cal.residual},
-                          {"within_2pct", cal.within}};
+    const auto failed = std::find_if(v.begin(), v.end(), [](const Json& r) { return r["status"] != "ok"; });
+    Json row;
+    if (failed != v.end()) {
+      row = {{"status", "error"}, {"method", methods[i]},
+             {"message", fmt::format("seed {}: {}", (*failed)["seed"].get<uint64_t>(), (*failed).value("message", std::string("failed")))}};
+      if (v[0].contains("calibration")) row["calibration"] = v[0]["calibration"];
+    } else {
+      row = v[0];
+      row.erase("seed");
+      std::vector<double> x;
+      for (const auto& r : v) x.push_back(r[key].get<double>());
+      const std::optional<Interval> ci = ci95(x);
+      row[key] = mean(x);
+      row[key + "_seeds"] = x;
+      row[key + "_sd"] = x.size() > 1 ? Json(sample_sd(x)) : Json();
+      row[key + "_ci95"] = interval_json(ci);
+      for (const char* f : {"tokens_per_s", "seconds"}) row[f] = mean_of(v, f);
+      row.erase("mfu");
+      if (Json m = mean_of(v, "mfu"); !m.is_null()) row["mfu"] = m;
+      // probe accuracies: the mean over the seeds
+      for (auto& [name, p] : row["probes"].items())
+        for (const char* f : {"accuracy", "exact"}) {
+          std::vector<Json> per;
+          for (const auto& r : v)
+            if (r.contains("probes") && r["probes"].contains(name)) per.push_back(r["probes"][name]);
+          if (per.size() == v.size() && !mean_of(per, f).is_null()) p[f] = mean_of(per, f);
+        }
+      // the paired difference to the baseline over the seeds both have
+      std::vector<double> a, b;
+      for (const auto& [s, val] : seed_values(v))
+        if (base.count(s)) {
+          a.push_back(val);
+          b.push_back(base.at(s));
+        }
+      if (a.empty()) {
+        row[delta_key] = Json();
+        row[delta_key + "_ci95"] = Json();
+      } else {
+        const PairedDifference d = paired_difference(a, b);
+        row[delta_key] = d.mean;
+        row[delta_key + "_ci95"] = interval_json(d.ci95);
+      }
+      means.push_back(row[key].get<double>());
+      cis.push_back(ci);
+      ok_rows.push_back(results.size());
+    }
+    row["seeds"] = seeds;
+    row["runs"] = runs_json;
     results.push_back(row);
   }
-  // Ranking by validation loss and the paired difference against the preset's baseline.
-  const char* key = "val_bpb";
-  if (!results.empty() && results[0].contains("val_bits_per_token")) key = "val_bits_per_token";
-  const std::string delta_key = "delta_vs_" + P.baseline;
-  double base = NAN;
+  // Ranks: shared where the intervals overlap when every ranked method has one, else by the means.
+  const bool intervals = !cis.empty() && std::all_of(cis.begin(), cis.end(), [](const auto& c) { return c.has_value(); });
+  if (!intervals)
+    for (auto& c : cis) c.reset();
+  const std::vector<RankRange> ranks = shared_ranks(means, cis);
+  for (size_t k = 0; k < ok_rows.size(); ++k) results[ok_rows[k]]["rank"] = ranks[k].str();
+  md = leaderboard_markdown(results, baseline);
+  return results;
+}
+
+LeaderboardTables leaderboard_tables(const Json& results, const std::string& baseline) {
+  std::vector<Json> rows;
   for (const auto& r : results)
-    if (r["method"] == P.baseline && r["status"] == "ok") base = r[key].get<double>();
-  std::vector<size_t> order;
-  for (size_t i = 0; i < results.size(); ++i)
-    if (results[i]["status"] == "ok") order.push_back(i);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return results[a][key].get<double>() < results[b][key].get<double>(); });
-  for (size_t k = 0; k < order.size(); ++k) {
-    Json& r = results[order[k]];
-    r["rank"] = int64_t(k + 1);
-    r[delta_key] = std::isnan(base) ? Json() : Json(r[key].get<double>() - base);
+    if (r.value("status", std::string()) == "ok") rows.push_back(r);
+  const std::string key = metric_key(rows);
+  const std::string delta_key = "delta_vs_" + baseline;
+  // the row's value (either metric; +inf when it has none)
+  auto value_of = [&](const Json& r) {
+    for (const std::string& k : {key, std::string("val_bpb"), std::string("val_bits_per_token")})
+      if (r.contains(k) && r[k].is_number()) return r[k].get<double>();
+    return double(INFINITY);
+  };
+  std::stable_sort(rows.begin(), rows.end(), [&](const Json& a, const Json& b) { return value_of(a) < value_of(b); });
+  auto num = [](const Json& j, const std::string& k, const char* f) {
+    return j.contains(k) && j[k].is_number() ? fmt::format(fmt::runtime(f), j[k].get<double>()) : std::string("-");
+  };
+  const bool intervals = !rows.empty() && std::all_of(rows.begin(), rows.end(), [&](const Json& r) {
+    return r.contains(key + "_ci95") && !r[key + "_ci95"].is_null();
+  });
+  LeaderboardTables t;
+  const size_t n_seeds = rows.empty() ? 0 : rows[0].value(key + "_seeds", Json::array()).size();
+  t.note = intervals ? fmt::format("{} seeds per method: mean ± sample sd, 95% t-intervals, Δ paired by seed; ranks shared "
+                                   "where the intervals overlap",
+                                   n_seeds)
+                     : std::string("single seed: no intervals, ranks by the value");
+  const bool bpb = key == "val_bpb";
+  const bool mfu = std::any_of(rows.begin(), rows.end(), [](const Json& r) { return r.contains("mfu"); });
+  t.ranking.header = {"rank", "method", fmt::format("val {} (mean ± sd)", bpb ? "bpb" : "bits/token"), "95% CI",
+                      "Δ vs " + baseline, "Δ 95% CI", "FLOPs/token", "calibration", "params", "tokens", "tok/s"};
+  t.ranking.right = {true, false, true, true, true, true, true, false, true, true, true};
+  if (mfu) {
+    t.ranking.header.push_back("MFU");
+    t.ranking.right.push_back(true);
   }
-  md = fmt::format("| rank | method | val {} | FLOPs/token | calibration | params | tokens | tok/s | Δ vs {} |\n",
-                   key == std::string("val_bpb") ? "bpb" : "bits/token", P.baseline);
-  md += "|---:|---|---:|---:|---|---:|---:|---:|---:|\n";
-  for (size_t i : order) {
-    const Json& r = results[i];
-    const Json& c = r["calibration"];
-    const int64_t cd = c["d_model"].get<int64_t>(), cm = c.value("mlp_hidden", 4 * cd);
-    md += fmt::format("| {} | {} | {:.4f} | {:.4g} | L={} d={}{} ({:+.2f}%{}) | {} | {} | {:.0f} | {} |\n",
-                      r["rank"].get<int64_t>(), r["method"].get<std::string>(), r[key].get<double>(),
-                      r["train_flops_per_token_nanochat"].get<double>(), c["n_layer"].get<int64_t>(), cd,
-                      cm == 4 * cd ? std::string() : fmt::format(" mlp={}", cm), 100 * c["residual"].get<double>(),
-                      c["within_2pct"].get<bool>() ? "" : ", outside ±2%", r["params"]["total"].get<int64_t>(),
-                      r["tokens"].get<int64_t>(), r["tokens_per_s"].get<double>(),
-                      r[delta_key].is_null() ? "-" : fmt::format("{:+.4f}", r[delta_key].get<double>()));
+  for (const Json& r : rows) {
+    // a tie: a shared rank range, or (single runs) the same value as another's
+    const std::string rank = r.contains("rank") ? (r["rank"].is_string() ? r["rank"].get<std::string>() : r["rank"].dump()) : "-";
+    bool tie = rank.find("–") != std::string::npos;
+    if (!intervals)
+      for (const Json& o : rows) tie = tie || (&o != &r && value_of(o) == value_of(r) && std::isfinite(value_of(r)));
+    t.ranking.tie.push_back(tie);
+    std::string calibration = "-";
+    if (const Json c = r.value("calibration", Json::object()); c.contains("n_layer") && c.contains("d_model")) {
+      const int64_t cd = c["d_model"].get<int64_t>(), cm = c.value("mlp_hidden", 4 * cd);
+      calibration = fmt::format("L={} d={}{} ({:+.2f}%{})", c["n_layer"].get<int64_t>(), cd,
+                                cm == 4 * cd ? std::string() : fmt::format(" mlp={}", cm), 100 * c.value("residual", 0.0),
+                                c.value("within_2pct", true) ? "" : ", outside ±2%");
+    }
+    const Json sd = r.value(key + "_sd", Json());
+    std::vector<std::string> cells = {
+        rank + (tie ? " =" : ""),
+        r.value("method", std::string("?")),
+        std::isfinite(value_of(r)) ? fmt::format("{:.4f}", value_of(r)) +
+                                         (sd.is_number() ? fmt::format(" ± {:.4f}", sd.get<double>()) : std::string())
+                                   : std::string("-"),
+        interval_md(r.value(key + "_ci95", Json()), "{:.4f}"),
+        num(r, delta_key, "{:+.4f}"),
+        interval_md(r.value(delta_key + "_ci95", Json()), "{:+.4f}"),
+        num(r, "train_flops_per_token_nanochat", "{:.4g}"),
+        calibration,
+        num(r.value("params", Json::object()), "total", "{:.0f}"),
+        num(r, "tokens", "{:.0f}"),
+        num(r, "tokens_per_s", "{:.0f}")};
+    if (mfu) cells.push_back(num(r, "mfu", "{:.3f}"));
+    t.ranking.rows.push_back(cells);
   }
+  if (std::count(t.ranking.tie.begin(), t.ranking.tie.end(), true) > 0)
+    t.tie_note = std::string("= tied: ") + (intervals ? "its 95% interval overlaps another's" : "the same value as another");
   // Capability probes: held-out accuracy on the answer tokens (greedy argmax), chance in the header.
   std::vector<std::pair<std::string, double>> probe_cols;
-  for (size_t i : order) {
-    const Json probes = results[i].value("probes", Json::object());
+  for (const Json& r : rows) {
+    const Json probes = r.value("probes", Json::object());
     for (const auto& [name, v] : probes.items())
       if (std::none_of(probe_cols.begin(), probe_cols.end(), [&](const auto& c) { return c.first == name; }))
         probe_cols.emplace_back(name, v.value("chance", 0.0));
   }
   if (!probe_cols.empty()) {
-    md += "\n| method |";
-    std::string rule = "|---|";
+    t.probes.header = {"method"};
+    t.probes.right = {false};
     for (const auto& [name, chance] : probe_cols) {
-      md += fmt::format(" {} (chance {:.3f}) |", name, chance);
-      rule += "---:|";
+      t.probes.header.push_back(fmt::format("{} (chance {:.3f})", name, chance));
+      t.probes.right.push_back(true);
     }
-    md += "\n" + rule + "\n";
-    for (size_t i : order) {
-      const Json& r = results[i];
-      md += "| " + r["method"].get<std::string>() + " |";
+    for (const Json& r : rows) {
+      std::vector<std::string> cells = {r.value("method", std::string("?"))};
       const Json pr = r.value("probes", Json::object());
-      for (const auto& c : probe_cols)
-        md += pr.contains(c.first) ? fmt::format(" {:.3f} |", pr[c.first]["accuracy"].get<double>()) : " - |";
-      md += "\n";
+      for (const auto& c : probe_cols) cells.push_back(pr.contains(c.first) ? num(pr[c.first], "accuracy", "{:.3f}") : "-");
+      t.probes.rows.push_back(cells);
+      t.probes.tie.push_back(false);
     }
   }
   for (const auto& r : results)
-    if (r["status"] != "ok") md += fmt::format("\n{}: error: {}\n", r["method"].get<std::string>(), r["message"].get<std::string>());
+    if (r.value("status", std::string()) != "ok")
+      t.errors.push_back(fmt::format("{}: error: {}", r.value("method", std::string("?")), r.value("message", std::string())));
+  return t;
+}
+
+std::string markdown_table(const TextTable& t) {
+  std::string md = "|", rule = "|";
+  for (size_t i = 0; i < t.header.size(); ++i) {
+    md += " " + t.header[i] + " |";
+    rule += t.right[i] ? "---:|" : "---|";
+  }
+  md += "\n" + rule + "\n";
+  for (const auto& row : t.rows) {
+    md += "|";
+    for (const auto& c : row) md += " " + c + " |";
+    md += "\n";
+  }
+  return md;
+}
+
+std::string leaderboard_markdown(const Json& results, const std::string& baseline) {
+  const LeaderboardTables t = leaderboard_tables(results, baseline);
+  std::string md = t.note + "\n\n" + markdown_table(t.ranking);
+  if (!t.tie_note.empty()) md += "\n" + t.tie_note + "\n";
+  if (!t.probes.header.empty()) md += "\n" + markdown_table(t.probes);
+  for (const auto& e : t.errors) md += "\n" + e + "\n";
+  return md;
+}
+
+Json run_leaderboard(const LeaderboardOptions& opt, std::string& md, Json* summary_out) {
+  const TrainPreset P = train_preset(opt.preset);
+  const std::vector<std::string> methods = lineup(opt, P);
+  const int64_t n_seeds = seed_count(opt, P);
+  // Cells finished by an earlier run with the same options.
+  std::map<std::pair<std::string, uint64_t>, Json> kept;
+  if (!opt.resume.is_null()) {
+    check_leaderboard_resume(opt.resume, leaderboard_config(opt));
+    for (const auto& row : opt.resume["results"])
+      for (const auto& run : row.value("runs", Json::array()))
+        if (run.value("status", std::string()) == "ok" && run.contains("seed"))
+          kept[{run["method"].get<std::string>(), run["seed"].get<uint64_t>()}] = run;
+  }
+  Json seed_values = Json::array();
+  for (int64_t k = 0; k < n_seeds; ++k) seed_values.push_back(opt.seed + uint64_t(k));
+  const int64_t cells = int64_t(methods.size()) * n_seeds;
+  std::vector<Json> runs;
+  int64_t trained = 0;
+  Json results, summary;
+  auto update = [&] {
+    results = leaderboard_rows(methods, runs, P.baseline, md);
+    summary = {{"seeds", n_seeds}, {"seed_values", seed_values}, {"cells", cells}, {"cells_done", int64_t(runs.size())},
+               {"cells_trained", trained}, {"complete", int64_t(runs.size()) == cells}, {"single_seed", n_seeds == 1},
+               {"baseline", P.baseline}};
+  };
+  std::map<std::string, Calibration> cals;
+  for (const auto& m : methods) cals[m] = calibrate(m, opt.preset, opt.config);
+  // Seed by seed, so that an interrupted run has every method at its first seeds; past
+  // --stop-after only the kept cells are taken.
+  for (int64_t k = 0; k < n_seeds; ++k)
+    for (const auto& m : methods) {
+      const uint64_t seed = opt.seed + uint64_t(k);
+      const Calibration& cal = cals.at(m);
+      Json row;
+      const auto it = kept.find({m, seed});
+      const bool reuse = it != kept.end();
+      if (!reuse && opt.stop_after > 0 && trained >= opt.stop_after) continue;
+      if (reuse) {
+        row = it->second;
+      } else {
+        TrainOptions to;
+        to.method = m;
+        to.preset = opt.preset;
+        to.config = cal.config + (opt.config.empty() ? "" : "," + opt.config);
+        to.steps = opt.steps;
+        to.batch = opt.batch;
+        to.micro_batch = opt.micro_batch;
+        to.seed = seed;
+        to.data = opt.data;
+        to.progress = opt.progress;
+        to.probe_sequences = opt.probe_sequences;
+        to.device = opt.device;
+        to.dtype = opt.dtype;
+        to.graph = opt.graph;
+        to.data_parallel = opt.data_parallel;
+        try {
+          row = train_result_json(run_train(to));
+        } catch (const UsageError&) {
+          throw;
+        } catch (const PeerFailure&) {  // the ranks no longer agree on where they are
+          throw;
+        } catch (const c10::Error& e) {  // e.g. CUDA out of memory: the message, not LibTorch's backtrace
+          row = {{"status", "error"}, {"method", m}, {"message", e.what_without_backtrace()}};
+        } catch (const std::exception& e) {
+          row = {{"status", "error"}, {"method", m}, {"message", e.what()}};
+        }
+        ++trained;
+      }
+      row["seed"] = seed;
+      row["calibration"] = {{"n_layer", cal.n_layer}, {"d_model", cal.d_model},
+                            {"mlp_hidden", cal.mlp_hidden ? cal.mlp_hidden : 4 * cal.d_model}, {"flops_per_token", cal.flops},
+                            {"anchor_flops_per_token", cal.anchor_flops}, {"residual", cal.residual},
+                            {"within_2pct", cal.within}};
+      runs.push_back(row);
+      if (opt.progress) {
+        const Json line = {{"leaderboard_cell", int64_t(runs.size())}, {"cells", cells}, {"method", m}, {"seed", seed},
+                           {"state", reuse ? "kept" : "trained"}};
+        if (opt.progress == 1) std::cout << line.dump() << std::endl;
+        else
+          std::cout << fmt::format("leaderboard cell {}/{}: {} seed {} {}\n", runs.size(), cells, m, seed,
+                                   reuse ? "kept from the report" : "trained")
+                    << std::flush;
+      }
+      update();
+      if (opt.on_cell) opt.on_cell(results, md, summary);
+    }
+  if (runs.empty()) update();
+  if (summary_out) *summary_out = summary;
   return results;
 }
 

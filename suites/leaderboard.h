@@ -1,10 +1,12 @@
 // The equal-FLOP leaderboard: every method calibrated to the preset's anchor's training FLOPs per
-// token, trained at the preset, ranked by validation bits per byte against the preset's baseline.
+// token, trained at the preset with one or more seeds, ranked by validation bits per byte (mean,
+// 95% intervals, ranks shared where they overlap) against the preset's baseline, paired by seed.
 #pragma once
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <memory>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -41,7 +43,50 @@ struct LeaderboardOptions {
   std::string dtype;   // compute dtype ("" = bf16 on a GPU, fp32 on the CPU)
   std::string graph = "auto";  // CUDA-graph replay of the training steps ("auto" or "off")
   std::shared_ptr<DataParallel> data_parallel;  // each method trained data-parallel over these ranks (null: one process)
+  int64_t seeds = 0;       // runs per method with seeds seed, seed+1, ...; 0 = the preset's
+  int64_t stop_after = 0;  // stop as if interrupted after this many trained (method, seed) cells; 0 = never
+  // A report of an earlier run (kind leaderboard, possibly unfinished): its finished cells are kept
+  // instead of trained again. InputError naming the field when its config (leaderboard_config:
+  // preset, config, steps, batch, micro-batch, data and its hash, device, probes) differs.
+  nlohmann::json resume;
+  // Called after each finished cell with the results so far, their Markdown table and the summary.
+  std::function<void(const nlohmann::json& results, const std::string& markdown, const nlohmann::json& summary)> on_cell;
 };
-nlohmann::json run_leaderboard(const LeaderboardOptions& opt, std::string& markdown);
+// The report's config for these options (preset, methods, steps, batch, micro_batch, data,
+// data_hash, config, anchor, baseline, device, probes, seed, seeds); all but the method list and
+// the seeds decide a cell's numbers, so a report is resumed only when those agree.
+nlohmann::json leaderboard_config(const LeaderboardOptions& opt);
+// InputError naming the first field of the cells' config where `report` (an earlier leaderboard
+// report) differs from `config` (leaderboard_config), or when it is not a leaderboard report.
+void check_leaderboard_resume(const nlohmann::json& report, const nlohmann::json& config);
+// One row per method that has a finished cell (see README.md, "Training and the leaderboard"):
+// the first seed's train result with the means of val_bpb (or val_bits_per_token), tokens_per_s,
+// seconds and mfu over the seeds, the per-seed values, sd, 95% interval, the paired difference to
+// the baseline with its interval, the shared rank, and every seed's result under "runs".
+// `summary` (if given) receives {seeds, seed_values, cells, cells_done, cells_trained, complete,
+// single_seed, baseline}.
+nlohmann::json run_leaderboard(const LeaderboardOptions& opt, std::string& markdown, nlohmann::json* summary = nullptr);
+// The rows and the Markdown table from per-seed train results (rows of train_result_json plus
+// "seed" and "calibration"), grouped by method in `methods` order.
+nlohmann::json leaderboard_rows(const std::vector<std::string>& methods, const std::vector<nlohmann::json>& runs,
+                                const std::string& baseline, std::string& markdown);
+
+// The leaderboard's tables as text cells, for the Markdown table and the HTML page: the ranking
+// (best first; ties marked " =" in the rank cell) and the probes' accuracies, with the lines around
+// them ("N seeds per method ..." or "single seed ...", what "=" means, failed methods).
+struct TextTable {
+  std::vector<std::string> header;
+  std::vector<bool> right;  // per column: right-aligned (numbers)
+  std::vector<std::vector<std::string>> rows;
+  std::vector<bool> tie;    // per row
+};
+struct LeaderboardTables {
+  std::string note, tie_note;
+  TextTable ranking, probes;  // probes: no header when no method has probes
+  std::vector<std::string> errors;
+};
+LeaderboardTables leaderboard_tables(const nlohmann::json& results, const std::string& baseline);
+std::string markdown_table(const TextTable& t);
+std::string leaderboard_markdown(const nlohmann::json& results, const std::string& baseline);
 
 }  // namespace mixbench

@@ -181,17 +181,27 @@ Corpus bin_corpus(const std::string& path) {
   return c;
 }
 
+void rotate_train_stream(Corpus& c, uint64_t seed) {
+  if (seed == 0) return;
+  // one of the documents' starts (any position when the stream has no document marks)
+  const at::Tensor starts = (c.train == c.bos).nonzero().flatten();
+  const uint64_t r = splitmix64(seed);
+  const int64_t start = starts.size(0) > 0 ? starts[int64_t(r % uint64_t(starts.size(0)))].item<int64_t>()
+                                           : int64_t(r % uint64_t(c.train.size(0)));
+  c.train = at::cat({c.train.slice(0, start), c.train.slice(0, 0, start)});
+}
+
 Corpus load_corpus(const std::string& data, uint64_t seed, int64_t probe_T, int64_t train_tokens) {
   if (data == "synthetic")
     return synthetic_corpus(seed, std::max(int64_t(1) << 21, train_tokens), int64_t(1) << 16, probe_T);
   std::error_code ec;
-  if (fs::is_directory(data, ec)) {
+  bool bin = fs::path(data).extension() == ".bin";
+  if (fs::is_directory(data, ec))
     for (const auto& e : fs::recursive_directory_iterator(data))
-      if (e.is_regular_file() && e.path().extension() == ".bin") return bin_corpus(data);
-    return text_corpus(data);
-  }
-  if (fs::path(data).extension() == ".bin") return bin_corpus(data);
-  return text_corpus(data);
+      bin = bin || (e.is_regular_file() && e.path().extension() == ".bin");
+  Corpus c = bin ? bin_corpus(data) : text_corpus(data);
+  rotate_train_stream(c, seed);
+  return c;
 }
 
 void get_batch(const at::Tensor& stream, int64_t pos, int64_t B, int64_t T, at::Tensor& x, at::Tensor& y) {

@@ -30,8 +30,12 @@ Corpus text_corpus(const std::string& path);
 // modded-nanogpt .bin shard(s); InputError on a bad magic/version or a truncated file.
 at::Tensor read_bin_shard(const std::string& path);
 Corpus bin_corpus(const std::string& path);
+// The seed's data order for a file corpus: seed 0 reads the training stream from its start, any
+// other seed from a document start drawn from the seed (wrapping).
+void rotate_train_stream(Corpus& c, uint64_t seed);
 // "synthetic" (with probes for length probe_T, 0 = none; at least train_tokens long so that a
-// run reads no byte twice) or a path
+// run reads no byte twice; its content is drawn from the seed) or a path (in the seed's order,
+// rotate_train_stream)
 Corpus load_corpus(const std::string& data, uint64_t seed, int64_t probe_T = 0, int64_t train_tokens = 0);
 
 // Rows of T+1 tokens starting at stream offset `pos` (wrapping): inputs [B,T], targets [B,T].

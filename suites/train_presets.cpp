@@ -33,6 +33,8 @@ TrainPreset train_preset(const std::string& name) {
   p.probe_sequences = j.at("probe_sequences").get<int64_t>();
   p.log_every = j.value("log_every", int64_t(1));
   p.micro_batch = j.value("micro_batch", int64_t(0));
+  p.seeds = j.at("seeds").get<int64_t>();
+  if (p.seeds < 1) throw std::logic_error("preset " + name + ": seeds must be >= 1");
   p.cpu_threads = j.at("cpu_threads").get<int>();
   p.hyper.batch_tokens_ref = j.at("batch_tokens_ref").get<double>();
   p.hyper.muon_wd = j.at("muon_wd").get<double>();

@@ -22,6 +22,7 @@ struct TrainPreset {
   std::string config;  // backbone overrides
   int64_t steps, batch, eval_every, eval_batches, checkpoint_every;
   int64_t probe_sequences = 64;  // held-out sequences per probe kind after training
+  int64_t seeds = 1;              // the leaderboard's runs per method (seeds seed, seed+1, ...)
   int cpu_threads = 0;            // intra-op threads on the CPU during the run (0 = LibTorch's default)
   int64_t log_every = 1;          // steps between loss read-backs / progress lines (each one synchronises)
   int64_t micro_batch = 0;        // rows per forward/backward for every method (0 = the whole batch)

@@ -268,18 +268,23 @@ TEST(LeaderboardPage, SvgWithOnePolylinePerMethodWrittenAtomically) {
     return n;
   };
   EXPECT_EQ(page.rfind("<!DOCTYPE html>", 0), 0u);
-  EXPECT_EQ(count("<svg"), 1u);
-  EXPECT_EQ(count("</svg>"), 1u);
-  EXPECT_EQ(count("<polyline"), 2u);
+  EXPECT_EQ(count("<svg"), 3u);  // loss curves; val bpb against FLOPs/token and against tokens/s
+  EXPECT_EQ(count("</svg>"), 3u);
+  EXPECT_EQ(count("<polyline class=\"loss\""), 2u);
   EXPECT_EQ(count("<polyline class=\"loss\" data-method=\"dense_full\""), 1u);
   EXPECT_EQ(count("<polyline class=\"loss\" data-method=\"gla\""), 1u);
-  EXPECT_EQ(count("<circle class=\"bpb\""), 2u);
+  EXPECT_EQ(count("<circle class=\"point\" data-method=\"gla\""), 2u);
+  EXPECT_EQ(count("<circle class=\"point\""), 4u);
+  EXPECT_EQ(count("<table"), 2u);  // the ranking and the probes
+  EXPECT_EQ(count("<pre"), 0u);
+  EXPECT_NE(page.find("measured tokens/s"), std::string::npos);
+  EXPECT_NE(page.find("single seed"), std::string::npos);
   EXPECT_NE(page.find("cumulative training FLOPs"), std::string::npos);
   EXPECT_NE(page.find("training loss (nats/token)"), std::string::npos);
   EXPECT_NE(page.find("training FLOPs/token"), std::string::npos);
   EXPECT_NE(page.find(">val bpb<"), std::string::npos);
   EXPECT_EQ(page.find("<script"), std::string::npos);
-  EXPECT_EQ(page.find("http://", page.find("</svg>")), std::string::npos);  // nothing fetched
+  EXPECT_EQ(page.find("http://", page.rfind("</svg>")), std::string::npos);  // nothing fetched
   // each polyline has one point per step (2 steps)
   std::smatch m;
   ASSERT_TRUE(std::regex_search(page, m, std::regex("data-method=\"gla\"[^>]*points=\"([^\"]*)\"")));
@@ -299,7 +304,7 @@ TEST(LeaderboardPage, SvgWithOnePolylinePerMethodWrittenAtomically) {
   // markup in a method's name cannot reach the page unescaped
   Json fake = Json::array({{{"status", "ok"}, {"method", "<b>&"}, {"loss_curve", {3.0, 2.0}}, {"steps", 2},
                             {"tokens", 64}, {"train_flops_per_token_nanochat", 1e6}, {"val_bpb", 4.0}}});
-  const std::string p2 = leaderboard_html(fake, "t", "");
+  const std::string p2 = leaderboard_html(fake, "t", Json::object());
   EXPECT_EQ(p2.find("<b>&"), std::string::npos);
   EXPECT_NE(p2.find("&lt;b&gt;&amp;"), std::string::npos);
 }

@@ -79,7 +79,7 @@ int as_rank(const std::shared_ptr<DataParallel>& dp, Body body) {
 }
 
 int train_rank(const TrainOptions& o, const std::vector<std::string>& args);
-int leaderboard_rank(const LeaderboardOptions& o, const std::vector<std::string>& args);
+int leaderboard_rank(LeaderboardOptions o, const std::vector<std::string>& args);
 
 int run_train_command(const Args& a, const std::vector<std::string>& args) {
   TrainOptions o;
@@ -126,32 +126,63 @@ int run_leaderboard_command(const Args& a, const std::vector<std::string>& args)
   o.methods = a.list("methods");
   read_run_options(a, o);
   if (o.steps < 0 || o.batch < 0 || o.probe_sequences < -1) throw UsageError("--steps, --batch and --probes must be >= 0");
+  o.seeds = a.get_int("seeds", 0);
+  o.stop_after = a.get_int("stop-after", 0);
+  if (a.get("seeds") && o.seeds < 1) throw UsageError("--seeds must be >= 1");
+  if (o.stop_after < 0) throw UsageError("--stop-after must be >= 0");
   if (auto rc = spawn_ranks(a, "leaderboard", args)) return *rc;
   o.data_parallel = join_ranks(a, o.device);
   return as_rank(o.data_parallel, [&] { return leaderboard_rank(o, args); });
 }
 
-int leaderboard_rank(const LeaderboardOptions& o, const std::vector<std::string>& args) {
-  std::string md;
-  Json results = run_leaderboard(o, md);
-  if (o.data_parallel && o.data_parallel->rank() != 0) return 0;
+// Every rank trains the same cells (an earlier report's finished cells are read on each); rank 0
+// writes the report after each cell and at the end.
+int leaderboard_rank(LeaderboardOptions o, const std::vector<std::string>& args) {
+  const bool rank0 = !o.data_parallel || o.data_parallel->rank() == 0;
   RunInfo info = run_info("leaderboard", args);
   info.argv.insert(info.argv.begin() + 1, "leaderboard");
-  info.config = {{"preset", o.preset}, {"methods", results.size()}, {"steps", o.steps}, {"batch", o.batch},
-                 {"data", o.data}, {"config", o.config}, {"anchor", train_preset(o.preset).anchor}, {"device", o.device}};
+  info.config = leaderboard_config(o);
   info.seeds = {{"base", o.seed}};
-  Json report = make_report(info, results);
-  report["markdown"] = md;
+  const std::string title = fmt::format("mixbench leaderboard, preset {}", o.preset);
+  auto report_of = [&](const Json& results, const std::string& md, const Json& summary) {
+    Json report = make_report(info, results);
+    report["markdown"] = md;
+    report["summary"] = summary;
+    return report;
+  };
+  if (!o.out.empty() && std::filesystem::exists(o.out)) {  // a report of an earlier run: keep its finished cells
+    try {
+      o.resume = Json::parse(read_file(o.out));
+    } catch (const Json::parse_error& e) {
+      throw InputError(fmt::format("'{}' exists and is not a JSON report ({}); remove it or use another --out", o.out, e.what()));
+    }
+    try {
+      check_leaderboard_resume(o.resume, info.config);
+    } catch (const InputError& e) {
+      throw InputError(fmt::format("'{}': {}; remove it or use another --out", o.out, e.what()));
+    }
+  }
+  if (!o.out.empty() && rank0)
+    o.on_cell = [&](const Json& results, const std::string& md, const Json& summary) {
+      write_report(o.out, report_of(results, md, summary));
+    };
+  std::string md;
+  Json summary;
+  Json results = run_leaderboard(o, md, &summary);
+  if (!rank0) return 0;
   if (!o.out.empty()) {
-    write_report(o.out, report);
+    write_report(o.out, report_of(results, md, summary));
     std::filesystem::path mdp(o.out);
     mdp.replace_extension(".md");
     write_file_atomic(mdp.string(), md);
     std::filesystem::path html(o.out);
     html.replace_extension(".html");
-    write_file_atomic(html.string(), leaderboard_html(results, fmt::format("mixbench leaderboard, preset {}", o.preset), md));
+    write_file_atomic(html.string(), leaderboard_html(results, title, summary));
   }
   std::cerr << md;
+  if (!summary.value("complete", false))
+    std::cerr << fmt::format("stopped after {} of {} cells; the same command continues it\n", summary["cells_done"].get<int64_t>(),
+                             summary["cells"].get<int64_t>());
   int rc = 0;
   for (const auto& r : results)
     if (r["status"] != "ok") rc = 1;
@@ -213,6 +244,7 @@ Command leaderboard_command() {
           "equal-FLOP ranking: every method trained at dense's FLOPs/token (within 2%) and ranked",
           "",
           "with --out: the Markdown table (.md) and an HTML page (.html, inline SVG) beside the report;\n"
+          "a report already at --out with other preset/config/steps/batch/data is refused (exit 2);\n"
           "exit 1 when a method's run failed",
           {kPreset,
            {"methods", OptionKind::Multi, "a,b|all", "methods to rank (default all)"},
@@ -220,13 +252,17 @@ Command leaderboard_command() {
            kBatch,
            {"micro-batch", OptionKind::Value, "M", "rows per forward/backward (default: the preset's for each method)"},
            kSeed,
+           {"seeds", OptionKind::Value, "N", "runs per method, seeds S..S+N-1, paired across methods (default: the preset's)"},
            kData,
            {"config", OptionKind::Value, "k=v,...", "overrides applied to every method after calibration"},
            kDevice,
            kDtype,
            kGraph,
            kProbes,
-           {"out", OptionKind::Value, "report.json", "write the JSON report, with .md and .html beside it"},
+           {"out", OptionKind::Value, "report.json",
+            "write the JSON report (after every finished method/seed cell; a rerun keeps the cells it holds), "
+            "with .md and .html beside it"},
+           {"stop-after", OptionKind::Value, "N", "stop as if interrupted after N trained cells (0 = never)"},
            kQuiet,
            kNproc,
            kDistTimeout},
