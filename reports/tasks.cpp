@@ -194,7 +194,7 @@ std::string tasks_html(const Json& results, const std::string& title) {
   std::string h = "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" + html_escape(title) + "</title>\n";
   h += "<style>body{font-family:sans-serif;margin:20px;max-width:1360px} .panels{display:flex;flex-wrap:wrap;gap:6px}"
        " table{border-collapse:collapse;font-size:12px} td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}"
-       " th{background:#f4f4f4} td.m{text-align:left;font-weight:bold} .legend span{margin-right:14px}"
+       " th{background:#f4f4f4;text-align:center} td.m{text-align:left;font-weight:bold} .legend span{margin-right:14px}"
        " .note{color:#555;font-size:13px}</style></head><body>\n";
   h += "<h1>" + html_escape(title) + "</h1>\n";
   h += "<p class=\"note\">Held-out accuracy on the answer tokens (greedy argmax), mean over seeds; dashed: chance.</p>\n";

@@ -35,12 +35,12 @@ TasksPreset tasks_preset(const std::string& name) {
     p.batch = 32;
     p.lr = 3e-3;
     p.head_dim = 32;
-    p.eval_instances = 64;
+    p.eval_instances = 128;
     p.cpu_threads = 1;
     p.mqar_lengths = {32};
-    p.mqar_pairs = {2, 8};
+    p.mqar_pairs = {2, 4};
     p.mqar_widths = {64};
-    p.mqar_vocab = 64;
+    p.mqar_vocab = 16;
     p.mad_length = 32;
     p.mad_width = 64;
     p.state_length = 8;
@@ -185,6 +185,7 @@ std::vector<Json> run_one(const Run& r, const TasksPreset& P, int64_t steps, con
     Schedule sched;
     sched.steps = steps;
     sched.warmup = std::max<int64_t>(1, steps / 10);
+    sched.warmdown_ratio = 0.2;
     const auto t0 = std::chrono::steady_clock::now();
     for (int64_t it = 0; it < steps; ++it) {
       std::vector<ProbeSeq> seqs;
@@ -256,6 +257,8 @@ Json run_tasks(const TasksOptions& o) {
     throw UsageError("the grid is empty: no MQAR (length, pairs) with 4 x pairs <= length, and no other task");
   const int64_t seeds = o.seeds > 0 ? o.seeds : P.seeds;
   const int64_t steps = o.steps > 0 ? o.steps : P.steps;
+  if (o.lr < 0) throw UsageError(fmt::format("--lr must be positive, not {}", o.lr));
+  if (o.lr > 0) P.lr = o.lr;
   if (o.device != "cpu" && o.device != "cuda") throw UsageError(fmt::format("unknown device '{}' (cpu or cuda)", o.device));
   if (o.device == "cuda" && !at::hasCUDA()) throw UsageError("--device cuda: no CUDA device is available");
   if (o.device == "cuda") at::globalContext().setAllowTF32CuBLAS(true);

@@ -54,6 +54,7 @@ struct TasksOptions {
   std::vector<std::string> tasks;    // empty = the preset's
   int64_t seeds = 0;                 // 0 = the preset's
   int64_t steps = 0;                 // 0 = the preset's
+  double lr = 0;                     // AdamW peak learning rate; 0 = the preset's
   uint64_t seed = 0;                 // base seed; run k uses seed + k
   // MQAR grid overrides (empty = the preset's); every value must be positive
   std::vector<int64_t> mqar_lengths, mqar_pairs, mqar_widths;

@@ -363,7 +363,7 @@ uint64_t tokens_hash(const std::vector<int64_t>& tokens) {
   uint64_t h = 0xcbf29ce484222325ull;
   for (int64_t t : tokens)
     for (int b = 0; b < 8; ++b) h = (h ^ ((uint64_t(t) >> (8 * b)) & 0xff)) * 0x100000001b3ull;
-  return h;
+  return splitmix64(h);  // FNV-1a's low bit is only the parity of the odd bytes: mix every bit into it
 }
 
 ProbeSeq task_instance(const TaskSetting& s, uint64_t seed, TaskSplit split, int64_t index, int64_t length) {

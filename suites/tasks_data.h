@@ -52,7 +52,7 @@ enum class TaskSplit { Train, HeldOut };
 // Instance `index` of the setting's stream for `seed` at size `length` (a test length or the
 // training length). Deterministic in (setting, seed, split, index, length).
 ProbeSeq task_instance(const TaskSetting& s, uint64_t seed, TaskSplit split, int64_t index, int64_t length);
-// 64-bit FNV-1a of the tokens (the split rule above).
+// 64-bit FNV-1a of the tokens' bytes, finalised by SplitMix64 (the split rule above).
 uint64_t tokens_hash(const std::vector<int64_t>& tokens);
 
 // The generators (one per task), exposed for the tests; `r` draws are a function of `seed`.

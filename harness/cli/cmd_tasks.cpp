@@ -44,6 +44,15 @@ int run_tasks_command(const Args& a, const std::vector<std::string>& args) {
   o.seeds = a.get_int("seeds", 0);
   o.steps = a.get_int("steps", 0);
   o.seed = uint64_t(a.get_int("seed", 0));
+  if (auto lr = a.get("lr")) {
+    size_t used = 0;
+    try {
+      o.lr = std::stod(*lr, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != lr->size() || !(o.lr > 0)) throw UsageError(fmt::format("--lr takes a positive number, not '{}'", *lr));
+  }
   o.device = a.get_or("device", "cpu");
   o.mqar_lengths = int_list(a, "lengths");
   o.mqar_pairs = int_list(a, "pairs");
@@ -62,7 +71,7 @@ int run_tasks_command(const Args& a, const std::vector<std::string>& args) {
                  {"seeds", o.seeds > 0 ? o.seeds : P.seeds},
                  {"steps", o.steps > 0 ? o.steps : P.steps},
                  {"batch", P.batch},
-                 {"optimizer", fmt::format("AdamW lr {} betas (0.9, 0.999) wd {} on matrices", P.lr, P.weight_decay)},
+                 {"optimizer", fmt::format("AdamW lr {} betas (0.9, 0.999) wd {} on matrices", o.lr > 0 ? o.lr : P.lr, P.weight_decay)},
                  {"n_layer", P.n_layer},
                  {"eval_instances", P.eval_instances},
                  {"device", o.device}};
@@ -104,6 +113,7 @@ Command tasks_command() {
            {"seeds", OptionKind::Value, "N", "seeds per setting (default: the preset's)"},
            {"seed", OptionKind::Value, "S", "first seed (default 0)"},
            {"steps", OptionKind::Value, "N", "AdamW steps per setting (default: the preset's)"},
+           {"lr", OptionKind::Value, "X", "AdamW peak learning rate (default: the preset's)"},
            {"lengths", OptionKind::Multi, "L1,L2", "MQAR sequence lengths (even; default: the preset's)"},
            {"pairs", OptionKind::Multi, "N1,N2", "MQAR key-value pairs (4 x pairs <= length; default: the preset's)"},
            {"widths", OptionKind::Multi, "D1,D2", "MQAR model widths (default: the preset's)"},
