@@ -21,8 +21,6 @@ namespace mixbench {
 using Json = nlohmann::json;
 
 // ------------------------------------------------------------------ presets
-std::vector<std::string> tasks_preset_names() { return {"cpu-tiny", "gpu"}; }
-
 TasksPreset tasks_preset(const std::string& name) {
   TasksPreset p;
   p.name = name;
@@ -34,7 +32,6 @@ TasksPreset tasks_preset(const std::string& name) {
     p.steps = 150;
     p.batch = 32;
     p.lr = 3e-3;
-    p.head_dim = 32;
     p.eval_instances = 128;
     p.cpu_threads = 1;
     p.mqar_lengths = {32};
@@ -47,22 +44,7 @@ TasksPreset tasks_preset(const std::string& name) {
     p.state_width = 64;
   } else if (name == "gpu") {
     p.about = "one GPU: the full grid, every registered method, 3 seeds";
-    p.tasks = {};
     for (const auto& t : task_infos()) p.tasks.push_back(t.name);
-    p.seeds = 3;
-    p.steps = 1000;
-    p.batch = 64;
-    p.lr = 1e-3;
-    p.head_dim = 32;
-    p.eval_instances = 1000;
-    p.mqar_lengths = {64, 128, 256, 512};
-    p.mqar_pairs = {4, 8, 16, 32, 64};
-    p.mqar_widths = {64, 128, 256};
-    p.mqar_vocab = 8192;
-    p.mad_length = 128;
-    p.mad_width = 128;
-    p.state_length = 16;
-    p.state_width = 128;
   } else {
     throw UsageError(fmt::format("unknown tasks preset '{}' (known: cpu-tiny, gpu)", name));
   }

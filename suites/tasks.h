@@ -21,21 +21,21 @@ struct TasksPreset {
   std::string about;
   std::vector<std::string> lineup;  // default methods; empty = every registered method
   std::vector<std::string> tasks;   // default tasks
-  int64_t seeds = 1;
-  int64_t steps = 0, batch = 0;     // AdamW steps and instances per step, per setting
+  // The defaults are the gpu preset's.
+  int64_t seeds = 3;
+  int64_t steps = 1000, batch = 64;  // AdamW steps and instances per step, per setting
   double lr = 1e-3, weight_decay = 0.1;  // AdamW (β 0.9, 0.999); decay on matrices only
   int64_t n_layer = 2, head_dim = 32;
-  int64_t eval_instances = 0;       // held-out instances per held-out length
+  int64_t eval_instances = 1000;    // held-out instances per held-out length
   int cpu_threads = 0;              // intra-op threads on the CPU (0 = LibTorch's default)
   // MQAR grid (Zoology's figure 2): every (length, pairs) with 4·pairs <= length, at every width
-  std::vector<int64_t> mqar_lengths, mqar_pairs, mqar_widths;
+  std::vector<int64_t> mqar_lengths = {64, 128, 256, 512}, mqar_pairs = {4, 8, 16, 32, 64}, mqar_widths = {64, 128, 256};
   int64_t mqar_vocab = 8192;
   int64_t mad_length = 128, mad_width = 128;  // MAD's tasks (selective copy: 2 x mad_length, as MAD's 256)
   int64_t state_length = 16, state_width = 128;  // s3/s5/parity: trained at L, held out at L, 2L, 4L
 };
 // "cpu-tiny" or "gpu"; UsageError otherwise.
 TasksPreset tasks_preset(const std::string& name);
-std::vector<std::string> tasks_preset_names();
 
 // The settings of `tasks` (empty = the preset's) on the preset's grid; UsageError for an unknown task.
 std::vector<TaskSetting> task_grid(const TasksPreset& p, const std::vector<std::string>& tasks);

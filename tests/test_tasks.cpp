@@ -80,13 +80,30 @@ LogitsFn logits_of(const Predict& f, int64_t vocab) {
   };
 }
 
-std::vector<std::vector<int>> perms(int n) {
-  std::vector<int> p(static_cast<size_t>(n));
-  std::iota(p.begin(), p.end(), 0);
-  std::vector<std::vector<int>> all;
-  do all.push_back(p);
-  while (std::next_permutation(p.begin(), p.end()));
-  return all;
+// Lexicographic rank of a permutation of {0..n−1} (its Lehmer code) and its inverse: the
+// generator's ranking, computed here independently of it.
+int64_t perm_rank(const std::vector<int>& p) {
+  int64_t r = 0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    int64_t smaller = 0;
+    for (size_t j = i + 1; j < p.size(); ++j) smaller += p[j] < p[i];
+    r = r * int64_t(p.size() - i) + smaller;
+  }
+  return r;
+}
+std::vector<int> perm_unrank(int n, int64_t r) {
+  std::vector<int64_t> digits(static_cast<size_t>(n));
+  for (int i = n - 1, base = 1; i >= 0; --i, ++base) {
+    digits[size_t(i)] = r % base;
+    r /= base;
+  }
+  std::vector<int> left(static_cast<size_t>(n)), p;
+  std::iota(left.begin(), left.end(), 0);
+  for (int i = 0; i < n; ++i) {
+    p.push_back(left[size_t(digits[size_t(i)])]);
+    left.erase(left.begin() + digits[size_t(i)]);
+  }
+  return p;
 }
 
 // The oracle of each task: solves it from the tokens (memorization: from the training stream's map).
@@ -150,19 +167,19 @@ Predict oracle(const TaskSetting& s) {
   }
   if (t == "s3" || t == "s5") {
     const int n = t == "s3" ? 3 : 5;
-    const auto all = perms(n);
+    const int64_t order = t == "s3" ? 6 : 120;
     return [=](const std::vector<int64_t>& x) -> int64_t {
       if (x.size() < 4 || (x.size() - 4) % 2 != 0) return -1;  // "sN:" then g p pairs, then g
       std::vector<int> p(static_cast<size_t>(n));
       std::iota(p.begin(), p.end(), 0);
       for (size_t i = 3; i < x.size(); i += 2) {
-        if (x[i] < 128 || x[i] >= 128 + int64_t(all.size())) return -1;
-        const auto& g = all[size_t(x[i] - 128)];
+        if (x[i] < 128 || x[i] >= 128 + order) return -1;
+        const std::vector<int> g = perm_unrank(n, x[i] - 128);
         std::vector<int> q(static_cast<size_t>(n));
         for (int k = 0; k < n; ++k) q[size_t(k)] = p[size_t(g[size_t(k)])];
         p = q;
       }
-      return 128 + int64_t(std::lower_bound(all.begin(), all.end(), p) - all.begin());
+      return 128 + perm_rank(p);
     };
   }
   return [](const std::vector<int64_t>& x) -> int64_t {  // parity of the bits at even positions
@@ -404,6 +421,8 @@ TEST(TaskCommand, BadInputExitsTwo) {
   EXPECT_EQ(run_cli({"tasks", "--tasks", "mqar", "--lengths", "16", "--pairs", "8", "--quiet"}), 2);  // empty grid
   EXPECT_EQ(run_cli({"tasks", "--device", "tpu", "--quiet"}), 2);
   EXPECT_EQ(run_cli({"tasks", "--seeds", "-1", "--quiet"}), 2);
+  EXPECT_EQ(run_cli({"tasks", "--lr", "-1", "--quiet"}), 2);
+  EXPECT_EQ(run_cli({"tasks", "--lr", "fast", "--quiet"}), 2);
   EXPECT_FALSE(fs::exists(out));
   EXPECT_EQ(run_cli({"tasks", "--help"}), 0);
 }

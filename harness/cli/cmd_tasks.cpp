@@ -12,6 +12,7 @@
 #include "harness/io.h"
 #include "harness/report.h"
 #include "reports/tasks.h"
+#include "suites/sweep.h"
 #include "suites/tasks.h"
 
 namespace mixbench {
@@ -20,19 +21,11 @@ namespace {
 
 using Json = nlohmann::json;
 
-std::vector<int64_t> int_list(const Args& a, const std::string& name) {
+// A multi-valued option of positive counts (suites/sweep.h's rules).
+std::vector<int64_t> counts(const Args& a, const std::string& name, const char* what) {
   std::vector<int64_t> v;
-  for (const auto& s : a.list(name)) {
-    size_t used = 0;
-    int64_t x = 0;
-    try {
-      x = std::stoll(s, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != s.size()) throw UsageError(fmt::format("--{} takes integers, not '{}'", name, s));
-    v.push_back(x);
-  }
+  for (const auto& item : a.list(name))
+    for (int64_t x : parse_counts(item, what)) v.push_back(x);
   return v;
 }
 
@@ -54,9 +47,9 @@ int run_tasks_command(const Args& a, const std::vector<std::string>& args) {
     if (used == 0 || used != lr->size() || !(o.lr > 0)) throw UsageError(fmt::format("--lr takes a positive number, not '{}'", *lr));
   }
   o.device = a.get_or("device", "cpu");
-  o.mqar_lengths = int_list(a, "lengths");
-  o.mqar_pairs = int_list(a, "pairs");
-  o.mqar_widths = int_list(a, "widths");
+  o.mqar_lengths = counts(a, "lengths", "MQAR length");
+  o.mqar_pairs = counts(a, "pairs", "MQAR pair count");
+  o.mqar_widths = counts(a, "widths", "MQAR width");
   o.progress = progress_mode(a.flag("quiet"));
   if (o.seeds < 0 || o.steps < 0) throw UsageError("--seeds and --steps must be >= 0");
   parse_device(o.device);
