@@ -194,7 +194,7 @@ std::string tasks_html(const Json& results, const std::string& title) {
   std::string h = "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" + html_escape(title) + "</title>\n";
   h += "<style>body{font-family:sans-serif;margin:20px;max-width:1360px} .panels{display:flex;flex-wrap:wrap;gap:6px}"
        " table{border-collapse:collapse;font-size:12px} td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}"
-       " th{background:#f4f4f4;text-align:center} td.m{text-align:left;font-weight:bold} .legend span{margin-right:14px}"
+       " th{background:#f4f4f4;text-align:center} td.m{text-align:left;vertical-align:top} th.v{writing-mode:vertical-rl;transform:rotate(180deg);text-align:left} .legend span{margin-right:14px}"
        " .note{color:#555;font-size:13px}</style></head><body>\n";
   h += "<h1>" + html_escape(title) + "</h1>\n";
   h += "<p class=\"note\">Held-out accuracy on the answer tokens (greedy argmax), mean over seeds; dashed: chance.</p>\n";
@@ -230,30 +230,39 @@ std::string tasks_html(const Json& results, const std::string& title) {
     }
     h += "</div>\n";
   }
-  // length generalisation: accuracy against the held-out length (trained at the first)
+  // length generalisation: accuracy against the held-out length, for the settings held out at
+  // other lengths than their training length (one panel per trained setting)
   std::string lg;
   for (const auto& task : g.tasks()) {
-    const auto labels = g.labels_of(task);
-    std::set<int64_t> tl;
-    for (const auto& l : labels) tl.insert(field(g, l, "test_length"));
-    if (tl.size() < 2) continue;
-    lg += line_panel(fmt::format("{} (trained at {})", task, field(g, labels[0], "length")), "held-out length",
-                     lines_over(g, labels, "test_length"), g.chance.at(labels[0]));
+    std::vector<std::string> trained;  // labels of the held-out length = training length
+    for (const auto& l : g.labels_of(task))
+      if (field(g, l, "test_length") == field(g, l, "length")) trained.push_back(l);
+    for (const auto& base : trained) {
+      std::vector<std::string> same;  // the setting at every held-out length
+      for (const auto& l : g.labels_of(task)) {
+        Json a = g.setting.at(l), b = g.setting.at(base);
+        a.erase("test_length");
+        b.erase("test_length");
+        if (a == b) same.push_back(l);
+      }
+      if (same.size() < 2) continue;
+      lg += line_panel(fmt::format("{} (trained at {}, d {})", task, field(g, base, "length"), field(g, base, "d_model")),
+                       "held-out length", lines_over(g, same, "test_length"), g.chance.at(base));
+    }
   }
   if (!lg.empty()) h += "<h2>Length generalisation</h2>\n<div class=\"panels\">\n" + lg + "</div>\n";
-  // the heat table: every method x setting
-  h += "<h2>Every setting</h2>\n<table>\n<tr><th>method</th>";
-  for (const auto& task : g.tasks())
-    h += fmt::format("<th colspan=\"{}\">{}</th>", g.labels_of(task).size(), html_escape(task));
-  h += "</tr>\n<tr><th></th>";
-  for (const auto& task : g.tasks())
-    for (const auto& l : g.labels_of(task))
-      h += fmt::format("<th title=\"chance {:.3f}\">{}</th>", g.chance.at(l), html_escape(short_label(l, task)));
+  // the heat table: a row per setting, a column per method
+  h += "<h2>Every setting</h2>\n<table>\n<tr><th>task</th><th>setting</th><th>chance</th>";
+  for (const auto& m : g.methods) h += "<th class=\"v\">" + html_escape(m) + "</th>";
   h += "</tr>\n";
-  for (const auto& m : g.methods) {
-    h += "<tr><td class=\"m\">" + html_escape(m) + "</td>";
-    for (const auto& task : g.tasks())
-      for (const auto& l : g.labels_of(task)) {
+  for (const auto& task : g.tasks()) {
+    const auto labels = g.labels_of(task);
+    for (size_t i = 0; i < labels.size(); ++i) {
+      const std::string& l = labels[i];
+      h += "<tr>";
+      if (i == 0) h += fmt::format("<td class=\"m\" rowspan=\"{}\">{}</td>", labels.size(), html_escape(task));
+      h += fmt::format("<td class=\"m\">{}</td><td>{:.3f}</td>", html_escape(short_label(l, task)), g.chance.at(l));
+      for (const auto& m : g.methods) {
         const double a = g.acc(m, l);
         const auto it = g.cells.find({m, l});
         const std::string why = it == g.cells.end() ? "" : it->second.why;
@@ -261,7 +270,8 @@ std::string tasks_html(const Json& results, const std::string& title) {
                                          html_escape(cell_text(g, m, l)))
                            : fmt::format("<td style=\"background:{}\">{:.3f}</td>", heat_colour(a, g.chance.at(l)), a);
       }
-    h += "</tr>\n";
+      h += "</tr>\n";
+    }
   }
   h += "</table>\n</body></html>\n";
   return h;

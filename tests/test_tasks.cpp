@@ -408,6 +408,9 @@ TEST(TaskTraining, SkippedRowsAndReportMatchTheSchema) {
   EXPECT_NE(html.find("<h2>Length generalisation</h2>"), std::string::npos);
   EXPECT_NE(html.find("<h2>MQAR</h2>"), std::string::npos);
   EXPECT_NE(html.find(">skipped</td>"), std::string::npos);
+  // MQAR alone is held out at its training length only: no length-generalisation panel
+  const Json mqar_rows = Json::array({rows[0], rows[1]});
+  EXPECT_EQ(tasks_html(mqar_rows, "t").find("Length generalisation"), std::string::npos);
 }
 
 TEST(TaskCommand, BadInputExitsTwo) {
