@@ -26,8 +26,7 @@ struct TaskSetting {
   nlohmann::json to_json(int64_t test_length) const;  // {task, length, [pairs], d_model, test_length}
 };
 
-// What a task is: its name, one-line description, token ids (vocab, BOS excluded) and the chance
-// accuracy of guessing uniformly among the tokens its answers can take.
+// A task: its name, a one-line description, and whether it is held out at longer lengths.
 struct TaskInfo {
   std::string name;
   std::string summary;
@@ -37,6 +36,8 @@ const std::vector<TaskInfo>& task_infos();
 // UsageError naming the known tasks.
 const TaskInfo& task_info(const std::string& name);
 
+// Token ids the setting's instances use (BOS excluded; compression adds its position tokens), and
+// the chance accuracy of guessing uniformly among the tokens its answers can take.
 int64_t task_vocab(const TaskSetting& s);
 double task_chance(const TaskSetting& s);
 // The tokens an answer of the task can take (ascending): chance is 1 / their count.
