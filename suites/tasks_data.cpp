@@ -368,7 +368,10 @@ uint64_t tokens_hash(const std::vector<int64_t>& tokens) {
 
 ProbeSeq task_instance(const TaskSetting& s, uint64_t seed, TaskSplit split, int64_t index, int64_t length) {
   const int64_t V = vocab_of(s);
-  const uint64_t base = splitmix64(seed ^ name_salt(s.task)) ^ splitmix64(uint64_t(index) ^ (uint64_t(length) << 40));
+  // the held-out stream has its own seed (the probes' held-out seed), and the hash bit keeps the
+  // two sets disjoint even where the streams could draw the same instance
+  const uint64_t stream = split == TaskSplit::HeldOut ? probe_eval_seed(seed) : seed;
+  const uint64_t base = splitmix64(stream ^ name_salt(s.task)) ^ splitmix64(uint64_t(index) ^ (uint64_t(length) << 40));
   const uint64_t want = split == TaskSplit::HeldOut ? 1 : 0;
   for (uint64_t attempt = 0; attempt < 256; ++attempt) {
     const uint64_t is = splitmix64(base + attempt);

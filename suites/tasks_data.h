@@ -47,8 +47,9 @@ int64_t task_model_seq_len(const TaskSetting& s);
 // InputError when the setting's sizes are invalid for its task (e.g. 4·pairs > length).
 void check_task_setting(const TaskSetting& s);
 
-// Which stream an instance comes from. The two are disjoint by construction: an instance belongs
-// to the split its token hash's low bit names (candidates of the other split are redrawn).
+// Which stream an instance comes from: training draws from `seed`, held-out from
+// probe_eval_seed(seed). The two are disjoint by construction: an instance belongs to the split its
+// token hash's low bit names (candidates of the other split are redrawn).
 enum class TaskSplit { Train, HeldOut };
 // Instance `index` of the setting's stream for `seed` at size `length` (a test length or the
 // training length). Deterministic in (setting, seed, split, index, length).
