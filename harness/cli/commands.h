@@ -55,5 +55,6 @@ Command plot_command();
 Command report_command();
 Command validate_command();
 Command profile_command();
+Command tasks_command();
 
 }  // namespace mixbench

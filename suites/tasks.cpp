@@ -1,0 +1,279 @@
+#include "suites/tasks.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <tuple>
+
+#include "harness/backbone.h"
+#include "harness/errors.h"
+#include "suites/optimizer.h"
+#include "suites/train_presets.h"
+
+namespace mixbench {
+
+using Json = nlohmann::json;
+
+// ------------------------------------------------------------------ presets
+TasksPreset tasks_preset(const std::string& name) {
+  TasksPreset p;
+  p.name = name;
+  if (name == "cpu-tiny") {
+    p.about = "CI on the CPU: 3 methods x 4 settings x 1 seed in under 3 minutes on 2 cores";
+    p.lineup = {"dense_full", "gdn", "retnet"};
+    p.tasks = {"mqar", "in_context_recall", "parity"};
+    p.seeds = 1;
+    p.steps = 150;
+    p.batch = 32;
+    p.lr = 3e-3;
+    p.eval_instances = 128;
+    p.cpu_threads = 1;
+    p.mqar_lengths = {32};
+    p.mqar_pairs = {2, 4};
+    p.mqar_widths = {64};
+    p.mqar_vocab = 16;
+    p.mad_length = 32;
+    p.mad_width = 64;
+    p.state_length = 8;
+    p.state_width = 64;
+  } else if (name == "gpu") {
+    p.about = "one GPU: the full grid, every registered method, 3 seeds";
+    for (const auto& t : task_infos()) p.tasks.push_back(t.name);
+  } else {
+    throw UsageError(fmt::format("unknown tasks preset '{}' (known: cpu-tiny, gpu)", name));
+  }
+  return p;
+}
+
+std::vector<TaskSetting> task_grid(const TasksPreset& p, const std::vector<std::string>& tasks) {
+  std::vector<TaskSetting> grid;
+  for (const auto& t : tasks.empty() ? p.tasks : tasks) {
+    const TaskInfo& info = task_info(t);
+    auto add = [&](int64_t length, int64_t d, int64_t pairs = 0, int64_t vocab = 0) {
+      TaskSetting s{t, length, pairs, d, vocab, {length}};
+      if (info.length_generalisation) s.test_lengths = {length, 2 * length, 4 * length};
+      check_task_setting(s);
+      grid.push_back(s);
+    };
+    if (t == "mqar") {
+      for (int64_t L : p.mqar_lengths)
+        for (int64_t n : p.mqar_pairs)
+          if (4 * n <= L)
+            for (int64_t d : p.mqar_widths) add(L, d, n, p.mqar_vocab);
+    } else if (info.length_generalisation) {
+      add(p.state_length, p.state_width);
+    } else if (t == "selective_copy") {
+      add(2 * p.mad_length, p.mad_width);
+    } else if (t == "compression" || t == "memorization") {
+      add(p.mad_length / 4, p.mad_width);
+    } else {
+      add(p.mad_length, p.mad_width);
+    }
+  }
+  return grid;
+}
+
+std::string task_model_config(const MethodSpec& method, const TasksPreset& p, const TaskSetting& s) {
+  std::string cfg = fmt::format("n_layer={},d_model={},head_dim={},seq_len={},vocab={}", p.n_layer, s.d_model,
+                                std::min(p.head_dim, s.d_model), task_model_seq_len(s), task_vocab(s) + 1);
+  auto it = method.presets.find("tiny");
+  if (it != method.presets.end() && !it->second.config.empty()) cfg += "," + it->second.config;
+  return cfg;
+}
+
+std::vector<std::string> tasks_methods(const TasksPreset& p, const std::vector<std::string>& methods) {
+  std::vector<std::string> out = methods;
+  if ((methods.size() == 1 && methods[0] == "all") || (methods.empty() && p.lineup.empty())) {
+    out.clear();
+    for (const auto* m : Registry::get().methods()) out.push_back(m->name);
+  } else if (methods.empty()) {
+    out = p.lineup;
+  }
+  for (const auto& m : out) Registry::get().method(m);  // UsageError with suggestions
+  return out;
+}
+
+void task_batch(const std::vector<ProbeSeq>& seqs, int64_t T, int64_t bos, at::Tensor& idx, at::Tensor& targets) {
+  const int64_t N = int64_t(seqs.size());
+  idx = at::full({N, T}, bos, at::TensorOptions().dtype(at::kLong));
+  targets = at::full({N, T}, -1, at::TensorOptions().dtype(at::kLong));
+  auto xi = idx.accessor<int64_t, 2>();
+  auto yi = targets.accessor<int64_t, 2>();
+  for (int64_t b = 0; b < N; ++b) {
+    const auto& s = seqs[size_t(b)];
+    if (int64_t(s.tokens.size()) + 1 > T)
+      throw InputError(fmt::format("an instance of {} tokens does not fit {} columns with its BOS", s.tokens.size(), T));
+    for (size_t t = 0; t < s.tokens.size(); ++t) xi[b][int64_t(t) + 1] = s.tokens[t];
+    // column p (the prefix up to token p − 1, BOS first) predicts token p
+    for (int64_t p : s.answer_pos) yi[b][p] = s.tokens[size_t(p)];
+  }
+}
+
+// ------------------------------------------------------------------ runs
+namespace {
+
+struct Run {
+  const MethodSpec* method;
+  const TaskSetting* setting;
+  uint64_t seed;
+};
+
+Json row_head(const Run& r, int64_t test_length, const std::string& status) {
+  return {{"status", status},       {"method", r.method->name}, {"task", r.setting->task},
+          {"setting", r.setting->to_json(test_length)},        {"label", r.setting->label(test_length)},
+          {"seed", r.seed},         {"chance", task_chance(*r.setting)}};
+}
+
+// Trains one model on the setting and scores it at every held-out length: one row per length.
+std::vector<Json> run_one(const Run& r, const TasksPreset& P, int64_t steps, const std::string& device) {
+  const TaskSetting& s = *r.setting;
+  const MethodSpec& ms = *r.method;
+  std::vector<Json> rows;
+  auto all_rows = [&](const std::string& status, const std::string& key, const std::string& text) {
+    rows.clear();
+    for (int64_t tl : s.test_lengths) rows.push_back(row_head(r, tl, status));
+    for (auto& row : rows) row[key] = text;
+    return rows;
+  };
+  Config cfg;
+  try {
+    cfg = ms.config.parse(task_model_config(ms, P, s));
+  } catch (const InputError& e) {
+    return all_rows("skipped", "reason", fmt::format("config refused: {}", e.what()));
+  }
+  const bool cuda = device == "cuda";
+  const at::Device dev = cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  const Backend backend = cuda ? Backend::CUDA : Backend::CPU;
+  const int64_t bos = task_vocab(s);
+  double seconds = 0, final_loss = 0;
+  try {
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(r.seed);
+    Model model = build_model(ms, cfg, gen, at::TensorOptions().dtype(at::kFloat));
+    std::vector<std::string> names;
+    for (const auto& [n, t] : model.params) names.push_back(n);
+    std::map<std::string, std::pair<at::Tensor, at::Tensor>> moments;
+    for (const auto& n : names) {
+      at::Tensor p = model.params.at(n).to(dev);
+      p.requires_grad_(true);
+      model.params.set(n, p);
+      moments[n] = {at::zeros_like(p, at::kFloat), at::zeros_like(p, at::kFloat)};
+    }
+    Schedule sched;
+    sched.steps = steps;
+    sched.warmup = std::max<int64_t>(1, steps / 10);
+    sched.warmdown_ratio = 0.2;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t it = 0; it < steps; ++it) {
+      std::vector<ProbeSeq> seqs;
+      for (int64_t b = 0; b < P.batch; ++b)
+        seqs.push_back(task_instance(s, r.seed, TaskSplit::Train, it * P.batch + b, s.length));
+      size_t longest = 0;
+      for (const auto& q : seqs) longest = std::max(longest, q.tokens.size());
+      at::Tensor x, y;
+      task_batch(seqs, int64_t(longest) + 1, bos, x, y);
+      model.step = it;
+      at::Tensor lm;
+      model_loss(model, x.to(dev), y.to(dev), backend, &lm).backward();
+      final_loss = lm.item<double>();
+      const double lr = P.lr * lr_multiplier(sched, it);
+      for (const auto& n : names) {
+        at::Tensor p = model.params.at(n);
+        if (!p.grad().defined()) continue;
+        auto& [m1, m2] = moments[n];
+        adamw_update(p, p.grad(), m1, m2, it + 1, lr, 0.9, 0.999, 1e-8, p.dim() >= 2 ? P.weight_decay : 0.0);
+        p.mutable_grad() = at::Tensor();
+      }
+    }
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (int64_t tl : s.test_lengths) {
+      std::vector<ProbeSeq> held;
+      for (int64_t i = 0; i < P.eval_instances; ++i) held.push_back(task_instance(s, r.seed, TaskSplit::HeldOut, i, tl));
+      const ProbeScore sc = score_probes(
+          held, [&](const at::Tensor& idx) { return model_forward(model, idx.to(dev), backend); }, bos, 64);
+      Json row = row_head(r, tl, "ok");
+      row["accuracy"] = sc.accuracy;
+      row["exact"] = sc.exact;
+      row["answers"] = sc.answers;
+      row["instances"] = sc.sequences;
+      rows.push_back(row);
+    }
+  } catch (const InputError& e) {
+    return all_rows("skipped", "reason", e.what());
+  } catch (const UsageError&) {
+    throw;
+  } catch (const c10::Error& e) {  // e.g. CUDA out of memory: the message, not LibTorch's backtrace
+    return all_rows("error", "message", e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return all_rows("error", "message", e.what());
+  }
+  for (auto& row : rows) {
+    row["steps"] = steps;
+    row["batch"] = P.batch;
+    row["seconds"] = seconds;
+    row["final_loss"] = final_loss;
+    row["device"] = device;
+    row["config"] = cfg.to_json();
+  }
+  return rows;
+}
+}  // namespace
+
+Json run_tasks(const TasksOptions& o) {
+  TasksPreset P = tasks_preset(o.preset);
+  for (auto [given, grid, what] : {std::tuple{&o.mqar_lengths, &P.mqar_lengths, "--lengths"},
+                                   std::tuple{&o.mqar_pairs, &P.mqar_pairs, "--pairs"},
+                                   std::tuple{&o.mqar_widths, &P.mqar_widths, "--widths"}}) {
+    for (int64_t v : *given)
+      if (v < 1) throw UsageError(fmt::format("{} takes positive integers, not {}", what, v));
+    if (!given->empty()) *grid = *given;
+  }
+  const std::vector<std::string> methods = tasks_methods(P, o.methods);
+  const std::vector<TaskSetting> grid = task_grid(P, o.tasks);
+  if (grid.empty())
+    throw UsageError("the grid is empty: no MQAR (length, pairs) with 4 x pairs <= length, and no other task");
+  const int64_t seeds = o.seeds > 0 ? o.seeds : P.seeds;
+  const int64_t steps = o.steps > 0 ? o.steps : P.steps;
+  if (o.lr < 0) throw UsageError(fmt::format("--lr must be positive, not {}", o.lr));
+  if (o.lr > 0) P.lr = o.lr;
+  if (o.device != "cpu" && o.device != "cuda") throw UsageError(fmt::format("unknown device '{}' (cpu or cuda)", o.device));
+  if (o.device == "cuda" && !at::hasCUDA()) throw UsageError("--device cuda: no CUDA device is available");
+  if (o.device == "cuda") at::globalContext().setAllowTF32CuBLAS(true);
+  const int saved_threads = at::get_num_threads();
+  if (o.device == "cpu" && P.cpu_threads > 0) at::set_num_threads(P.cpu_threads);
+  Json results = Json::array();
+  try {
+    for (const auto& s : grid)
+      for (const auto& m : methods)
+        for (int64_t k = 0; k < seeds; ++k) {
+          const Run r{&Registry::get().method(m), &s, o.seed + uint64_t(k)};
+          for (Json& row : run_one(r, P, steps, o.device)) {
+            if (o.progress == 1) {
+              std::cout << Json{{"method", m}, {"setting", row["label"]}, {"seed", r.seed}, {"status", row["status"]},
+                                {"accuracy", row.value("accuracy", Json())}}.dump()
+                        << std::endl;
+            } else if (o.progress == 2) {
+              std::cout << fmt::format("{:<16} {:<40} seed {}  {}\n", m, row["label"].get<std::string>(), r.seed,
+                                       row["status"] == "ok"
+                                           ? fmt::format("accuracy {:.3f} ({:.1f}s)", row["accuracy"].get<double>(),
+                                                         row["seconds"].get<double>())
+                                           : row["status"].get<std::string>())
+                        << std::flush;
+            }
+            results.push_back(std::move(row));
+          }
+        }
+  } catch (...) {
+    at::set_num_threads(saved_threads);
+    throw;
+  }
+  at::set_num_threads(saved_threads);
+  return results;
+}
+
+}  // namespace mixbench
