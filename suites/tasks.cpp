@@ -26,7 +26,7 @@ TasksPreset tasks_preset(const std::string& name) {
   p.name = name;
   if (name == "cpu-tiny") {
     p.about = "CI on the CPU: 3 methods x 4 settings x 1 seed in under 3 minutes on 2 cores";
-    p.lineup = {"dense_full", "gdn", "retnet"};
+    p.lineup = train_presets_table().at("tiny").at("tasks_lineup").get<std::vector<std::string>>();
     p.tasks = {"mqar", "in_context_recall", "parity"};
     p.seeds = 1;
     p.steps = 150;
