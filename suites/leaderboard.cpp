@@ -88,7 +88,13 @@ Calibration calibrate(const std::string& method, const std::string& preset, cons
   return best;
 }
 
-Json run_leaderboard(const LeaderboardOptions& opt, std::string& md) {
+namespace {
+// Ranks the rows by validation loss, adds the paired difference against the preset's baseline, and
+// returns the Markdown tables.
+std::string rank_rows(Json& results, const TrainPreset& P);
+}  // namespace
+
+Json run_leaderboard(const LeaderboardOptions& opt, std::string& md, Json* per_budget) {
   const TrainPreset P = train_preset(opt.preset);
   std::vector<std::string> methods = opt.methods;
   const bool all = (methods.size() == 1 && methods[0] == "all") || (methods.empty() && P.lineup.empty());
@@ -102,7 +108,8 @@ Json run_leaderboard(const LeaderboardOptions& opt, std::string& md) {
     methods = P.lineup;
   }
   for (const auto& m : methods) Registry::get().method(m);  // unknown names fail first
-  Json results = Json::array();
+  const size_t n_budgets = std::max<size_t>(1, opt.budgets.size());
+  std::vector<Json> by_budget(n_budgets, Json::array());
   for (const auto& m : methods) {
     Calibration cal = calibrate(m, opt.preset, opt.config);
     TrainOptions to;
@@ -110,6 +117,8 @@ Json run_leaderboard(const LeaderboardOptions& opt, std::string& md) {
     to.preset = opt.preset;
     to.config = cal.config + (opt.config.empty() ? "" : "," + opt.config);
     to.steps = opt.steps;
+    to.budget = opt.budget;
+    to.anchor_config = opt.config;
     to.batch = opt.batch;
     to.micro_batch = opt.micro_batch;
     to.seed = opt.seed;
@@ -117,23 +126,56 @@ Json run_leaderboard(const LeaderboardOptions& opt, std::string& md) {
     to.progress = opt.progress;
     to.probe_sequences = opt.probe_sequences;
     to.device = opt.device;
-    Json row;
+    std::vector<Json> rows(n_budgets);
     try {
-      TrainResult tr = run_train(to);
-      row = train_result_json(tr);
+      std::vector<TrainResult> trs = opt.budgets.size() > 1 ? run_budgets(to, opt.budgets) : std::vector<TrainResult>{};
+      if (opt.budgets.size() == 1) to.budget = opt.budgets[0].str();
+      if (trs.empty()) trs.push_back(run_train(to));
+      for (size_t k = 0; k < n_budgets; ++k) rows[k] = train_result_json(trs[k]);
     } catch (const UsageError&) {
       throw;
     } catch (const c10::Error& e) {  // e.g. CUDA out of memory: the message, not LibTorch's backtrace
-      row = {{"status", "error"}, {"method", m}, {"message", e.what_without_backtrace()}};
+      for (size_t k = 0; k < n_budgets; ++k) rows[k] = {{"status", "error"}, {"method", m}, {"message", e.what_without_backtrace()}};
     } catch (const std::exception& e) {
-      row = {{"status", "error"}, {"method", m}, {"message", e.what()}};
+      for (size_t k = 0; k < n_budgets; ++k) rows[k] = {{"status", "error"}, {"method", m}, {"message", e.what()}};
     }
-    row["calibration"] = {{"n_layer", cal.n_layer}, {"d_model", cal.d_model},
-                          {"mlp_hidden", cal.mlp_hidden ? cal.mlp_hidden : 4 * cal.d_model}, {"flops_per_token", cal.flops},
-                          {"anchor_flops_per_token", cal.anchor_flops}, {"residual", cal.residual},
-                          {"within_2pct", cal.within}};
-    results.push_back(row);
+    for (size_t k = 0; k < n_budgets; ++k) {
+      Json& row = rows[k];
+      if (!opt.budgets.empty() && !row.contains("budget")) row["budget"] = {{"budget", opt.budgets[k].str()}};
+      row["calibration"] = {{"n_layer", cal.n_layer}, {"d_model", cal.d_model},
+                            {"mlp_hidden", cal.mlp_hidden ? cal.mlp_hidden : 4 * cal.d_model}, {"flops_per_token", cal.flops},
+                            {"anchor_flops_per_token", cal.anchor_flops}, {"residual", cal.residual},
+                            {"within_2pct", cal.within}};
+      by_budget[k].push_back(row);
+    }
   }
+  Json results = Json::array();
+  md.clear();
+  for (size_t k = 0; k < n_budgets; ++k) {
+    if (n_budgets > 1) {
+      const Json& b = by_budget[k][0]["budget"];
+      md += fmt::format("{}## budget {}{}\n\n", k ? "\n" : "", b["budget"].get<std::string>(),
+                        b.contains("steps") ? fmt::format(" ({} steps, {} tokens)", b["steps"].get<int64_t>(),
+                                                          b["tokens"].get<int64_t>())
+                                            : std::string());
+    }
+    md += rank_rows(by_budget[k], P);
+    for (auto& r : by_budget[k]) results.push_back(std::move(r));
+  }
+  if (n_budgets > 1) {
+    const Json summary = budget_rankings(results);
+    md += "\n| budgets | Kendall τ-b | methods |\n|---|---:|---:|\n";
+    for (const auto& t : summary["kendall_tau"])
+      md += fmt::format("| {} vs {} | {} | {} |\n", t["a"].get<std::string>(), t["b"].get<std::string>(),
+                        t["tau"].is_null() ? "-" : fmt::format("{:.3f}", t["tau"].get<double>()),
+                        t["methods"].get<int64_t>());
+    if (per_budget) *per_budget = summary;
+  }
+  return results;
+}
+
+namespace {
+std::string rank_rows(Json& results, const TrainPreset& P) {
   // Ranking by validation loss and the paired difference against the preset's baseline.
   const char* key = "val_bpb";
   if (!results.empty() && results[0].contains("val_bits_per_token")) key = "val_bits_per_token";
@@ -151,7 +193,7 @@ Json run_leaderboard(const LeaderboardOptions& opt, std::string& md) {
     r["rank"] = int64_t(k + 1);
     r[delta_key] = std::isnan(base) ? Json() : Json(r[key].get<double>() - base);
   }
-  md = fmt::format("| rank | method | val {} | FLOPs/token | calibration | params | tokens | tok/s | Δ vs {} |\n",
+  std::string md = fmt::format("| rank | method | val {} | FLOPs/token | calibration | params | tokens | tok/s | Δ vs {} |\n",
                    key == std::string("val_bpb") ? "bpb" : "bits/token", P.baseline);
   md += "|---:|---|---:|---:|---|---:|---:|---:|---:|\n";
   for (size_t i : order) {
@@ -193,7 +235,8 @@ Json run_leaderboard(const LeaderboardOptions& opt, std::string& md) {
   }
   for (const auto& r : results)
     if (r["status"] != "ok") md += fmt::format("\n{}: error: {}\n", r["method"].get<std::string>(), r["message"].get<std::string>());
-  return results;
+  return md;
 }
+}  // namespace
 
 }  // namespace mixbench

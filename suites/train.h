@@ -8,10 +8,12 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "harness/backbone.h"
+#include "harness/safetensors.h"
 #include "suites/leaderboard.h"
 #include "suites/optimizer.h"
 #include "suites/train_data.h"
@@ -19,16 +21,22 @@
 
 namespace mixbench {
 
+// A run's state between two steps: parameters, optimizer state, data cursor, generator and
+// history, as its checkpoint file holds them.
+using RunSnapshot = SafetensorsFile;
+
 struct TrainOptions {
   std::string method;
   std::string preset = "tiny";
   std::string config;          // extra "k=v,..." for the method's config
-  int64_t steps = 0;           // 0 = the preset's
+  int64_t steps = 0;           // 0 = from the budget (suites/budgets.h)
+  std::string budget;          // "tpp=X", "flops=Y" or "steps=N"; "" = the preset's
+  std::optional<std::string> anchor_config;  // overrides of the anchor a budget is computed at; none = `config`
   int64_t batch = 0;           // rows per step; 0 = the preset's
   int64_t micro_batch = 0;     // rows per forward/backward (gradients accumulated over the step's
                                // rows, the same update); 0 = the preset's for the method, else all
   uint64_t seed = 0;
-  std::string data = "synthetic";
+  std::string data;            // "synthetic", "text" (the built-in corpus) or a path; "" = the preset's
   std::string out;             // folder for checkpoint and report ("" = none)
   bool resume = false;
   int64_t eval_every = 0;      // 0 = the preset's
@@ -38,6 +46,12 @@ struct TrainOptions {
   int progress = 0;            // 0 = none, 1 = JSON lines, 2 = human lines
   int64_t probe_sequences = -1;  // held-out sequences per probe after training; -1 = the preset's, 0 = none
   std::string device = "cpu";  // "cpu" or "cuda" (parameters initialised on the CPU, then moved)
+  // Branching (suites/budgets.h): start from a snapshot instead of step 0 (of a run that agrees with
+  // this one on everything but its length), and/or stop after step `snapshot_at` keeping the state
+  // in *snapshot_out (no probes then).
+  const RunSnapshot* start_from = nullptr;
+  int64_t snapshot_at = 0;
+  RunSnapshot* snapshot_out = nullptr;
 };
 
 struct TrainResult {
@@ -55,6 +69,7 @@ struct TrainResult {
   nlohmann::json probes;       // {probe: {accuracy, exact, chance, sequences, answers}} (byte-level data)
   std::string device = "cpu";
   int threads = 0;             // intra-op threads the run used on the CPU (0 on a GPU)
+  BudgetPlan budget;           // what set the run's length
 };
 
 TrainResult run_train(const TrainOptions& opt);
