@@ -168,6 +168,37 @@ TEST(Budgets, PresetFieldsAndTheDefaultRule) {
   EXPECT_THROW(train_preset_from_json("x", j), std::logic_error);
 }
 
+// train --budget: the steps follow from the budget at the anchor and train.json records it; --steps wins.
+TEST(Budgets, TrainCommandRecordsItsBudget) {
+  const fs::path dir = budget_tmp() / "train_budget";
+  const std::vector<std::string> base = {"train", "--method", "gdn", "--config", "n_layer=1,d_model=64,head_dim=32,seq_len=16",
+                                         "--batch", "1", "--probes", "0", "--eval-batches", "1", "--quiet", "--out",
+                                         dir.string()};
+  const BudgetPlan plan = plan_budget(parse_budget("flops=6e7"), train_preset("tiny"), 1,
+                                      "n_layer=1,d_model=64,head_dim=32,seq_len=16");
+  ASSERT_GT(plan.steps, 1);
+  ASSERT_LT(plan.steps, 20);
+  auto args = base;
+  args.insert(args.end(), {"--budget", "flops=6e7"});
+  ASSERT_EQ(run_cli(args), 0);
+  Json r = Json::parse(read_file((dir / "train.json").string()));
+  EXPECT_TRUE(validate_json(r, report_schema()).empty());
+  const Json& row = r["results"][0];
+  EXPECT_EQ(row["budget"]["budget"], "flops=6e+07");
+  EXPECT_EQ(row["budget"]["anchor"], "dense");  // gdn trains on the tokens dense's FLOPs give
+  EXPECT_EQ(row["steps"], plan.steps);
+  EXPECT_EQ(row["tokens"], plan.tokens);
+  EXPECT_EQ(r["config"]["budget"]["steps"], plan.steps);
+  args.insert(args.end(), {"--steps", "2"});
+  ASSERT_EQ(run_cli(args), 0);
+  r = Json::parse(read_file((dir / "train.json").string()));
+  EXPECT_EQ(r["results"][0]["steps"], 2);
+  EXPECT_EQ(r["results"][0]["budget"]["budget"], "steps=2");
+  args = base;
+  args.insert(args.end(), {"--budget", "flops"});
+  EXPECT_EQ(run_cli(args), 2);
+}
+
 // ------------------------------------------------------------------ branched runs
 // The small preset's schedule (weight decay with the LR in the warmdown) at a CPU-sized model: the
 // 6-step run branches off the 10-step run at its warmdown, and both equal their standalone runs
