@@ -20,8 +20,8 @@ using Json = nlohmann::json;
 std::string Budget::str() const {
   switch (kind) {
     case Kind::Steps: return fmt::format("steps={}", int64_t(value));
-    case Kind::TokensPerParam: return fmt::format("tpp={:g}", value);
-    case Kind::Flops: return fmt::format("flops={:g}", value);
+    case Kind::TokensPerParam: return fmt::format("tpp={}", value);  // the shortest exact form: runs re-read it
+    case Kind::Flops: return fmt::format("flops={}", value);
   }
   return "";
 }
@@ -114,10 +114,12 @@ std::vector<TrainResult> run_budgets(const TrainOptions& base, const std::vector
   plain.snapshot_out = nullptr;
   const size_t n = budgets.size();
   std::vector<TrainOptions> runs(n, plain);
+  std::vector<BudgetPlan> plans(n);
   std::vector<int64_t> steps(n);
   for (size_t i = 0; i < n; ++i) {
     runs[i].budget = budgets[i].str();
-    steps[i] = run_length(runs[i], P).steps;
+    plans[i] = run_length(runs[i], P);
+    steps[i] = plans[i].steps;
   }
   std::vector<size_t> order(n);
   std::iota(order.begin(), order.end(), size_t(0));
@@ -160,7 +162,10 @@ std::vector<TrainResult> run_budgets(const TrainOptions& base, const std::vector
   runs[longest].start_from = trunk_at > 0 ? &snap : nullptr;
   results[longest] = run_train(runs[longest]);
   for (size_t i = 0; i < n; ++i)
-    if (!have[i] && i != longest) results[i] = results[longest];  // a budget of the longest's steps
+    if (!have[i] && i != longest) {  // another budget of the longest's steps: the same run
+      results[i] = results[longest];
+      results[i].budget = plans[i];
+    }
   return results;
 }
 

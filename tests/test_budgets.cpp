@@ -107,6 +107,7 @@ TEST(Budgets, ParseAndPlanAtTheAnchor) {
   EXPECT_EQ(parse_budget("flops=1e17").value, 1e17);
   EXPECT_EQ(parse_budget("steps=12").str(), "steps=12");
   EXPECT_EQ(parse_budget("tpp=0.5").str(), "tpp=0.5");
+  EXPECT_EQ(parse_budget("flops=1.2345678901234e17").str(), "flops=1.2345678901234e+17");  // exact: runs re-read it
   for (const char* bad : {"tpp=", "tpp", "x=3", "tpp=-1", "tpp=0", "flops=1e17x", "steps=1.5", "tpp=nan"})
     EXPECT_THROW(parse_budget(bad), UsageError) << bad;
 
@@ -184,7 +185,7 @@ TEST(Budgets, TrainCommandRecordsItsBudget) {
   Json r = Json::parse(read_file((dir / "train.json").string()));
   EXPECT_TRUE(validate_json(r, report_schema()).empty());
   const Json& row = r["results"][0];
-  EXPECT_EQ(row["budget"]["budget"], "flops=6e+07");
+  EXPECT_EQ(row["budget"]["budget"], "flops=60000000");
   EXPECT_EQ(row["budget"]["anchor"], "dense");  // gdn trains on the tokens dense's FLOPs give
   EXPECT_EQ(row["steps"], plan.steps);
   EXPECT_EQ(row["tokens"], plan.tokens);
@@ -209,12 +210,20 @@ TEST(Budgets, BranchedRunsEqualStandaloneRunsBitwise) {
   o.eval_every = 2;
   o.probe_sequences = 2;
   const std::vector<Budget> budgets = {parse_budget("steps=10"), parse_budget("steps=6")};
+  // another way of saying 10 steps: the same run, under its own budget
+  const BudgetPlan ten = plan_budget(parse_budget("steps=10"), train_preset("small"), 2, o.config);
+  const Budget same = parse_budget(fmt::format("flops={:.17g}", double(ten.tokens) * ten.anchor_flops_per_token));
   Schedule a = train_preset("small").hyper.schedule, b = a;
   a.steps = 6;
   b.steps = 10;
   ASSERT_EQ(first_schedule_difference(a, b, 0.28), 3);  // a real branch: 3 shared steps
-  const std::vector<TrainResult> branched = run_budgets(o, budgets);
-  ASSERT_EQ(branched.size(), 2u);
+  std::vector<Budget> with_same = budgets;
+  with_same.push_back(same);
+  const std::vector<TrainResult> branched = run_budgets(o, with_same);
+  ASSERT_EQ(branched.size(), 3u);
+  EXPECT_EQ(branched[2].losses, branched[0].losses);
+  EXPECT_EQ(branched[2].budget.budget.kind, Budget::Kind::Flops);
+  EXPECT_EQ(branched[2].budget.steps, 10);
   for (size_t k = 0; k < 2; ++k) {
     TrainOptions alone = o;
     alone.budget = budgets[k].str();
