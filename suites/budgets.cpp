@@ -70,7 +70,16 @@ Json BudgetPlan::to_json() const {
 
 BudgetPlan plan_budget(const Budget& b, const TrainPreset& p, int64_t batch, const std::string& extra_config) {
   const MethodSpec& anchor = Registry::get().method(p.anchor);
-  const Config cfg = anchor.config.parse(p.config_for(anchor.name) + (extra_config.empty() ? "" : "," + extra_config));
+  // the overrides the anchor takes (a method's own knobs, e.g. a sparse method's top-k, are not its)
+  std::string own;
+  for (size_t a = 0; a < extra_config.size();) {
+    size_t b = extra_config.find(',', a);
+    if (b == std::string::npos) b = extra_config.size();
+    const std::string kv = extra_config.substr(a, b - a);
+    if (anchor.config.find(kv.substr(0, kv.find('='))) != nullptr) own += "," + kv;
+    a = b + 1;
+  }
+  const Config cfg = anchor.config.parse(p.config_for(anchor.name) + own);
   const int64_t T = model_dims(cfg).seq_len;
   CostQuery q;
   q.T = T;

@@ -28,7 +28,8 @@ Budget budget_from_json(const nlohmann::ordered_json& j, const std::string& pres
 
 // The steps a budget gives at a preset: tokens = X · (the anchor's block matrices + head, nanochat's
 // horizon parameters) or Y / (the anchor's training FLOPs per token), steps = max(1, round(tokens /
-// (batch · seq_len))), the anchor at the preset's config with `extra_config` applied.
+// (batch · seq_len))), the anchor at the preset's config with the overrides of `extra_config` it
+// takes (another method's own knobs are left out).
 struct BudgetPlan {
   Budget budget;
   std::string anchor;

@@ -127,6 +127,8 @@ TEST(Budgets, ParseAndPlanAtTheAnchor) {
   EXPECT_EQ(f.anchor_flops_per_token, cost.train_flops_nanochat);
   EXPECT_EQ(f.steps, std::llround(1e12 / cost.train_flops_nanochat / (4 * 64)));
   EXPECT_EQ(plan_budget(parse_budget("flops=1"), P, 4, "").steps, 1);  // at least one step
+  // another method's own knobs are not the anchor's
+  EXPECT_EQ(plan_budget(parse_budget("tpp=2"), P, 4, "dsa_topk=8,seq_len=64").steps, t.steps);
 
   // --steps wins over --budget, which wins over the preset's budget or steps
   TrainOptions o;
