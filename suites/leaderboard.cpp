@@ -118,7 +118,14 @@ int64_t seed_count(const LeaderboardOptions& opt, const TrainPreset& P) {
 }
 
 // The config fields that decide the numbers of a (method, seed) cell.
-const char* const kCellFields[] = {"preset", "config", "steps", "batch", "micro_batch", "data", "data_hash", "device", "probes"};
+const char* const kCellFields[] = {"preset", "config", "steps", "batch", "micro_batch", "data", "data_hash", "device", "probes",
+                                   "budget", "budgets"};
+
+Json budget_labels(const LeaderboardOptions& opt) {
+  Json labels = Json::array();
+  for (const auto& b : opt.budgets) labels.push_back(b.str());
+  return labels;
+}
 
 std::string metric_key(const std::vector<Json>& runs) {
   for (const auto& r : runs)
@@ -146,6 +153,7 @@ Json mean_of(const std::vector<Json>& runs, const char* field) {
 
 Json leaderboard_config(const LeaderboardOptions& opt) {
   const TrainPreset P = train_preset(opt.preset);
+  const std::string data = opt.data.empty() ? P.data : opt.data;
   const std::vector<std::string> methods = lineup(opt, P);
   return {{"preset", opt.preset},
           {"methods", methods.size()},
@@ -153,8 +161,10 @@ Json leaderboard_config(const LeaderboardOptions& opt) {
           {"steps", opt.steps},
           {"batch", opt.batch},
           {"micro_batch", opt.micro_batch},
-          {"data", opt.data},
-          {"data_hash", opt.data == "synthetic" ? std::string("synthetic") : load_corpus(opt.data, 0).hash},
+          {"data", data},
+          {"data_hash", data == "synthetic" ? std::string("synthetic") : load_corpus(data, 0).hash},
+          {"budget", opt.budget},
+          {"budgets", budget_labels(opt)},
           {"config", opt.config},
           {"anchor", P.anchor},
           {"baseline", P.baseline},
@@ -405,14 +415,47 @@ Json run_leaderboard(const LeaderboardOptions& opt, std::string& md, Json* summa
   Json seed_values = Json::array();
   for (int64_t k = 0; k < n_seeds; ++k) seed_values.push_back(opt.seed + uint64_t(k));
   const int64_t cells = int64_t(methods.size()) * n_seeds;
-  std::vector<Json> runs;
+  // With several budgets (--budgets) each cell trains the method to every budget in one pass
+  // (run_budgets) and each budget is ranked on its own, with Kendall's tau between the rankings.
+  const size_t n_budgets = std::max<size_t>(1, opt.budgets.size());
+  if (n_budgets > 1 && !opt.resume.is_null())
+    throw UsageError("--budgets does not continue an earlier report: remove it or use another --out");
+  std::vector<std::vector<Json>> runs(n_budgets);
   int64_t trained = 0;
   Json results, summary;
   auto update = [&] {
-    results = leaderboard_rows(methods, runs, P.baseline, md);
-    summary = {{"seeds", n_seeds}, {"seed_values", seed_values}, {"cells", cells}, {"cells_done", int64_t(runs.size())},
-               {"cells_trained", trained}, {"complete", int64_t(runs.size()) == cells}, {"single_seed", n_seeds == 1},
+    if (n_budgets == 1) {
+      results = leaderboard_rows(methods, runs[0], P.baseline, md);
+    } else {
+      results = Json::array();
+      md.clear();
+      for (size_t k = 0; k < n_budgets; ++k) {
+        std::string part;
+        Json rows = leaderboard_rows(methods, runs[k], P.baseline, part);
+        const Json b = runs[k].empty() ? Json() : runs[k][0].value("budget", Json());
+        md += fmt::format("{}## budget {}{}\n\n", k ? "\n" : "", opt.budgets[k].str(),
+                          b.is_object() && b.contains("steps")
+                              ? fmt::format(" ({} steps, {} tokens)", b["steps"].get<int64_t>(), b["tokens"].get<int64_t>())
+                              : std::string());
+        md += part;
+        for (auto& r : rows) {
+          r["budget"] = runs[k].empty() ? Json{{"budget", opt.budgets[k].str()}} : runs[k][0].value("budget", Json());
+          results.push_back(std::move(r));
+        }
+      }
+    }
+    summary = {{"seeds", n_seeds}, {"seed_values", seed_values}, {"cells", cells}, {"cells_done", int64_t(runs[0].size())},
+               {"cells_trained", trained}, {"complete", int64_t(runs[0].size()) == cells}, {"single_seed", n_seeds == 1},
                {"baseline", P.baseline}};
+    if (n_budgets > 1) {
+      const Json per_budget = budget_rankings(results);
+      summary["budgets"] = per_budget["budgets"];
+      summary["kendall_tau"] = per_budget["kendall_tau"];
+      md += "\n| budgets | Kendall τ-b | methods |\n|---|---:|---:|\n";
+      for (const auto& t : per_budget["kendall_tau"])
+        md += fmt::format("| {} vs {} | {} | {} |\n", t["a"].get<std::string>(), t["b"].get<std::string>(),
+                          t["tau"].is_null() ? "-" : fmt::format("{:.3f}", t["tau"].get<double>()), t["methods"].get<int64_t>());
+    }
   };
   std::map<std::string, Calibration> cals;
   for (const auto& m : methods) cals[m] = calibrate(m, opt.preset, opt.config);
@@ -422,7 +465,8 @@ Json run_leaderboard(const LeaderboardOptions& opt, std::string& md, Json* summa
     for (const auto& m : methods) {
       const uint64_t seed = opt.seed + uint64_t(k);
       const Calibration& cal = cals.at(m);
-      Json row;
+      std::vector<Json> rows(n_budgets);
+      Json& row = rows[0];
       const auto it = kept.find({m, seed});
       const bool reuse = it != kept.end();
       if (!reuse && opt.stop_after > 0 && trained >= opt.stop_after) continue;
@@ -444,38 +488,53 @@ Json run_leaderboard(const LeaderboardOptions& opt, std::string& md, Json* summa
         to.dtype = opt.dtype;
         to.graph = opt.graph;
         to.data_parallel = opt.data_parallel;
+        to.budget = opt.budgets.size() == 1 ? opt.budgets[0].str() : opt.budget;
+        to.anchor_config = opt.config;
+        auto failed = [&](const std::string& message) {
+          for (size_t k = 0; k < n_budgets; ++k) {
+            rows[k] = {{"status", "error"}, {"method", m}, {"message", message}};
+            if (n_budgets > 1) rows[k]["budget"] = {{"budget", opt.budgets[k].str()}};
+          }
+        };
         try {
-          row = train_result_json(run_train(to));
+          if (n_budgets > 1) {
+            const std::vector<TrainResult> trs = run_budgets(to, opt.budgets);
+            for (size_t k = 0; k < n_budgets; ++k) rows[k] = train_result_json(trs[k]);
+          } else {
+            row = train_result_json(run_train(to));
+          }
         } catch (const UsageError&) {
           throw;
         } catch (const PeerFailure&) {  // the ranks no longer agree on where they are
           throw;
         } catch (const c10::Error& e) {  // e.g. CUDA out of memory: the message, not LibTorch's backtrace
-          row = {{"status", "error"}, {"method", m}, {"message", e.what_without_backtrace()}};
+          failed(e.what_without_backtrace());
         } catch (const std::exception& e) {
-          row = {{"status", "error"}, {"method", m}, {"message", e.what()}};
+          failed(e.what());
         }
         ++trained;
       }
-      row["seed"] = seed;
-      row["calibration"] = {{"n_layer", cal.n_layer}, {"d_model", cal.d_model},
-                            {"mlp_hidden", cal.mlp_hidden ? cal.mlp_hidden : 4 * cal.d_model}, {"flops_per_token", cal.flops},
-                            {"anchor_flops_per_token", cal.anchor_flops}, {"residual", cal.residual},
-                            {"within_2pct", cal.within}};
-      runs.push_back(row);
+      for (size_t k = 0; k < n_budgets; ++k) {
+        rows[k]["seed"] = seed;
+        rows[k]["calibration"] = {{"n_layer", cal.n_layer}, {"d_model", cal.d_model},
+                                  {"mlp_hidden", cal.mlp_hidden ? cal.mlp_hidden : 4 * cal.d_model},
+                                  {"flops_per_token", cal.flops}, {"anchor_flops_per_token", cal.anchor_flops},
+                                  {"residual", cal.residual}, {"within_2pct", cal.within}};
+        runs[k].push_back(rows[k]);
+      }
       if (opt.progress) {
-        const Json line = {{"leaderboard_cell", int64_t(runs.size())}, {"cells", cells}, {"method", m}, {"seed", seed},
+        const Json line = {{"leaderboard_cell", int64_t(runs[0].size())}, {"cells", cells}, {"method", m}, {"seed", seed},
                            {"state", reuse ? "kept" : "trained"}};
         if (opt.progress == 1) std::cout << line.dump() << std::endl;
         else
-          std::cout << fmt::format("leaderboard cell {}/{}: {} seed {} {}\n", runs.size(), cells, m, seed,
+          std::cout << fmt::format("leaderboard cell {}/{}: {} seed {} {}\n", runs[0].size(), cells, m, seed,
                                    reuse ? "kept from the report" : "trained")
                     << std::flush;
       }
       update();
       if (opt.on_cell) opt.on_cell(results, md, summary);
     }
-  if (runs.empty()) update();
+  if (runs[0].empty()) update();
   if (summary_out) *summary_out = summary;
   return results;
 }

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "suites/budgets.h"
+
 namespace mixbench {
 
 class DataParallel;  // suites/distributed.h
@@ -33,9 +35,11 @@ struct LeaderboardOptions {
   std::vector<std::string> methods;
   std::string config;  // extra overrides applied to every method (after calibration)
   int64_t steps = 0, batch = 0;
+  std::string budget;           // "" = the preset's (steps wins)
+  std::vector<Budget> budgets;  // several: every method trained to each in one pass (run_budgets)
   int64_t micro_batch = 0;  // rows per forward/backward; 0 = the preset's for each method
   uint64_t seed = 0;
-  std::string data = "synthetic";
+  std::string data;    // "" = the preset's
   std::string out;     // report path (JSON); the Markdown table (.md) and the HTML page (.html) go beside it
   int progress = 0;
   int64_t probe_sequences = -1;  // -1 = the preset's

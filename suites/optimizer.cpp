@@ -44,7 +44,17 @@ double muon_momentum(const Schedule& s, int64_t it) {
 }
 
 double muon_weight_decay(const Schedule& s, int64_t it, double wd0) {
+  if (s.wd_follows_lr) return it <= s.steps - warmdown_iters(s) ? wd0 : wd0 * lr_multiplier(s, it);
   return wd0 * 0.5 * (1 + std::cos(M_PI * double(it) / double(s.steps)));
+}
+
+int64_t first_schedule_difference(const Schedule& a, const Schedule& b, double wd0) {
+  const int64_t n = std::min(a.steps, b.steps);
+  for (int64_t it = 0; it < n; ++it)
+    if (lr_multiplier(a, it) != lr_multiplier(b, it) || muon_momentum(a, it) != muon_momentum(b, it) ||
+        muon_weight_decay(a, it, wd0) != muon_weight_decay(b, it, wd0))
+      return it;
+  return n;
 }
 
 // ------------------------------------------------------------------ optimizer pieces

@@ -20,10 +20,19 @@ struct Schedule {
   double warmdown_ratio = 0.65;
   double final_lr_frac = 0.05;
   int64_t momentum_warmup = 400;
+  // Muon's weight decay: nanochat's cosine over the whole run (false), or "warmdown" (true): wd0
+  // through warmup and the stable phase, then scaled by the LR multiplier in the warmdown. With
+  // "warmdown" every schedule value before the warmdown starts is independent of `steps`, so runs
+  // to two budgets are the same run until the shorter one's warmdown (suites/budgets.h).
+  bool wd_follows_lr = false;
 };
 double lr_multiplier(const Schedule& s, int64_t it);
 double muon_momentum(const Schedule& s, int64_t it);
-double muon_weight_decay(const Schedule& s, int64_t it, double wd0);  // wd0·½(1 + cos(π·it/N))
+// wd0·½(1 + cos(π·it/N)), or with wd_follows_lr wd0 before the warmdown and wd0·lr_multiplier in it
+double muon_weight_decay(const Schedule& s, int64_t it, double wd0);
+// The first iteration at which schedules a and b give a different LR multiplier, Muon momentum or
+// weight decay (min(a.steps, b.steps) when they agree on all iterations both run).
+int64_t first_schedule_difference(const Schedule& a, const Schedule& b, double wd0);
 
 // ------------------------------------------------------------------ optimizer pieces (nanochat/optim.py)
 // Polar Express orthogonalisation of a 2-D matrix, or of each matrix of a [N, rows, cols] stack (5

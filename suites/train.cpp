@@ -75,7 +75,8 @@ std::string fingerprint(const TrainResult& r, int64_t steps, int64_t B, uint64_t
 TrainResult run_train(const TrainOptions& opt) {
   const TrainPreset P = train_preset(opt.preset);
   const MethodSpec& ms = Registry::get().method(opt.method);
-  const int64_t steps = opt.steps > 0 ? opt.steps : P.steps;
+  const BudgetPlan plan = run_length(opt, P);
+  const int64_t steps = plan.steps;
   const int64_t B = opt.batch > 0 ? opt.batch : P.batch;
   auto preset_micro = P.method_micro_batch.find(opt.method);
   const int64_t MB = opt.micro_batch > 0 ? opt.micro_batch
@@ -97,11 +98,13 @@ TrainResult run_train(const TrainOptions& opt) {
   const int64_t log_every = opt.log_every > 0 ? opt.log_every : P.log_every;
   if (opt.resume && opt.out.empty()) throw UsageError("--resume needs --out DIR (where the checkpoint is)");
   TrainResult r;
+  r.budget = plan;
   r.method = ms.name;
   r.cfg = ms.config.parse(P.config_for(ms.name) + (opt.config.empty() ? "" : "," + opt.config));
   const ModelDims d = model_dims(r.cfg);
   const int64_t T = d.seq_len;
-  Corpus corpus = load_corpus(opt.data, opt.seed, T, steps * B * (T + 1));
+  const std::string data = opt.data.empty() ? P.data : opt.data;
+  Corpus corpus = load_corpus(data, opt.seed, T, steps * B * (T + 1));
   r.byte_level = corpus.byte_level;
   if (corpus.max_token >= d.vocab)
     throw InputError(fmt::format("data holds token {} but the vocabulary has {} entries (set vocab=)", corpus.max_token,
@@ -155,11 +158,14 @@ TrainResult run_train(const TrainOptions& opt) {
   // a different micro-batching changes the rounding of the accumulated gradients: part of the run
   const std::string fp = fingerprint(r, steps, B, opt.seed, corpus.hash) + (MB == B ? "" : fmt::format("/mb{}", MB)) +
                          (compute == at::kFloat ? "" : "/" + r.dtype);
+  // what a run continuing from a snapshot must share with the run it was taken from (all but the length)
+  const std::string branch_fp = fingerprint(r, 0, B, opt.seed, data) + (MB == B ? "" : fmt::format("/mb{}", MB)) +
+                                (compute == at::kFloat ? "" : "/" + r.dtype);
   const std::string ckpt = opt.out.empty() ? "" : (fs::path(opt.out) / "checkpoint.safetensors").string();
   int64_t start = 0, pos = 0;
   double prior_seconds = 0;
-  if (opt.resume) {
-    SafetensorsFile f = read_safetensors(ckpt);
+  if (opt.resume || opt.start_from) {
+    const SafetensorsFile f = opt.start_from ? *opt.start_from : read_safetensors(ckpt);
     auto meta = [&](const std::string& k) {
       auto it = f.metadata.find(k);
       if (it == f.metadata.end()) throw InputError(fmt::format("checkpoint '{}' lacks '{}'", ckpt, k));
@@ -182,7 +188,7 @@ TrainResult run_train(const TrainOptions& opt) {
         throw InputError(fmt::format("checkpoint '{}' has the layer layout [{}] but {} at this config has [{}]", ckpt,
                                      join(saved), r.method, join(model.layer_mixers)));
     }
-    if (meta("fingerprint") != fp)
+    if (opt.start_from ? meta("branch") != branch_fp : meta("fingerprint") != fp)
       throw InputError(fmt::format("checkpoint '{}' belongs to a different run (method, config, steps, batch, seed "
                                    "or data differ)", ckpt));
     start = std::stoll(meta("step"));
@@ -220,21 +226,26 @@ TrainResult run_train(const TrainOptions& opt) {
     losses_summed = r.losses.size();
   };
 
+  auto capture = [&](int64_t step_done, double seconds) {
+    RunSnapshot snap;
+    // copies: the run goes on changing the parameters and the optimizer state in place
+    for (const auto& [n, p] : model.params) snap.tensors.set("param." + n, p.detach().cpu().clone());
+    for (const auto& [n, s] : optim.state()) snap.tensors.set("opt." + n, s.cpu().clone());
+    snap.tensors.set("rng_state", gen.get_state());
+    Json vc = Json::array();
+    for (const auto& [s, v] : r.val_curve) vc.push_back({s, v});
+    snap.metadata = {{"fingerprint", fp}, {"branch", branch_fp}, {"step", std::to_string(step_done)},
+                     {"data_pos", std::to_string(pos)}, {"seconds", fmt::format("{:.17g}", seconds)},
+                     {"losses", Json(r.losses).dump()}, {"val_curve", vc.dump()}, {"method", r.method},
+                     {"config", r.cfg.str()}, {"layer_mixers", Json(model.layer_mixers).dump()},
+                     {"aux_losses", Json(r.aux_losses).dump()}, {"world_size", std::to_string(r.world_size)}};
+    return snap;
+  };
   auto save = [&](int64_t step_done, double seconds) {
     if (ckpt.empty() || !rank0) return;  // rank 0 writes (atomically); the others' state is the same
     fs::create_directories(opt.out);
-    TensorMap t;
-    for (const auto& [n, p] : model.params) t.set("param." + n, p.detach().cpu());
-    for (const auto& [n, s] : optim.state()) t.set("opt." + n, s.cpu());
-    t.set("rng_state", gen.get_state());
-    Json vc = Json::array();
-    for (const auto& [s, v] : r.val_curve) vc.push_back({s, v});
-    write_safetensors(ckpt, t,
-                      {{"fingerprint", fp}, {"step", std::to_string(step_done)}, {"data_pos", std::to_string(pos)},
-                       {"seconds", fmt::format("{:.17g}", seconds)}, {"losses", Json(r.losses).dump()},
-                       {"val_curve", vc.dump()}, {"method", r.method}, {"config", r.cfg.str()},
-                       {"layer_mixers", Json(model.layer_mixers).dump()},
-                       {"aux_losses", Json(r.aux_losses).dump()}, {"world_size", std::to_string(r.world_size)}});
+    const RunSnapshot snap = capture(step_done, seconds);
+    write_safetensors(ckpt, snap.tensors, snap.metadata);
   };
 
   // The matmul rate this device sustains in the compute dtype: MFU's denominator (per device: the
@@ -461,6 +472,12 @@ TrainResult run_train(const TrainOptions& opt) {
     }
     if (do_save) save(done, prior_seconds + seconds);
     if (stopping) break;
+    if (opt.snapshot_out && done == opt.snapshot_at) {
+      flush_losses();
+      sum_losses();
+      *opt.snapshot_out = capture(done, prior_seconds + seconds);
+      break;
+    }
   }
   flush_losses();
   if (tracer.active()) r.trace = tracer.stop(opt.trace, trace_wall, done - trace_from);  // stopped early
@@ -475,7 +492,8 @@ TrainResult run_train(const TrainOptions& opt) {
   r.mfu = run_mfu(r.tokens_per_s);
   if (!r.val_curve.empty()) r.val_bpb = r.val_curve.back().second;
   const int64_t n_probe = opt.probe_sequences >= 0 ? opt.probe_sequences : P.probe_sequences;
-  if (corpus.byte_level && n_probe > 0 && rank0) {
+  const bool snapshotted = opt.snapshot_out && done == opt.snapshot_at;
+  if (corpus.byte_level && n_probe > 0 && rank0 && !snapshotted) {
     c10::NoGradGuard ng;
     const Model& pm = compute_model();
     r.probes = evaluate_probes([&](const at::Tensor& idx) { return forward_rows(pm, idx.to(dev), backend, MB); }, T,
@@ -503,6 +521,7 @@ Json train_result_json(const TrainResult& r) {
                      {"seq_len", d.seq_len}, {"vocab", d.vocab}}},
           {r.byte_level ? "val_bpb" : "val_bits_per_token", r.val_bpb},
           {"steps", r.steps_done},
+          {"budget", r.budget.to_json()},
           {"batch", r.batch},
           {"micro_batch", r.micro_batch},
           {"tokens", r.tokens},

@@ -9,10 +9,12 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "harness/backbone.h"
+#include "harness/safetensors.h"
 #include "suites/leaderboard.h"
 #include "suites/mfu.h"
 #include "suites/optimizer.h"
@@ -22,17 +24,22 @@
 namespace mixbench {
 
 class DataParallel;  // suites/distributed.h
+// A run's state between two steps: parameters, optimizer state, data cursor, generator and
+// history, as its checkpoint file holds them.
+using RunSnapshot = SafetensorsFile;
 
 struct TrainOptions {
   std::string method;
   std::string preset = "tiny";
   std::string config;          // extra "k=v,..." for the method's config
-  int64_t steps = 0;           // 0 = the preset's
+  int64_t steps = 0;           // 0 = from the budget (suites/budgets.h)
+  std::string budget;          // "tpp=X", "flops=Y" or "steps=N"; "" = the preset's
+  std::optional<std::string> anchor_config;  // overrides of the anchor a budget is computed at; none = `config`
   int64_t batch = 0;           // rows per step; 0 = the preset's
   int64_t micro_batch = 0;     // rows per forward/backward (gradients accumulated over the step's
                                // rows, the same update); 0 = the preset's for the method, else all
   uint64_t seed = 0;
-  std::string data = "synthetic";
+  std::string data;            // "synthetic", "text" (the built-in corpus) or a path; "" = the preset's
   std::string out;             // folder for checkpoint and report ("" = none)
   bool resume = false;
   int64_t eval_every = 0;      // 0 = the preset's
@@ -52,6 +59,12 @@ struct TrainOptions {
   // Several ranks (suites/distributed.h): each trains its share of every step's rows on GPU LOCAL_RANK
   // (or the CPU) and the gradients are summed; rank 0 evaluates and saves. Null: one process.
   std::shared_ptr<DataParallel> data_parallel;
+  // Branching (suites/budgets.h): start from a snapshot instead of step 0 (of a run that agrees with
+  // this one on everything but its length), and/or stop after step `snapshot_at` keeping the state
+  // in *snapshot_out (no probes then).
+  const RunSnapshot* start_from = nullptr;
+  int64_t snapshot_at = 0;
+  RunSnapshot* snapshot_out = nullptr;
 };
 
 struct TrainResult {
@@ -78,6 +91,7 @@ struct TrainResult {
   int threads = 0;             // intra-op threads the run used on the CPU (0 on a GPU)
   int world_size = 1;          // ranks that trained data-parallel
   std::string backend = "none";  // their c10d backend: "gloo", "nccl" ("none": one process)
+  BudgetPlan budget;           // what set the run's length
 };
 
 TrainResult run_train(const TrainOptions& opt);

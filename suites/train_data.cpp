@@ -3,7 +3,10 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -191,9 +194,51 @@ void rotate_train_stream(Corpus& c, uint64_t seed) {
   c.train = at::cat({c.train.slice(0, start), c.train.slice(0, 0, start)});
 }
 
+std::string builtin_text_dir() {
+  const char* env = std::getenv("MIXBENCH_DATA_DIR");
+  if (env == nullptr || *env == '\0') return "data/text";
+  std::error_code ec;
+  if (fs::exists(fs::path(env) / "manifest.json", ec)) return env;
+  return (fs::path(env) / "text").string();
+}
+
+Corpus builtin_text_corpus(const std::string& dir) {
+  const std::string fix = "run ci/fetch_text.sh to download and build it (or ci/fetch_text.sh --unpack where "
+                          "its archive text.tar.xz was copied beside the folder), or set MIXBENCH_DATA_DIR";
+  std::error_code ec;
+  for (const char* f : {"manifest.json", "train.bin", "val.bin"})
+    if (!fs::is_regular_file(fs::path(dir) / f, ec))
+      throw InputError(fmt::format("--data text: the built-in text corpus is missing {} in '{}': {}", f, dir, fix));
+  nlohmann::json manifest;
+  try {
+    manifest = nlohmann::json::parse(read_file((fs::path(dir) / "manifest.json").string()));
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(fmt::format("--data text: '{}/manifest.json' is not JSON ({}): {}", dir, e.what(), fix));
+  }
+  Corpus c;
+  c.source = "text(" + dir + ")";
+  c.byte_level = true;
+  c.bos = kByteBos;
+  c.train = read_bin_shard((fs::path(dir) / "train.bin").string());
+  c.val = read_bin_shard((fs::path(dir) / "val.bin").string());
+  if (c.train.size(0) < 2 || c.val.size(0) < 2) throw InputError(fmt::format("--data text: '{}' holds an empty shard", dir));
+  c.max_token = std::max(c.train.max().item<int64_t>(), c.val.max().item<int64_t>());
+  if (c.max_token > kByteBos)
+    throw InputError(fmt::format("--data text: '{}' holds token {}, not bytes and BOS ({})", dir, c.max_token, kByteBos));
+  // the shards' SHA-256 as the manifest records them, and their lengths
+  const nlohmann::json files = manifest.value("files", nlohmann::json::object());
+  c.hash = fnv1a_hex(fmt::format("builtin-text-v1\n{}\n{}:{}", files.dump(), c.train.size(0), c.val.size(0)));
+  return c;
+}
+
 Corpus load_corpus(const std::string& data, uint64_t seed, int64_t probe_T, int64_t train_tokens) {
   if (data == "synthetic")
     return synthetic_corpus(seed, std::max(int64_t(1) << 21, train_tokens), int64_t(1) << 16, probe_T);
+  if (data == "text") {
+    Corpus c = builtin_text_corpus(builtin_text_dir());
+    rotate_train_stream(c, seed);
+    return c;
+  }
   std::error_code ec;
   bool bin = fs::path(data).extension() == ".bin";
   if (fs::is_directory(data, ec))

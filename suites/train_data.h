@@ -33,9 +33,16 @@ Corpus bin_corpus(const std::string& path);
 // The seed's data order for a file corpus: seed 0 reads the training stream from its start, any
 // other seed from a document start drawn from the seed (wrapping).
 void rotate_train_stream(Corpus& c, uint64_t seed);
+// The built-in real-text corpus (ci/fetch_text.sh): DIR/train.bin and DIR/val.bin, byte tokens with
+// BOS = 256 before each document, described by DIR/manifest.json. InputError naming the folder and
+// ci/fetch_text.sh when it is missing or incomplete.
+Corpus builtin_text_corpus(const std::string& dir);
+// Where `--data text` looks: $MIXBENCH_DATA_DIR/text (or $MIXBENCH_DATA_DIR itself when it holds
+// manifest.json) when the variable is set, else ./data/text.
+std::string builtin_text_dir();
 // "synthetic" (with probes for length probe_T, 0 = none; at least train_tokens long so that a
-// run reads no byte twice; its content is drawn from the seed) or a path (in the seed's order,
-// rotate_train_stream)
+// run reads no byte twice; its content is drawn from the seed), "text" (the built-in corpus) or a path
+// (in the seed's order, rotate_train_stream)
 Corpus load_corpus(const std::string& data, uint64_t seed, int64_t probe_T = 0, int64_t train_tokens = 0);
 
 // Rows of T+1 tokens starting at stream offset `pos` (wrapping): inputs [B,T], targets [B,T].

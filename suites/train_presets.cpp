@@ -21,11 +21,26 @@ TrainPreset train_preset(const std::string& name) {
     for (const auto& [k, v] : table.items()) known += (known.empty() ? "" : ", ") + k;
     throw UsageError(fmt::format("unknown preset '{}' (known: {})", name, known));
   }
-  const nlohmann::ordered_json& j = table.at(name);
+  return train_preset_from_json(name, table.at(name));
+}
+
+TrainPreset train_preset_from_json(const std::string& name, const nlohmann::ordered_json& j) {
   TrainPreset p;
   p.name = name;
   p.config = j.at("config").get<std::string>();
-  p.steps = j.at("steps").get<int64_t>();
+  if (j.contains("budget")) p.budget = budget_from_json(j.at("budget"), name);
+  if (j.contains("steps")) p.steps = j.at("steps").get<int64_t>();
+  if (!p.budget && p.steps <= 0) throw std::logic_error("preset " + name + ": neither a budget nor steps");
+  p.data = j.value("data", std::string("synthetic"));
+  p.hyper.schedule.wd_follows_lr = j.value("muon_wd_schedule", std::string("cosine")) == "warmdown";
+  if (j.contains("muon_wd_schedule") && j.at("muon_wd_schedule") != "warmdown" && j.at("muon_wd_schedule") != "cosine")
+    throw std::logic_error("preset " + name + ": muon_wd_schedule is \"cosine\" or \"warmdown\"");
+  if (j.contains("tau_2x") && j.at("tau_2x").is_number()) p.tau_2x = j.at("tau_2x").get<double>();
+  p.is_default = j.value("default", false);
+  if (p.is_default && p.tau_2x < kMinDefaultTau)
+    throw std::logic_error(fmt::format("preset {}: its rankings at its budget and twice it agree with tau {:.3f} < {}: "
+                                       "it cannot be a default",
+                                       name, p.tau_2x, kMinDefaultTau));
   p.batch = j.at("batch").get<int64_t>();
   p.eval_every = j.at("eval_every").get<int64_t>();
   p.eval_batches = j.at("eval_batches").get<int64_t>();

@@ -4,11 +4,14 @@
 #pragma once
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "suites/budgets.h"
 #include "suites/optimizer.h"
 
 namespace mixbench {
@@ -20,7 +23,10 @@ namespace mixbench {
 struct TrainPreset {
   std::string name;
   std::string config;  // backbone overrides
-  int64_t steps, batch, eval_every, eval_batches, checkpoint_every;
+  int64_t steps = 0;             // when the preset states no budget
+  std::optional<Budget> budget;  // "budget": {"tokens_per_param": X} or {"flops": Y}
+  std::string data = "synthetic";  // the training text unless --data says otherwise ("synthetic", "text", a path)
+  int64_t batch, eval_every, eval_batches, checkpoint_every;
   int64_t probe_sequences = 64;  // held-out sequences per probe kind after training
   int64_t seeds = 1;              // the leaderboard's runs per method (seeds seed, seed+1, ...)
   int cpu_threads = 0;            // intra-op threads on the CPU during the run (0 = LibTorch's default)
@@ -32,9 +38,17 @@ struct TrainPreset {
   std::string anchor;     // the leaderboard's FLOP anchor: every method is calibrated to its FLOPs/token
   std::string baseline;   // the leaderboard's reference for the paired difference ("delta_vs_<baseline>")
   std::vector<std::string> lineup;  // the leaderboard's default methods; empty = every registered method
+  // Kendall τ-b between the leaderboard's rankings at the preset's budget and at twice it, as
+  // measured ("tau_2x"; NaN until measured). A preset whose rankings disagree (τ < kMinDefaultTau)
+  // must not be a default ("default": true is refused).
+  double tau_2x = std::nan("");
+  bool is_default = false;
   std::string config_for(const std::string& method) const;
 };
+constexpr double kMinDefaultTau = 0.8;
 TrainPreset train_preset(const std::string& name);
+// One preset from its presets.json object; logic_error for a malformed one.
+TrainPreset train_preset_from_json(const std::string& name, const nlohmann::ordered_json& j);
 // suites/presets.json, embedded at build time: {preset: {field: value}} in declaration order.
 const nlohmann::ordered_json& train_presets_table();
 

@@ -437,7 +437,9 @@ TEST(TrainDevice, BadDevicesAndPresetsAreUsageErrors) {
   const Config c = Registry::get().method("dense").config.parse(s.config);
   const ModelDims d = model_dims(c);
   EXPECT_EQ(s.batch * d.seq_len, 16384);
-  EXPECT_EQ(s.steps * s.batch * d.seq_len, 40 * 16384);
+  TrainOptions o;
+  o.preset = "small";
+  EXPECT_EQ(run_length(o, s).tokens, 40 * 16384);  // the preset's budget at dense
   for (const auto& [m, mb] : s.method_micro_batch) {
     EXPECT_NO_THROW(Registry::get().method(m)) << m;
     EXPECT_EQ(s.batch % mb, 0) << m;

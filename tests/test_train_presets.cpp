@@ -59,7 +59,8 @@ TEST(TrainPresets, EveryMethodsConfigAndMicroBatchArePinned) {
     }
     for (const auto& [m, mb] : P.method_micro_batch) EXPECT_TRUE(Registry::get().has_method(m)) << m;
   }
-  // steps, batch, eval_every, eval_batches, checkpoint_every, probe_sequences, cpu_threads, B_ref, bf16
+  // steps (as given or from the budget), batch, eval_every, eval_batches, checkpoint_every, probe_sequences,
+  // cpu_threads, B_ref, bf16
   struct Budget {
     int64_t steps, batch, eval_every, eval_batches, ckpt, probes, threads;
     double ref;
@@ -68,7 +69,10 @@ TEST(TrainPresets, EveryMethodsConfigAndMicroBatchArePinned) {
   for (const auto& [name, want] : std::map<std::string, Budget>{{"tiny", {160, 4, 40, 4, 50, 32, 1, 512.0, false}},
                                                                  {"small", {40, 32, 10, 4, 40, 128, 0, 16384.0, true}}}) {
     const TrainPreset p = train_preset(name);
-    const std::vector<int64_t> got = {p.steps, p.batch, p.eval_every, p.eval_batches, p.checkpoint_every,
+    TrainOptions o;
+    o.preset = name;
+    const int64_t steps = run_length(o, p).steps;  // the preset's steps, or its budget's
+    const std::vector<int64_t> got = {steps, p.batch, p.eval_every, p.eval_batches, p.checkpoint_every,
                                       p.probe_sequences, int64_t(p.cpu_threads)};
     EXPECT_EQ(got, (std::vector<int64_t>{want.steps, want.batch, want.eval_every, want.eval_batches, want.ckpt,
                                          want.probes, want.threads}))

@@ -22,6 +22,12 @@ namespace {
 
 using Json = nlohmann::json;
 
+// The training text a run reads: --data, else the preset's.
+template <class Options>
+std::string run_data(const Options& o) {
+  return o.data.empty() ? train_preset(o.preset).data : o.data;
+}
+
 // The options train and leaderboard share (TrainOptions, LeaderboardOptions).
 template <class Options>
 void read_run_options(const Args& a, Options& o) {
@@ -31,7 +37,9 @@ void read_run_options(const Args& a, Options& o) {
   o.micro_batch = a.get_int("micro-batch", 0);
   if (o.micro_batch < 0) throw UsageError("--micro-batch must be >= 0");
   o.seed = uint64_t(a.get_int("seed", 0));
-  o.data = a.get_or("data", "synthetic");
+  o.data = a.get_or("data", "");
+  o.budget = a.get_or("budget", "");
+  if (!o.budget.empty()) parse_budget(o.budget);  // a malformed budget fails before any work
   o.out = a.get_or("out", "");
   o.config = a.get_or("config", "");
   o.device = a.get_or("device", "cpu");
@@ -112,7 +120,8 @@ int train_rank(const TrainOptions& o, const std::vector<std::string>& args) {
   RunInfo info = run_info("train", args);
   info.argv.insert(info.argv.begin() + 1, "train");
   info.config = {{"method", o.method}, {"preset", o.preset}, {"config", r.cfg.to_json()}, {"steps", o.steps},
-                 {"batch", o.batch}, {"micro_batch", o.micro_batch}, {"data", o.data}, {"resume", o.resume}};
+                 {"batch", o.batch}, {"micro_batch", o.micro_batch}, {"data", run_data(o)}, {"resume", o.resume},
+                 {"budget", r.budget.to_json()}};
   info.seeds = {{"base", o.seed}};
   Json report = make_report(info, Json::array({train_result_json(r)}));
   if (!o.out.empty()) write_report((std::filesystem::path(o.out) / "train.json").string(), report);
@@ -125,6 +134,9 @@ int run_leaderboard_command(const Args& a, const std::vector<std::string>& args)
   LeaderboardOptions o;
   o.methods = a.list("methods");
   read_run_options(a, o);
+  for (const auto& b : a.list("budgets")) o.budgets.push_back(parse_budget(b));
+  if ((!o.budget.empty() || o.steps > 0) && !o.budgets.empty())
+    throw UsageError("--budgets sets the length of every run: give it without --budget and --steps");
   if (o.steps < 0 || o.batch < 0 || o.probe_sequences < -1) throw UsageError("--steps, --batch and --probes must be >= 0");
   o.seeds = a.get_int("seeds", 0);
   o.stop_after = a.get_int("stop-after", 0);
@@ -148,6 +160,10 @@ int leaderboard_rank(LeaderboardOptions o, const std::vector<std::string>& args)
     Json report = make_report(info, results);
     report["markdown"] = md;
     report["summary"] = summary;
+    if (summary.contains("budgets")) {  // --budgets: each budget's ranking and Kendall's tau between them
+      report["budgets"] = summary["budgets"];
+      report["kendall_tau"] = summary["kendall_tau"];
+    }
     return report;
   };
   if (!o.out.empty() && std::filesystem::exists(o.out)) {  // a report of an earlier run: keep its finished cells
@@ -193,7 +209,12 @@ int leaderboard_rank(LeaderboardOptions o, const std::vector<std::string>& args)
 const OptionDoc kPreset = {"preset", OptionKind::Value, "tiny|small|gpu-d12", "model size, steps, batch and schedule (default tiny)"};
 const OptionDoc kBatch = {"batch", OptionKind::Value, "B", "rows per step (default: the preset's)"};
 const OptionDoc kSeed = {"seed", OptionKind::Value, "S", "seed of the weights and the data order (default 0)"};
-const OptionDoc kData = {"data", OptionKind::Value, "synthetic|PATH", "training text: the built-in synthetic stream or a file (default synthetic)"};
+const OptionDoc kData = {"data", OptionKind::Value, "synthetic|text|PATH",
+                         "training text: the synthetic stream, the built-in real-text corpus (ci/fetch_text.sh; "
+                         "$MIXBENCH_DATA_DIR or ./data/text) or files (default: the preset's)"};
+const OptionDoc kBudget = {"budget", OptionKind::Value, "tpp=X|flops=Y|steps=N",
+                           "training budget: tokens per anchor parameter, total FLOPs or steps (default: the "
+                           "preset's; --steps wins)"};
 const OptionDoc kProbes = {"probes", OptionKind::Value, "N", "held-out sequences per capability probe (default: the preset's; 0 = none)"};
 const OptionDoc kQuiet = {"quiet", OptionKind::Flag, "", "no progress output"};
 const OptionDoc kDevice = {"device", OptionKind::Value, "cpu|cuda", "device the training runs on (default cpu)"};
@@ -214,7 +235,8 @@ Command train_command() {
           "DIR/train.json; probes: MQAR, NIAH single-1/2/3, S3/S5 state tracking on held-out sequences",
           {{"method", OptionKind::Value, "NAME", "the registered method to train (required)"},
            kPreset,
-           {"steps", OptionKind::Value, "N", "optimizer steps (default: the preset's)"},
+           {"steps", OptionKind::Value, "N", "optimizer steps (default: from the budget)"},
+           kBudget,
            kBatch,
            {"micro-batch", OptionKind::Value, "M", "rows per forward/backward, gradients accumulated (default: the preset's for the method)"},
            kSeed,
@@ -248,7 +270,11 @@ Command leaderboard_command() {
           "exit 1 when a method's run failed",
           {kPreset,
            {"methods", OptionKind::Multi, "a,b|all", "methods to rank (default all)"},
-           {"steps", OptionKind::Value, "N", "optimizer steps per method (default: the preset's)"},
+           {"steps", OptionKind::Value, "N", "optimizer steps per method (default: from the budget)"},
+           kBudget,
+           {"budgets", OptionKind::Multi, "a,b",
+            "train every method to each budget in one pass (branching where the shorter one's warmdown starts) "
+            "and rank at each, with Kendall's tau between the rankings"},
            kBatch,
            {"micro-batch", OptionKind::Value, "M", "rows per forward/backward (default: the preset's for each method)"},
            kSeed,
