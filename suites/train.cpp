@@ -159,7 +159,7 @@ TrainResult run_train(const TrainOptions& opt) {
   int64_t start = 0, pos = 0;
   double prior_seconds = 0;
   if (opt.resume) {
-    SafetensorsFile f = read_safetensors(ckpt);
+    SafetensorsFile f = read_safetensors(ckpt, "checkpoint");
     auto meta = [&](const std::string& k) {
       auto it = f.metadata.find(k);
       if (it == f.metadata.end()) throw InputError(fmt::format("checkpoint '{}' lacks '{}'", ckpt, k));
