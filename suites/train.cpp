@@ -98,7 +98,8 @@ TrainResult run_train(const TrainOptions& opt) {
   if (opt.resume && opt.out.empty()) throw UsageError("--resume needs --out DIR (where the checkpoint is)");
   TrainResult r;
   r.method = ms.name;
-  r.cfg = ms.config.parse(P.config_for(ms.name) + (opt.config.empty() ? "" : "," + opt.config));
+  r.cfg = resolve_full_attention_warmup(ms.config.parse(P.config_for(ms.name) + (opt.config.empty() ? "" : "," + opt.config)),
+                                        steps);
   const ModelDims d = model_dims(r.cfg);
   const int64_t T = d.seq_len;
   Corpus corpus = load_corpus(opt.data, opt.seed, T, steps * B * (T + 1));

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/config.h"
 #include "suites/optimizer.h"
 
 namespace mixbench {
@@ -34,6 +35,11 @@ struct TrainPreset {
   std::string config_for(const std::string& method) const;
 };
 TrainPreset train_preset(const std::string& name);
+// The sparse methods' full-attention warm-up for a run of `steps` training steps: cfg with
+// full_attention_warmup_steps set to llround(full_attention_warmup_frac · steps) unless given
+// explicitly (≥ 0); cfg unchanged for a method without the knob. A warm-up covering every step
+// would train and evaluate dense attention: UsageError unless allow_full_warmup=1.
+Config resolve_full_attention_warmup(const Config& cfg, int64_t steps);
 // suites/presets.json, embedded at build time: {preset: {field: value}} in declaration order.
 const nlohmann::ordered_json& train_presets_table();
 
