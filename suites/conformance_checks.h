@@ -32,6 +32,8 @@ struct Unit {
   std::function<TensorMap(const TensorMap&, Backend)> optimized;
   std::set<std::string> nondiff;  // inputs without gradients
   std::set<std::string> selection;  // outputs compared as selections (OpSpec::selection_outputs)
+  // The reference scores of the selections' candidates (OpSpec::selection_scores); empty: none.
+  std::function<TensorMap(const TensorMap&)> selection_scores;
 };
 
 at::Generator make_gen(uint64_t seed);
@@ -52,6 +54,29 @@ TensorMap prepare(const TensorMap& inputs64, const Unit& u, at::ScalarType dt, a
 TensorMap inject_fault(const TensorMap& m, double s, const std::set<std::string>& selection = {});
 // One check of the report: the comparison against threshold thr.
 Json check_json(const std::string& tensor, const char* kind, const Comparison& c, double thr);
+
+// Selections compared as sets per row (compare_selection), accepting a row that differs from the
+// reference's only among keys tied with its k-th score: every reference key the row misses and
+// every key it adds score within tol of the lowest score the reference selected in that row, where
+// tol = rel_tol · the row's largest finite |score| (top-k implementations order ties differently:
+// torch.topk keeps any of them, the reference's stable sort the lowest indices). A row missing a
+// key strictly above the boundary, adding a non-candidate (−inf) key, repeating a key or holding a
+// different number of keys fails. scores: [rows..., n] over the candidates, rows as ref's.
+// rel_rms = fraction of failing rows, max_abs = the most keys a failing row misses (at least 1),
+// tie_swaps = the keys exchanged in accepted rows.
+struct SelectionComparison {
+  Comparison cmp;
+  int64_t tie_swaps = 0;
+};
+SelectionComparison compare_selection_ties(const at::Tensor& ref, const at::Tensor& x, const at::Tensor& scores,
+                                           double rel_tol);
+// Relative tolerance of a tie between scores computed in `dtype`: 1e-12 at fp64, the dtype's
+// output threshold below it.
+double tie_tolerance(const std::string& dtype);
+// The check (kind "selection", threshold 0) of selection output `tensor`: tie-aware, with
+// `tie_swaps` in the JSON, when the reference scores are given (defined), exact sets otherwise.
+Json selection_check(const std::string& tensor, const at::Tensor& ref, const at::Tensor& x, const at::Tensor& scores,
+                     double rel_tol);
 
 // One case: the optimized path (at opt's dtype and backend, outputs poisoned first) against the
 // FP64 reference on the same rounded inputs, outputs and gradients; opt.fault is injected here.
