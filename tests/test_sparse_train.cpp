@@ -63,7 +63,7 @@ TensorMap layer_inputs(const MethodSpec& m, const Config& cfg, int64_t layer, in
 // model_forward's logits; a method without aux_loss trains on the cross-entropy alone.
 TEST(SparseTrain, ModelLossAddsTheLayersAuxLosses) {
   for (int64_t step : {int64_t(-1), int64_t(0)}) {  // selection active; full-attention warm-up
-    Model model = dsa_model(kDsa);
+    Model model = dsa_model(kDsa + ",full_attention_warmup_steps=512");
     model.step = step;
     at::Tensor idx = tokens(2, 29, 64, 3), tgt = tokens(2, 29, 64, 4);
     at::Tensor lm;
@@ -98,7 +98,7 @@ TEST(SparseTrain, ModelLossAddsTheLayersAuxLosses) {
 // the LM loss); every other parameter's gradient is the LM loss's, unchanged by the aux term.
 TEST(SparseTrain, IndexerGetsGradientMainGradientUnchanged) {
   for (int64_t step : {int64_t(-1), int64_t(0)}) {
-    Model model = dsa_model(kDsa);
+    Model model = dsa_model(kDsa + ",full_attention_warmup_steps=512");
     model.step = step;
     std::vector<std::string> names;
     std::vector<at::Tensor> leaves;
