@@ -135,18 +135,28 @@ SelectionComparison compare_selection_ties(const at::Tensor& ref_in, const at::T
     at::Tensor col = at::where((sel >= 0) & (sel < n), sel, at::full_like(sel, n));
     return at::zeros({rows, n + 1}, sel.options()).scatter_add_(1, col, at::ones_like(col));
   };
-  at::Tensor cr = counts(ref).slice(1, 0, n), cx = counts(x).slice(1, 0, n);
-  at::Tensor in_ref = cr > 0, in_x = cx > 0;
-  at::Tensor malformed = (cx > 1).any(-1) | ((x >= n) | (x < -1)).any(-1) | ((x >= 0).sum(-1) != (ref >= 0).sum(-1));
   const double inf = std::numeric_limits<double>::infinity();
   at::Tensor finite = at::isfinite(sc);
-  at::Tensor kth = at::where(in_ref, sc, at::full_like(sc, inf)).amin(-1, true);  // the reference's boundary score
   at::Tensor tol = rel_tol * at::where(finite, sc.abs(), at::zeros_like(sc)).amax(-1, true);
-  at::Tensor missing = in_ref & ~in_x, extra = in_x & ~in_ref;
-  at::Tensor past_tie = (missing & (sc - kth > tol)).any(-1) | (extra & (~finite | (kth - sc > tol))).any(-1);
-  at::Tensor n_missing = missing.sum(-1);
-  at::Tensor differs = (n_missing > 0) | malformed;
-  at::Tensor fails = differs & (malformed | past_tie);
+  // The boundary: the k-th highest score of the row, k = the keys the reference selected.
+  at::Tensor k_row = (ref >= 0).sum(-1, true);
+  at::Tensor sorted = std::get<0>(sc.sort(-1, /*descending=*/true));
+  at::Tensor kth = sorted.gather(-1, (k_row - 1).clamp(0, n - 1)).masked_fill(k_row == 0, inf);
+  // A top-k selection: k distinct candidates, every one scoring at least the boundary (− tol) and
+  // every candidate above it (+ tol) among them.
+  auto top_k = [&](const at::Tensor& sel, const at::Tensor& cnt) {
+    at::Tensor in = cnt > 0;
+    at::Tensor well_formed =
+        ~(cnt > 1).any(-1) & ~((sel >= n) | (sel < -1)).any(-1) & ((sel >= 0).sum(-1, true) == k_row).squeeze(-1);
+    at::Tensor below = (in & (~finite | (sc < kth - tol))).any(-1);
+    at::Tensor left_out = (~in & finite & (sc > kth + tol)).any(-1);
+    return well_formed & ~below & ~left_out;
+  };
+  at::Tensor cr = counts(ref), cx = counts(x);
+  at::Tensor cr_n = cr.slice(1, 0, n), cx_n = cx.slice(1, 0, n);
+  at::Tensor n_missing = ((cr_n > 0) & ~(cx_n > 0)).sum(-1);
+  at::Tensor differs = (cr != cx).any(-1);
+  at::Tensor fails = differs & ~(top_k(ref, cr_n) & top_k(x, cx_n));
   out.tie_swaps = (n_missing * (differs & ~fails)).sum().item<int64_t>();
   out.cmp.rel_rms = fails.to(at::kDouble).mean().item<double>();
   out.cmp.max_abs = double(at::where(fails, at::clamp_min(n_missing, 1), at::zeros_like(n_missing)).max().item<int64_t>());

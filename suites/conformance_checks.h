@@ -55,15 +55,16 @@ TensorMap inject_fault(const TensorMap& m, double s, const std::set<std::string>
 // One check of the report: the comparison against threshold thr.
 Json check_json(const std::string& tensor, const char* kind, const Comparison& c, double thr);
 
-// Selections compared as sets per row (compare_selection), accepting a row that differs from the
-// reference's only among keys tied with its k-th score: every reference key the row misses and
-// every key it adds score within tol of the lowest score the reference selected in that row, where
-// tol = rel_tol · the row's largest finite |score| (top-k implementations order ties differently:
-// torch.topk keeps any of them, the reference's stable sort the lowest indices). A row missing a
-// key strictly above the boundary, adding a non-candidate (−inf) key, repeating a key or holding a
-// different number of keys fails. scores: [rows..., n] over the candidates, rows as ref's.
-// rel_rms = fraction of failing rows, max_abs = the most keys a failing row misses (at least 1),
-// tie_swaps = the keys exchanged in accepted rows.
+// Selections compared as sets per row (compare_selection), accepting a row whose two selections
+// differ only among keys tied with the row's k-th score (k = the keys `ref` selects): both must be
+// top-k selections of `scores` — k distinct candidates, none scoring below the k-th score − tol,
+// none left out scoring above it + tol, tol = rel_tol · the row's largest finite |score| — since
+// top-k implementations keep different tied keys (torch.topk any of them, the reference's stable
+// sort the lowest indices). Either selection missing a key strictly above the boundary, holding a
+// non-candidate (−inf), repeated or out-of-range key, or a different number of keys fails the row.
+// scores: [rows..., n] over the candidates, rows as ref's. rel_rms = fraction of failing rows,
+// max_abs = the most keys a failing row misses (at least 1), tie_swaps = the keys exchanged in
+// accepted rows.
 struct SelectionComparison {
   Comparison cmp;
   int64_t tie_swaps = 0;

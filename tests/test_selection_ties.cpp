@@ -161,9 +161,11 @@ TEST(SelectionTies, GoldenWithOtherTiedKeysPasses) {
   const fs::path strict_path = write_with("dsa_strict.safetensors", strict);
   const fs::path rep = tmp("report.json");
   testing::internal::CaptureStdout();
-  EXPECT_EQ(run_cli({"conformance", "--golden", tied_path.string(), "--out", rep.string(), "--quiet"}), 0);
-  EXPECT_EQ(run_cli({"conformance", "--golden", strict_path.string(), "--quiet"}), 1);
-  testing::internal::GetCapturedStdout();
+  const int rc_tied = run_cli({"conformance", "--golden", tied_path.string(), "--out", rep.string(), "--quiet"});
+  const int rc_strict = run_cli({"conformance", "--golden", strict_path.string(), "--quiet"});
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_EQ(rc_tied, 0) << out;
+  EXPECT_EQ(rc_strict, 1) << out;
   const Json r = Json::parse(read_file(rep.string()));
   int64_t reported = -1;
   for (const auto& res : r["results"])
@@ -171,5 +173,6 @@ TEST(SelectionTies, GoldenWithOtherTiedKeysPasses) {
       for (const auto& c : res["checks"])
         if (c["kind"] == "selection") reported = c["tie_swaps"].get<int64_t>();
   EXPECT_EQ(reported, swaps);
-  fs::remove_all(ref_path.parent_path());
+  for (const fs::path& p : {ref_path, tied_path, strict_path, rep}) fs::remove(p);
+  fs::remove(ref_path.parent_path());
 }
