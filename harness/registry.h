@@ -53,6 +53,10 @@ struct OpSpec {
   // [B,T,k], −1 = empty slot): compared as sets per row (slot order ignored) by compare_selection,
   // reported as checks of kind "selection" with threshold 0, never differentiated.
   std::set<std::string> selection_outputs;
+  // Optional: the FP64 reference scores of each selection output's candidates, {output: [..., n]}
+  // (rows as the selection's, −inf = not a candidate). With them a selection that differs from the
+  // reference's only among keys tied with the k-th score is accepted (tie swaps, conformance_checks.h).
+  OpFn selection_scores;
   // Fresh random FP64 inputs (never zeros) for a case: shapes follow from cfg, B and T.
   std::function<TensorMap(const Config&, int64_t B, int64_t T, at::Generator&)> make_inputs;
   OpFn reference;  // FP64 plain loops; differentiable through autograd

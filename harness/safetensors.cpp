@@ -35,8 +35,8 @@ const DtypeInfo* find_dtype(at::ScalarType t) {
 }
 }  // namespace
 
-SafetensorsFile read_safetensors(const std::string& path) {
-  auto fail = [&](const std::string& why) { return InputError(fmt::format("golden file '{}': {}", path, why)); };
+SafetensorsFile read_safetensors(const std::string& path, const std::string& role) {
+  auto fail = [&](const std::string& why) { return InputError(fmt::format("{} '{}': {}", role, path, why)); };
   std::ifstream in(path, std::ios::binary);
   if (!in) throw fail("cannot open");
   in.seekg(0, std::ios::end);

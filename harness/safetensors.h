@@ -1,4 +1,4 @@
-// Minimal safetensors reader/writer for golden files. The reader validates everything it reads
+// Minimal safetensors reader/writer for golden files and checkpoints. The reader validates everything it reads
 // (header size, JSON, dtypes, shapes, offsets in range and not overlapping) and throws InputError
 // with the file name and the problem.
 #pragma once
@@ -15,7 +15,8 @@ struct SafetensorsFile {
   TensorMap tensors;  // in file order of their data offsets
 };
 
-SafetensorsFile read_safetensors(const std::string& path);
+// `role` names the file in error messages ("golden file", "checkpoint", ...).
+SafetensorsFile read_safetensors(const std::string& path, const std::string& role = "golden file");
 // Writes atomically (temp file + rename).
 void write_safetensors(const std::string& path, const TensorMap& tensors,
                        const std::map<std::string, std::string>& metadata);

@@ -8,6 +8,8 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
+#include <limits>
+#include <stdexcept>
 
 #include "harness/alloc.h"
 #include "harness/nvtx.h"
@@ -114,6 +116,65 @@ Json check_json(const std::string& tensor, const char* kind, const Comparison& c
           {"threshold", thr}, {"finite", c.finite}, {"absolute", c.absolute}, {"status", ok ? "pass" : "fail"}};
 }
 
+SelectionComparison compare_selection_ties(const at::Tensor& ref_in, const at::Tensor& x_in, const at::Tensor& scores,
+                                           double rel_tol) {
+  SelectionComparison out;
+  out.cmp = compare_selection(ref_in, x_in);
+  if (!out.cmp.shape_ok || out.cmp.rel_rms == 0 || !scores.defined()) return out;
+  const int64_t k = ref_in.size(-1);
+  at::Tensor ref = ref_in.detach().to(at::kCPU, at::kLong).reshape({-1, k});
+  at::Tensor x = x_in.detach().to(at::kCPU, at::kLong).reshape({-1, k});
+  const int64_t rows = ref.size(0);
+  if (scores.dim() != ref_in.dim() || !scores.sizes().slice(0, scores.dim() - 1).equals(ref_in.sizes().slice(0, ref_in.dim() - 1)))
+    throw std::logic_error(fmt::format("selection scores of shape {} do not match the selection's rows {}",
+                                       c10::str(scores.sizes()), c10::str(ref_in.sizes())));
+  at::Tensor sc = scores.detach().to(at::kCPU, at::kDouble).reshape({rows, -1});
+  const int64_t n = sc.size(1);
+  // Key counts per candidate; empty slots and keys out of range go to an extra column n.
+  auto counts = [&](const at::Tensor& sel) {
+    at::Tensor col = at::where((sel >= 0) & (sel < n), sel, at::full_like(sel, n));
+    return at::zeros({rows, n + 1}, sel.options()).scatter_add_(1, col, at::ones_like(col));
+  };
+  const double inf = std::numeric_limits<double>::infinity();
+  at::Tensor finite = at::isfinite(sc);
+  at::Tensor tol = rel_tol * at::where(finite, sc.abs(), at::zeros_like(sc)).amax(-1, true);
+  // The boundary: the k-th highest score of the row, k = the keys the reference selected.
+  at::Tensor k_row = (ref >= 0).sum(-1, true);
+  at::Tensor sorted = std::get<0>(sc.sort(-1, /*descending=*/true));
+  at::Tensor kth = sorted.gather(-1, (k_row - 1).clamp(0, n - 1)).masked_fill(k_row == 0, inf);
+  // A top-k selection: k distinct candidates, every one scoring at least the boundary (− tol) and
+  // every candidate above it (+ tol) among them.
+  auto top_k = [&](const at::Tensor& sel, const at::Tensor& cnt) {
+    at::Tensor in = cnt > 0;
+    at::Tensor well_formed =
+        ~(cnt > 1).any(-1) & ~((sel >= n) | (sel < -1)).any(-1) & ((sel >= 0).sum(-1, true) == k_row).squeeze(-1);
+    at::Tensor below = (in & (~finite | (sc < kth - tol))).any(-1);
+    at::Tensor left_out = (~in & finite & (sc > kth + tol)).any(-1);
+    return well_formed & ~below & ~left_out;
+  };
+  at::Tensor cr = counts(ref), cx = counts(x);
+  at::Tensor cr_n = cr.slice(1, 0, n), cx_n = cx.slice(1, 0, n);
+  at::Tensor n_missing = ((cr_n > 0) & ~(cx_n > 0)).sum(-1);
+  at::Tensor differs = (cr != cx).any(-1);
+  at::Tensor fails = differs & ~(top_k(ref, cr_n) & top_k(x, cx_n));
+  out.tie_swaps = (n_missing * (differs & ~fails)).sum().item<int64_t>();
+  out.cmp.rel_rms = fails.to(at::kDouble).mean().item<double>();
+  out.cmp.max_abs = double(at::where(fails, at::clamp_min(n_missing, 1), at::zeros_like(n_missing)).max().item<int64_t>());
+  return out;
+}
+
+double tie_tolerance(const std::string& dtype) {
+  return dtype == "fp64" ? 1e-12 : threshold(dtype, TensorKind::Output);
+}
+
+Json selection_check(const std::string& tensor, const at::Tensor& ref, const at::Tensor& x, const at::Tensor& scores,
+                     double rel_tol) {
+  SelectionComparison s = compare_selection_ties(ref, x, scores, rel_tol);
+  Json c = check_json(tensor, "selection", s.cmp, 0.0);
+  if (scores.defined()) c["tie_swaps"] = s.tie_swaps;
+  return c;
+}
+
 Json run_case(const Unit& u, const TensorMap& inputs64, const ConformanceOptions& opt, uint64_t seed) {
   const at::ScalarType dt = parse_dtype(opt.dtype);
   const at::Device dev = device_of(opt.backend);
@@ -134,6 +195,11 @@ Json run_case(const Unit& u, const TensorMap& inputs64, const ConformanceOptions
   for (const auto& [n, t] : cot) cot_by_out.set(n.substr(1), t);
 
   auto [ref_out, ref_grad] = forward_backward(u, ref_in, cot_by_out, Backend::Reference, true);
+  TensorMap ref_scores;
+  if (u.selection_scores) {
+    c10::NoGradGuard ng;
+    ref_scores = u.selection_scores(ref_in);
+  }
   TensorMap opt_cot;
   for (const auto& [n, t] : cot_by_out) opt_cot.set(n, t.to(dt).to(dev));
   TensorMap opt_out, opt_grad;
@@ -148,7 +214,7 @@ Json run_case(const Unit& u, const TensorMap& inputs64, const ConformanceOptions
   for (const auto& [n, r] : ref_out) {
     if (!opt_out.has(n)) throw std::runtime_error(fmt::format("optimized path did not return '{}'", n));
     Json c = u.selection.count(n)
-                 ? check_json(n, "selection", compare_selection(r, opt_out.at(n)), 0.0)
+                 ? selection_check(n, r, opt_out.at(n), ref_scores.get_or(n, at::Tensor()), tie_tolerance(opt.dtype))
                  : check_json(n, "output", compare(r, opt_out.at(n)), threshold(opt.dtype, TensorKind::Output, u.level != "op"));
     ok = ok && c["status"] == "pass";
     checks.push_back(c);

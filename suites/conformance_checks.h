@@ -32,6 +32,8 @@ struct Unit {
   std::function<TensorMap(const TensorMap&, Backend)> optimized;
   std::set<std::string> nondiff;  // inputs without gradients
   std::set<std::string> selection;  // outputs compared as selections (OpSpec::selection_outputs)
+  // The reference scores of the selections' candidates (OpSpec::selection_scores); empty: none.
+  std::function<TensorMap(const TensorMap&)> selection_scores;
 };
 
 at::Generator make_gen(uint64_t seed);
@@ -52,6 +54,30 @@ TensorMap prepare(const TensorMap& inputs64, const Unit& u, at::ScalarType dt, a
 TensorMap inject_fault(const TensorMap& m, double s, const std::set<std::string>& selection = {});
 // One check of the report: the comparison against threshold thr.
 Json check_json(const std::string& tensor, const char* kind, const Comparison& c, double thr);
+
+// Selections compared as sets per row (compare_selection), accepting a row whose two selections
+// differ only among keys tied with the row's k-th score (k = the keys `ref` selects): both must be
+// top-k selections of `scores` — k distinct candidates, none scoring below the k-th score − tol,
+// none left out scoring above it + tol, tol = rel_tol · the row's largest finite |score| — since
+// top-k implementations keep different tied keys (torch.topk any of them, the reference's stable
+// sort the lowest indices). Either selection missing a key strictly above the boundary, holding a
+// non-candidate (−inf), repeated or out-of-range key, or a different number of keys fails the row.
+// scores: [rows..., n] over the candidates, rows as ref's. rel_rms = fraction of failing rows,
+// max_abs = the most keys a failing row misses (at least 1), tie_swaps = the keys exchanged in
+// accepted rows.
+struct SelectionComparison {
+  Comparison cmp;
+  int64_t tie_swaps = 0;
+};
+SelectionComparison compare_selection_ties(const at::Tensor& ref, const at::Tensor& x, const at::Tensor& scores,
+                                           double rel_tol);
+// Relative tolerance of a tie between scores computed in `dtype`: 1e-12 at fp64, the dtype's
+// output threshold below it.
+double tie_tolerance(const std::string& dtype);
+// The check (kind "selection", threshold 0) of selection output `tensor`: tie-aware, with
+// `tie_swaps` in the JSON, when the reference scores are given (defined), exact sets otherwise.
+Json selection_check(const std::string& tensor, const at::Tensor& ref, const at::Tensor& x, const at::Tensor& scores,
+                     double rel_tol);
 
 // One case: the optimized path (at opt's dtype and backend, outputs poisoned first) against the
 // FP64 reference on the same rounded inputs, outputs and gradients; opt.fault is injected here.

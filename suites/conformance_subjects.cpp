@@ -143,6 +143,7 @@ Unit op_unit(const OpSpec& spec, const Config& cfg) {
   for (const auto& d : spec.inputs)
     if (!d.differentiable) u.nondiff.insert(d.name);
   u.selection = spec.selection_outputs;
+  if (spec.selection_scores) u.selection_scores = [&spec, cfg](const TensorMap& in) { return spec.selection_scores(in, cfg); };
   return u;
 }
 

@@ -100,7 +100,8 @@ TrainResult run_train(const TrainOptions& opt) {
   TrainResult r;
   r.budget = plan;
   r.method = ms.name;
-  r.cfg = ms.config.parse(P.config_for(ms.name) + (opt.config.empty() ? "" : "," + opt.config));
+  r.cfg = resolve_full_attention_warmup(ms.config.parse(P.config_for(ms.name) + (opt.config.empty() ? "" : "," + opt.config)),
+                                        steps);
   const ModelDims d = model_dims(r.cfg);
   const int64_t T = d.seq_len;
   const std::string data = opt.data.empty() ? P.data : opt.data;
@@ -165,7 +166,7 @@ TrainResult run_train(const TrainOptions& opt) {
   int64_t start = 0, pos = 0;
   double prior_seconds = 0;
   if (opt.resume || opt.start_from) {
-    const SafetensorsFile f = opt.start_from ? *opt.start_from : read_safetensors(ckpt);
+    const SafetensorsFile f = opt.start_from ? *opt.start_from : read_safetensors(ckpt, "checkpoint");
     auto meta = [&](const std::string& k) {
       auto it = f.metadata.find(k);
       if (it == f.metadata.end()) throw InputError(fmt::format("checkpoint '{}' lacks '{}'", ckpt, k));

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <stdexcept>
 
 #include "harness/errors.h"
@@ -66,6 +67,18 @@ TrainPreset train_preset_from_json(const std::string& name, const nlohmann::orde
     if (it->second.micro_batch > 0) p.method_micro_batch[m->name] = it->second.micro_batch;
   }
   return p;
+}
+
+Config resolve_full_attention_warmup(const Config& cfg, int64_t steps) {
+  if (!cfg.has("full_attention_warmup_steps")) return cfg;
+  int64_t n = cfg.i("full_attention_warmup_steps");
+  if (n < 0) n = std::llround(cfg.f("full_attention_warmup_frac") * double(steps));
+  if (n >= steps && !cfg.b("allow_full_warmup"))
+    throw UsageError(fmt::format(
+        "the full-attention warm-up of {} steps covers all {} training steps, so the run would train and evaluate "
+        "dense attention; lower full_attention_warmup_frac or full_attention_warmup_steps, or set allow_full_warmup=1",
+        n, steps));
+  return cfg.with("full_attention_warmup_steps", n);
 }
 
 }  // namespace mixbench

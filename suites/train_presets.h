@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "suites/budgets.h"
+#include "harness/config.h"
 #include "suites/optimizer.h"
 
 namespace mixbench {
@@ -49,6 +50,11 @@ constexpr double kMinDefaultTau = 0.8;
 TrainPreset train_preset(const std::string& name);
 // One preset from its presets.json object; logic_error for a malformed one.
 TrainPreset train_preset_from_json(const std::string& name, const nlohmann::ordered_json& j);
+// The sparse methods' full-attention warm-up for a run of `steps` training steps: cfg with
+// full_attention_warmup_steps set to llround(full_attention_warmup_frac · steps) unless given
+// explicitly (≥ 0); cfg unchanged for a method without the knob. A warm-up covering every step
+// would train and evaluate dense attention: UsageError unless allow_full_warmup=1.
+Config resolve_full_attention_warmup(const Config& cfg, int64_t steps);
 // suites/presets.json, embedded at build time: {preset: {field: value}} in declaration order.
 const nlohmann::ordered_json& train_presets_table();
 

@@ -175,9 +175,10 @@ TEST(FamilyBuilders, SparseMethodBuilderSharesTheAttentionLayer) {
   EXPECT_EQ(m.family, "sparse");
   EXPECT_FALSE(m.has_cuda);
   const std::vector<std::string> f = field_names(m.config);
-  const std::vector<std::string> tail = {"kv_ratio", "rope_base", "full_attention_warmup_steps", "probe_k"};
+  const std::vector<std::string> tail = {"kv_ratio", "rope_base", "full_attention_warmup_frac", "full_attention_warmup_steps",
+                                         "allow_full_warmup", "probe_k"};
   ASSERT_GE(f.size(), tail.size());
-  EXPECT_EQ(std::vector<std::string>(f.end() - 4, f.end()), tail);
+  EXPECT_EQ(std::vector<std::string>(f.end() - 6, f.end()), tail);
   m.cases();
   EXPECT_NE(seen.find("probe_k"), nullptr) << "cases see the method's full config";
   const Config cfg = m.config.parse("n_layer=2,d_model=32,head_dim=8,kv_ratio=2");

@@ -63,7 +63,7 @@ TensorMap layer_inputs(const MethodSpec& m, const Config& cfg, int64_t layer, in
 // model_forward's logits; a method without aux_loss trains on the cross-entropy alone.
 TEST(SparseTrain, ModelLossAddsTheLayersAuxLosses) {
   for (int64_t step : {int64_t(-1), int64_t(0)}) {  // selection active; full-attention warm-up
-    Model model = dsa_model(kDsa);
+    Model model = dsa_model(kDsa + ",full_attention_warmup_steps=512");
     model.step = step;
     at::Tensor idx = tokens(2, 29, 64, 3), tgt = tokens(2, 29, 64, 4);
     at::Tensor lm;
@@ -98,7 +98,7 @@ TEST(SparseTrain, ModelLossAddsTheLayersAuxLosses) {
 // the LM loss); every other parameter's gradient is the LM loss's, unchanged by the aux term.
 TEST(SparseTrain, IndexerGetsGradientMainGradientUnchanged) {
   for (int64_t step : {int64_t(-1), int64_t(0)}) {
-    Model model = dsa_model(kDsa);
+    Model model = dsa_model(kDsa + ",full_attention_warmup_steps=512");
     model.step = step;
     std::vector<std::string> names;
     std::vector<at::Tensor> leaves;
@@ -147,8 +147,8 @@ TEST(SparseTrain, WarmupIsDenseCausalAttentionAndTrainsTheIndexer) {
                        "qsa_topk", T / 4, 1},
                      C{"seer", kShape + ",seer_block=4,seer_topk=2,seer_gate_dim=8,kv_ratio=2", "seer_", "seer_topk", T / 4, 3}}) {
     const MethodSpec& m = Registry::get().method(c.method);
-    Config cfg = m.config.parse(c.cfg);
-    ASSERT_EQ(cfg.i("full_attention_warmup_steps"), 512);
+    ASSERT_EQ(m.config.parse(c.cfg).i("full_attention_warmup_steps"), -1);  // the trainer resolves the fraction
+    Config cfg = m.config.parse(c.cfg + ",full_attention_warmup_steps=512");
     TensorMap in = layer_inputs(m, cfg, c.layer, 2, T, 31);
     std::vector<std::string> names;
     std::vector<at::Tensor> leaves;

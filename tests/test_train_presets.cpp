@@ -27,10 +27,10 @@ const std::map<std::string, std::map<std::string, std::string>> kPinnedConfig = 
       {"moba_hybrid", "moba_block=32,moba_topk=2"},
       {"dsa", "dsa_topk=32,idx_heads=4,idx_dim=32,idx_rope_dim=16"}}},
     {"small",
-     {{"dsa", "full_attention_warmup_steps=10,dsa_topk=128,idx_heads=4,idx_dim=64,idx_rope_dim=32"},
-      {"qsa", "full_attention_warmup_steps=10"},
-      {"seer", "full_attention_warmup_steps=10"},
-      {"qsa_hybrid", "full_attention_warmup_steps=10"}}},
+     {{"dsa", "full_attention_warmup_frac=0.25,dsa_topk=128,idx_heads=4,idx_dim=64,idx_rope_dim=32"},
+      {"qsa", "full_attention_warmup_frac=0.25"},
+      {"seer", "full_attention_warmup_frac=0.25"},
+      {"qsa_hybrid", "full_attention_warmup_frac=0.25"}}},
 };
 const std::map<std::string, std::map<std::string, int64_t>> kPinnedMicroBatch = {
     {"tiny", {}},

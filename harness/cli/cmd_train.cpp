@@ -33,7 +33,8 @@ template <class Options>
 void read_run_options(const Args& a, Options& o) {
   o.preset = a.get_or("preset", "tiny");
   o.steps = a.get_int("steps", 0);
-  o.batch = a.get_int("batch", 0);
+  o.batch = a.get_int("batch", 0);  // 0: the preset's
+  if (a.get("batch") && o.batch < 1) throw UsageError("--batch must be >= 1 (leave it out for the preset's)");
   o.micro_batch = a.get_int("micro-batch", 0);
   if (o.micro_batch < 0) throw UsageError("--micro-batch must be >= 0");
   o.seed = uint64_t(a.get_int("seed", 0));

@@ -311,7 +311,7 @@ MethodSpec qsa_spec() {
   // a quarter of them.
   // At small the LibTorch path's per-query-block key gathers for 32 rows need more than an H200's
   // memory in training: the same step in micro-batches of 8 rows (gradients accumulated).
-  m.presets["small"] = {"full_attention_warmup_steps=10", 8};
+  m.presets["small"] = {"full_attention_warmup_frac=0.25", 8};
   return m;
 }
 
@@ -567,7 +567,7 @@ MethodSpec seer_spec() {
   d.cases = seer_cases;
   MethodSpec m = sparse_method(d);
   // Training preset small: as qsa's (the warm-up a quarter of the run, micro-batches of 8 rows).
-  m.presets["small"] = {"full_attention_warmup_steps=10", 8};
+  m.presets["small"] = {"full_attention_warmup_frac=0.25", 8};
   return m;
 }
 

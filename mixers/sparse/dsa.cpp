@@ -217,7 +217,7 @@ MethodSpec make_spec() {
   // The indexer (64 heads × 128) would cost more than the whole tiny model: 4 heads × 32, and 32 of
   // the 128 keys per query; at small scaled to the width, and a quarter of the 512 keys per query.
   m.presets["tiny"].config = "dsa_topk=32,idx_heads=4,idx_dim=32,idx_rope_dim=16";
-  m.presets["small"].config = "full_attention_warmup_steps=10,dsa_topk=128,idx_heads=4,idx_dim=64,idx_rope_dim=32";
+  m.presets["small"].config = "full_attention_warmup_frac=0.25,dsa_topk=128,idx_heads=4,idx_dim=64,idx_rope_dim=32";
   return m;
 }
 

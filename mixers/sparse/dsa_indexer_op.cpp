@@ -8,7 +8,9 @@
 //
 // Ties: equal scores are resolved deterministically, the lowest key index first (torch.topk leaves
 // the order among ties unspecified). Both paths implement this with a stable descending sort.
-// Selections are compared as sets per query (OpSpec::selection_outputs), never by slot order.
+// Selections are compared as sets per query (OpSpec::selection_outputs), never by slot order, and
+// keys tied with the k-th score may be exchanged (OpSpec::selection_scores): another top-k (FLA's
+// torch.topk) keeps other tied keys, which is as correct.
 //
 // CPU path: per block of 256 queries, one batched matmul of the block's index queries against the
 // keys it can see, activation, weighted head sum, causal mask, stable descending sort of the
@@ -70,6 +72,23 @@ TensorMap cpu_fn(const TensorMap& in, const Config& p) {
                                       resolve_scale(p, q.size(3)), use_relu(p))}};
 }
 
+// The reference's FP64 scores I[b,t,s] of every key, −inf for the future keys s > t: the candidates'
+// scores of `indices` (OpSpec::selection_scores), so that a selection keeping other keys tied with the
+// k-th score (torch.topk's choice among ReLU's zeros, for one) is recognised as equally correct.
+TensorMap scores_fn(const TensorMap& in, const Config& p) {
+  check_indexer_inputs(in, p);
+  c10::NoGradGuard ng;
+  const at::Tensor q = in.at("q_idx").detach().to(at::kCPU, at::kDouble);
+  const at::Tensor k = in.at("k_idx").detach().to(at::kCPU, at::kDouble);
+  const int64_t T = q.size(1);
+  at::Tensor sim = at::einsum("bthd,bsd->btsh", {q, k}) * resolve_scale(p, q.size(3));  // [B,T,T,HI]
+  if (use_relu(p)) sim = sim.clamp_min(0.0);
+  at::Tensor score = in.has("w_idx") ? (sim * in.at("w_idx").detach().to(at::kCPU, at::kDouble).unsqueeze(2)).sum(-1)
+                                     : sim.sum(-1);
+  at::Tensor future = at::ones({T, T}, at::TensorOptions().dtype(at::kBool)).triu(1);
+  return {{"indices", score.masked_fill(future, -std::numeric_limits<double>::infinity())}};
+}
+
 // Gaussian inputs; with ties=1, small integers from {−2,−1,1,2} instead, so that many scores tie
 // exactly (in every dtype) and the lowest-index rule is exercised.
 TensorMap make_inputs(const Config& c, int64_t B, int64_t T, at::Generator& gen) {
@@ -120,6 +139,7 @@ OpSpec make_spec() {
   s.inputs = {{"q_idx", false}, {"k_idx", false}, {"w_idx", false, /*optional=*/true}};
   s.outputs = {"indices"};
   s.selection_outputs = {"indices"};
+  s.selection_scores = scores_fn;
   s.make_inputs = make_inputs;
   s.reference = reference_fn;
   s.cpu = cpu_fn;

@@ -82,13 +82,24 @@ ConfigSpec layer_config() {
 }
 
 ConfigSpec& add_warmup_knob(ConfigSpec& s) {
-  return s.i("full_attention_warmup_steps", 512,
-             "training steps at the start run as dense causal attention (only the indexer / gate KL trains the selector)",
-             0);
+  return s
+      .f("full_attention_warmup_frac", 512.0 / 46875.0,
+         "fraction of the run's training steps at the start run as dense causal attention (only the indexer / gate "
+         "KL trains the selector); seed 001: 512 of 46,875 updates",
+         0.0, 1.0)
+      .i("full_attention_warmup_steps", -1,
+         "warm-up in training steps, overriding full_attention_warmup_frac; -1 = the fraction of the run's steps",
+         -1)
+      .b("allow_full_warmup", false, "let the warm-up cover every training step (the run then trains dense attention)");
 }
 
 bool full_attention_warmup(const Config& c, const LayerCtx& ctx) {
-  return ctx.step >= 0 && ctx.step < c.i("full_attention_warmup_steps");
+  if (ctx.step < 0) return false;
+  const int64_t n = c.i("full_attention_warmup_steps");
+  if (n < 0)
+    throw UsageError("full_attention_warmup_steps is -1 (the fraction of the run) at a training step: the trainer "
+                     "resolves it from full_attention_warmup_frac, or set it explicitly");
+  return ctx.step < n;
 }
 
 }  // namespace sparse_layer

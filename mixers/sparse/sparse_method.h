@@ -34,10 +34,13 @@ QKV qkv(const TensorMap& in, const Config& c);
 // Backbone config plus kv_ratio and rope_base (the attention layer's own knobs).
 ConfigSpec layer_config();
 // Full-attention warm-up of the methods trained with an indexer / gate KL (dsa, qsa, seer; seed
-// 001): for the first `full_attention_warmup_steps` training steps (LayerCtx::step in
-// [0, N)) the layer selects every causal key (dense causal attention) and the KL, with the
-// teacher over the full history, still trains the indexer. Outside training (step -1) the
-// selection is always active.
+// 001): for the first N training steps (LayerCtx::step in [0, N)) the layer selects every causal
+// key (dense causal attention) and the KL, with the teacher over the full history, still trains the
+// indexer. Outside training (step -1) the selection is always active. N is a fraction of the run,
+// `full_attention_warmup_frac` (seed 001: 512 of 46,875 updates), which the trainer turns into
+// `full_attention_warmup_steps` (resolve_full_attention_warmup, suites/train_presets.h); an explicit
+// `full_attention_warmup_steps` ≥ 0 overrides it. A layer at a training step with the steps still
+// unresolved (-1) throws UsageError.
 ConfigSpec& add_warmup_knob(ConfigSpec& s);
 bool full_attention_warmup(const Config& c, const LayerCtx& ctx);
 }  // namespace sparse_layer
