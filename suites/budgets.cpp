@@ -133,6 +133,15 @@ std::vector<TrainResult> run_budgets(const TrainOptions& base, const std::vector
   std::vector<size_t> order(n);
   std::iota(order.begin(), order.end(), size_t(0));
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return steps[a] < steps[b]; });
+  // The sparse methods' full-attention warm-up is a fraction of a run: the runs share the shortest
+  // run's, so that they are the same run until a branch point.
+  const MethodSpec& ms = Registry::get().method(base.method);
+  const Config shortest = resolve_full_attention_warmup(
+      ms.config.parse(P.config_for(ms.name) + (base.config.empty() ? "" : "," + base.config)), steps[order.front()]);
+  if (shortest.has("full_attention_warmup_steps"))
+    for (auto& r : runs)
+      r.config += (r.config.empty() ? "" : ",") +
+                  fmt::format("full_attention_warmup_steps={}", shortest.i("full_attention_warmup_steps"));
   const size_t longest = order.back();
   auto schedule = [&](int64_t s) {
     Schedule sc = P.hyper.schedule;

@@ -341,7 +341,8 @@ LeaderboardTables leaderboard_tables(const Json& results, const std::string& bas
         num(r.value("params", Json::object()), "total", "{:.0f}"),
         num(r, "tokens", "{:.0f}"),
         num(r, "tokens_per_s", "{:.0f}")};
-    if (mfu) cells.push_back(num(r, "mfu", "{:.3f}"));
+    if (mfu) cells.push_back(r.contains("mfu") && r["mfu"].is_number() ? fmt::format("{:.1f}%", 100 * r["mfu"].get<double>())
+                                                                     : std::string("-"));
     t.ranking.rows.push_back(cells);
   }
   if (std::count(t.ranking.tie.begin(), t.ranking.tie.end(), true) > 0)

@@ -175,6 +175,7 @@ TEST(LeaderboardStats, RowsCarryMeansIntervalsDeltasAndRanks) {
   const Json rows2 = leaderboard_rows({"base", "good", "close"}, runs, "base", md);
   EXPECT_NEAR(rows2[2]["mfu"].get<double>(), (0.2 + 0.4 + 0.4) / 3, 1e-12);
   EXPECT_NE(md.find("| MFU |"), std::string::npos);
+  EXPECT_NE(md.find("| 33.3% |"), std::string::npos) << md;  // as a percentage
 }
 
 TEST(LeaderboardStats, SingleSeedRowsHaveNoIntervals) {

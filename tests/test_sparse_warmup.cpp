@@ -14,6 +14,7 @@
 #include "harness/errors.h"
 #include "harness/registry.h"
 #include "suites/train.h"
+#include "suites/budgets.h"
 #include "suites/train_presets.h"
 
 using namespace mixbench;
@@ -50,10 +51,15 @@ TEST(SparseWarmup, EveryPresetWarmsUpForPartOfTheRun) {
     const TrainPreset P = train_preset(preset);
     for (const char* method : {"dsa", "qsa", "seer", "qsa_hybrid"}) {
       const MethodSpec& ms = Registry::get().method(method);
-      const Config cfg = resolve_full_attention_warmup(ms.config.parse(P.config_for(method)), P.steps);
+      TrainOptions o;  // the run's length: the preset's steps or its budget
+      o.method = method;
+      o.preset = preset;
+      const int64_t steps = run_length(o, P).steps;
+      ASSERT_GT(steps, 0) << preset;
+      const Config cfg = resolve_full_attention_warmup(ms.config.parse(P.config_for(method)), steps);
       const int64_t n = cfg.i("full_attention_warmup_steps");
       EXPECT_GE(n, 0) << preset << " " << method;
-      EXPECT_LT(n, P.steps) << preset << " " << method;
+      EXPECT_LT(n, steps) << preset << " " << method;
     }
   }
   const TrainPreset tiny = train_preset("tiny");
@@ -63,7 +69,12 @@ TEST(SparseWarmup, EveryPresetWarmsUpForPartOfTheRun) {
   EXPECT_EQ(resolve_full_attention_warmup(dsa, 46875).i("full_attention_warmup_steps"), 512);
   // small keeps its 10 of 40 steps, as a fraction
   const TrainPreset small = train_preset("small");
-  EXPECT_EQ(resolve_full_attention_warmup(Registry::get().method("seer").config.parse(small.config_for("seer")), small.steps)
+  TrainOptions small_run;
+  small_run.method = "seer";
+  small_run.preset = "small";
+  EXPECT_EQ(run_length(small_run, small).steps, 40);
+  EXPECT_EQ(resolve_full_attention_warmup(Registry::get().method("seer").config.parse(small.config_for("seer")),
+                                          run_length(small_run, small).steps)
                 .i("full_attention_warmup_steps"),
             10);
   // a method without the knob is untouched
