@@ -4,7 +4,7 @@
 # OUT_DIR/scaling.{json,md}.
 # Usage: ci/gpu_ddp.sh OUT_DIR [DEPS_DIR]
 #   MIXBENCH_DDP_METHODS  methods (default "dense_full gdn")
-#   MIXBENCH_DDP_ARGS     train options (default "--preset gpu-d12 --steps 6 --probes 0")
+#   MIXBENCH_DDP_ARGS     train options (default "--preset gpu-d12 --steps 6 --probes 0 --data synthetic")
 #   MIXBENCH_DDP_NPROC    ranks (default: the visible GPUs)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +13,7 @@ DEPS=${2:-$PWD/.deps}
 source ci/gpu_build.sh
 gpu_build "$OUT" "$DEPS" || exit 1
 N=${MIXBENCH_DDP_NPROC:-$(nvidia-smi -L | wc -l)}
-ARGS=${MIXBENCH_DDP_ARGS:---preset gpu-d12 --steps 6 --probes 0}
+ARGS=${MIXBENCH_DDP_ARGS:---preset gpu-d12 --steps 6 --probes 0 --data synthetic}
 rc=0
 for m in ${MIXBENCH_DDP_METHODS:-dense_full gdn}; do
   for run in "1gpu_eager:--graph off" "1gpu:" "${N}gpu:--nproc $N"; do

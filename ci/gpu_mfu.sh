@@ -4,7 +4,7 @@
 # method that fails cannot disturb the others; one that fails under CUDA-graph replay is run again
 # with --graph off). Writes OUT_DIR/lb/<method>.json and the table OUT_DIR/mfu.{json,md}.
 # Usage: ci/gpu_mfu.sh OUT_DIR [DEPS_DIR]
-#   MIXBENCH_MFU_ARGS     leaderboard options (default "--preset gpu-d12 --steps 3 --batch 64 --probes 0")
+#   MIXBENCH_MFU_ARGS     leaderboard options (default "--preset gpu-d12 --steps 3 --batch 64 --probes 0 --data synthetic")
 #   MIXBENCH_MFU_METHODS  methods (default: every registered method)
 #   MIXBENCH_MFU_BUDGET_S stop starting new methods after this many seconds (default 480)
 set -uo pipefail
@@ -16,7 +16,7 @@ gpu_build "$OUT" "$DEPS" || exit 1
 mkdir -p "$OUT/lb"
 MB=build-gpu/mixbench
 METHODS=${MIXBENCH_MFU_METHODS:-$($MB list --json | python3 -c 'import json,sys; print(" ".join(m["name"] for m in json.load(sys.stdin)["methods"]))')}
-ARGS=${MIXBENCH_MFU_ARGS:---preset gpu-d12 --steps 3 --batch 64 --probes 0}
+ARGS=${MIXBENCH_MFU_ARGS:---preset gpu-d12 --steps 3 --batch 64 --probes 0 --data synthetic}
 start=$(date +%s)
 for m in $METHODS; do
   if [ $(( $(date +%s) - start )) -gt "${MIXBENCH_MFU_BUDGET_S:-480}" ]; then echo "time budget spent before $m"; break; fi

@@ -4,7 +4,7 @@
 # progress lines into OUT_DIR/<method>/. Methods whose run fails keep their log and the rest go on.
 # Usage: ci/gpu_train.sh OUT_DIR [DEPS_DIR]
 #   MIXBENCH_TRAIN_METHODS  methods (default "dense_full gdn")
-#   MIXBENCH_TRAIN_ARGS     extra train options (default "--preset gpu-d12 --steps 6 --probes 0")
+#   MIXBENCH_TRAIN_ARGS     extra train options (default "--preset gpu-d12 --steps 6 --probes 0 --data synthetic")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: ci/gpu_train.sh OUT_DIR [DEPS_DIR]}
@@ -15,7 +15,7 @@ rc=0
 for m in ${MIXBENCH_TRAIN_METHODS:-dense_full gdn}; do
   echo "== $(date +%H:%M:%S) $m"
   # shellcheck disable=SC2086
-  build-gpu/mixbench train --method "$m" --device cuda ${MIXBENCH_TRAIN_ARGS:---preset gpu-d12 --steps 6 --probes 0} \
+  build-gpu/mixbench train --method "$m" --device cuda ${MIXBENCH_TRAIN_ARGS:---preset gpu-d12 --steps 6 --probes 0 --data synthetic} \
       --out "$OUT/$m" > "$OUT/$m.log" 2>&1 || { rc=1; tail -5 "$OUT/$m.log"; }
   python3 - "$OUT/$m/train.json" <<'PY' || true
 import json, sys
