@@ -14,6 +14,7 @@
 #include "harness/io.h"
 #include "harness/report.h"
 #include "harness/safetensors.h"
+#include "mixers/common/layers.h"
 #include "suites/mfu.h"
 #include "suites/step_trace.h"
 #include "suites/train.h"
@@ -190,4 +191,35 @@ TEST(TrainFast, TraceWritesTheFileAndItsSummary) {
   EXPECT_GT(t["wall_s"].get<double>(), 0.0);
   EXPECT_GT(t["top_ops"].size(), 0u);
   EXPECT_EQ(run_cli({"train", "--method", "dense", "--trace-steps", "0"}), 2);
+}
+
+// Constants a layer computes on the host: on the CPU made on every call; on a GPU made once per key,
+// device and dtype (a CUDA-graph capture cannot copy from pageable host memory).
+TEST(TrainFast, DeviceConstantsAreMadeOnEveryCallOnTheCpu) {
+  int made = 0;
+  auto make = [&] {
+    ++made;
+    return at::arange(4, at::TensorOptions().dtype(at::kDouble));
+  };
+  const auto cpu = at::TensorOptions().dtype(at::kFloat);
+  at::Tensor a = layers::device_constant("test:arange4", cpu, make), b = layers::device_constant("test:arange4", cpu, make);
+  EXPECT_EQ(made, 2);
+  EXPECT_EQ(a.scalar_type(), at::kFloat);
+  EXPECT_TRUE(at::equal(a, b));
+  EXPECT_EQ(a[3].item<double>(), 3.0);
+}
+
+TEST(TrainFast, DeviceConstantsAreKeptOnTheGpu) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  int made = 0;
+  auto make = [&] {
+    ++made;
+    return at::arange(4, at::TensorOptions().dtype(at::kDouble));
+  };
+  const auto gpu = at::TensorOptions().dtype(at::kFloat).device(at::kCUDA);
+  at::Tensor c = layers::device_constant("test:arange4", gpu, make), d = layers::device_constant("test:arange4", gpu, make);
+  EXPECT_EQ(made, 1);
+  EXPECT_EQ(c.data_ptr(), d.data_ptr());
+  layers::device_constant("test:arange4", gpu.dtype(at::kBFloat16), make);
+  EXPECT_EQ(made, 2);  // another dtype, another constant
 }

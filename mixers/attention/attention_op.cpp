@@ -91,7 +91,8 @@ OpSpec make_spec() {
 at::Tensor apply_logit_scale(const at::Tensor& q, double a) {
   if (a <= 0) return q;
   const int64_t T = q.size(1);
-  return q * layers::logit_scale(T, a).to(q.options()).view({1, T, 1, 1});
+  return q * layers::device_constant(fmt::format("logit_scale:{}:{:.17g}", T, a), q.options(), [&] { return layers::logit_scale(T, a); })
+                 .view({1, T, 1, 1});
 }
 
 at::Tensor attention_cpu(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& v, double scale,

@@ -2,6 +2,10 @@
 
 #include <ATen/ATen.h>
 
+#include <map>
+#include <mutex>
+#include <tuple>
+
 #if defined(MIXBENCH_WITH_CUDA)
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -79,6 +83,18 @@ at::Tensor rope(const at::Tensor& x, double base, int64_t offset) {
   at::Tensor sin = ang.sin().to(x.options()).view({1, T, 1, half});
   at::Tensor x1 = x.slice(-1, 0, half), x2 = x.slice(-1, half);
   return at::cat({x1 * cos + x2 * sin, x2 * cos - x1 * sin}, -1);
+}
+
+at::Tensor device_constant(const std::string& key, const at::TensorOptions& opts, const std::function<at::Tensor()>& make) {
+  if (!opts.device().is_cuda()) return make().to(opts);
+  static std::mutex mu;
+  // never destroyed: its CUDA tensors would outlive the CUDA context at exit
+  static auto* cache = new std::map<std::tuple<std::string, int, int>, at::Tensor>();
+  const auto k = std::make_tuple(key, int(opts.device().index()), int(c10::typeMetaToScalarType(opts.dtype())));
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache->find(k);
+  if (it == cache->end()) it = cache->emplace(k, make().to(opts)).first;
+  return it->second;
 }
 
 at::Tensor logit_scale(int64_t T, double a, int64_t offset) {

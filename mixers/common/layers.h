@@ -4,6 +4,8 @@
 #include <ATen/core/Generator.h>
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "harness/registry.h"
@@ -23,6 +25,10 @@ at::Tensor rms_norm(const at::Tensor& x);
 // (y1 = x1 cos + x2 sin, y2 = −x1 sin + x2 cos), angles t·base^(−2i/D) computed in FP64 and cast
 // to x's dtype. `offset` is the position of the first token (decode).
 at::Tensor rope(const at::Tensor& x, double base, int64_t offset = 0);
+// A constant computed on the host by `make` and moved to `opts`. On a GPU it is made once per key,
+// device and dtype and kept, so that a training step replayed from a CUDA graph copies nothing from
+// the host (a capture refuses host-to-device copies from pageable memory). On the CPU: make().to(opts).
+at::Tensor device_constant(const std::string& key, const at::TensorOptions& opts, const std::function<at::Tensor()>& make);
 // Per-position logit scale s_t = log_a(t + a) (HypeNet), shape [T], FP64.
 at::Tensor logit_scale(int64_t T, double a, int64_t offset = 0);
 // Average number of visible keys per query for causal attention over T tokens with a window of

@@ -143,7 +143,13 @@ Prepared prepare(const TensorMap& in, const Config& c, const Layer& ds, int64_t 
     at::Tensor gk = at::linear(at::linear(x, in.at("w_gk1")), in.at("w_gk2"), in.at("b_gk"));
     g = (at::log_sigmoid(gk) / c.f("gate_logit_normalizer")).view({B, T, H, K});
   } else {
-    g = at::tensor(fixed_decays(ds, H), at::TensorOptions().dtype(at::kDouble)).to(x.options()).view({1, 1, H}).expand({B, T, H});
+    const std::vector<double> decays = fixed_decays(ds, H);
+    std::string key = "fixed_decays";
+    for (double v : decays) key += fmt::format(":{:.17g}", v);
+    g = layers::device_constant(key, x.options(),
+                                [&] { return at::tensor(decays, at::TensorOptions().dtype(at::kDouble)); })
+            .view({1, 1, H})
+            .expand({B, T, H});
   }
   return {q, k, v, g};
 }
