@@ -230,7 +230,7 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
   const ResidualStream& stream = *m.stream;
   if (pass == Pass::Prefill) cache->layers.assign(size_t(plan.n_slots), TensorMap());
   if (aux) *aux = ModelAux();
-  TensorMap state = stream.begin(x, P);
+  TensorMap state = stream.begin(x, P, backend);
   const char* pass_name = pass == Pass::Forward ? "forward" : pass == Pass::Prefill ? "prefill" : "decode";
   for (int64_t s = 0; s < plan.n_steps(); ++s) {
     const PlanStep& st = plan.steps[size_t(s)];
@@ -239,7 +239,8 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
     const Config& lcfg = m.layer_cfgs[size_t(i)];
     ScopedMethod sm(mixer.name);
     LayerCtx ctx{i, d.n_layer, m.step, st.iteration, st.n_iterations};
-    const Sublayer mix{s, plan.n_steps(), i, Sublayer::Kind::Mixer}, mlp{s, plan.n_steps(), i, Sublayer::Kind::Mlp};
+    const Sublayer mix{s, plan.n_steps(), i, Sublayer::Kind::Mixer, st.iteration, st.n_iterations, backend},
+        mlp{s, plan.n_steps(), i, Sublayer::Kind::Mlp, st.iteration, st.n_iterations, backend};
     TensorMap in;
     in.set("x", rms_norm(stream.read(state, mix, P)));
     std::string ve_name = fmt::format("ve.{}", i);
@@ -266,7 +267,11 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
     at::Tensor h = at::relu(at::linear(rms_norm(stream.read(state, mlp, P)), P.at(fmt::format("layers.{}.mlp.c_fc", i)))).square();
     stream.write(state, mlp, at::linear(h, P.at(fmt::format("layers.{}.mlp.c_proj", i))), P);
   }
-  x = stream.finish(state, P);
+  x = stream.finish(state, P, backend);
+  if (aux && state.has("aux_loss")) {
+    const at::Tensor a = state.at("aux_loss");
+    aux->aux_loss = aux->aux_loss.defined() ? aux->aux_loss + a : a;
+  }
   if (last_only && x.size(1) > 1) x = x.slice(1, x.size(1) - 1);
   x = rms_norm(x);
   // nanochat upcasts the logits to fp32 (from its bf16 compute dtype); an fp64 model stays fp64

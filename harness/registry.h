@@ -187,6 +187,8 @@ struct MethodSpec {
   std::function<ExecPlan(const Config&)> plan;
   // The residual stream around the sublayers (harness/residual.h); unset = nanochat's.
   std::function<std::shared_ptr<const ResidualStream>(const Config&)> residual;
+  // Checked as a whole model rather than one layer: hybrids, looped plans and residual streams.
+  bool model_level() const { return is_hybrid() || bool(plan) || bool(residual); }
   // Runs once, after every static registration and before the first lookup (a hybrid builds its
   // config, ops and decode hooks from its components' specs, which may register later).
   std::function<void(MethodSpec&)> complete;

@@ -24,7 +24,7 @@ class NanochatStream final : public ResidualStream {
     };
   }
 
-  TensorMap begin(const at::Tensor& x, const TensorMap&) const override { return TensorMap{{"x", x}, {"x0", x}}; }
+  TensorMap begin(const at::Tensor& x, const TensorMap&, Backend) const override { return TensorMap{{"x", x}, {"x0", x}}; }
 
   at::Tensor read(TensorMap& st, const Sublayer& s, const TensorMap& P) const override {
     if (s.kind == Sublayer::Kind::Mixer)
@@ -37,7 +37,7 @@ class NanochatStream final : public ResidualStream {
     if (s.kind == Sublayer::Kind::Mlp && s.step == s.n_steps / 2) st.set("backout", st.at("x"));
   }
 
-  at::Tensor finish(TensorMap& st, const TensorMap& P) const override {
+  at::Tensor finish(TensorMap& st, const TensorMap& P, Backend) const override {
     if (!st.has("backout")) return st.at("x");
     return st.at("x") - P.at("backout_lambda") * st.at("backout");
   }

@@ -26,6 +26,9 @@ struct Sublayer {
   int64_t n_steps = 1;  // steps in the plan
   int64_t block = 0;    // the step's parameter block
   Kind kind = Kind::Mixer;
+  int64_t iteration = 0;           // which application of the block (PlanStep::iteration)
+  int64_t n_iterations = 1;        // how many times the plan applies it
+  Backend backend = Backend::CPU;  // Reference: the stream's FP64 reference arithmetic
   int64_t index() const { return 2 * step + (kind == Kind::Mlp ? 1 : 0); }  // depth in sublayers
 };
 
@@ -36,13 +39,16 @@ class ResidualStream {
   // Parameters the stream owns (full names, with their group, optimizer rule and init).
   virtual std::vector<ParamDef> params(const ModelDims& d, const ExecPlan& plan) const = 0;
   // The stream's state for one pass, started from the smeared, normalized embedding x [B,T,d].
-  virtual TensorMap begin(const at::Tensor& x, const TensorMap& params) const = 0;
+  // `backend` is the pass's backend: Backend::Reference asks for the stream's reference arithmetic
+  // (written independently of the fast path), the others for the fast path.
+  virtual TensorMap begin(const at::Tensor& x, const TensorMap& params, Backend backend) const = 0;
   // The input of sublayer `s` before its RMSNorm ([B,T,d]).
   virtual at::Tensor read(TensorMap& state, const Sublayer& s, const TensorMap& params) const = 0;
   // Takes the sublayer's output y [B,T,d].
   virtual void write(TensorMap& state, const Sublayer& s, const at::Tensor& y, const TensorMap& params) const = 0;
-  // The hidden state before the final norm ([B,T,d]).
-  virtual at::Tensor finish(TensorMap& state, const TensorMap& params) const = 0;
+  // The hidden state before the final norm ([B,T,d]). A scalar "aux_loss" left in the state (e.g.
+  // a ponder cost) is added to the model's auxiliary loss.
+  virtual at::Tensor finish(TensorMap& state, const TensorMap& params, Backend backend) const = 0;
   // Forward FLOPs per token of the stream's own arithmetic that the accountant adds (the default
   // stream's scalar mixes are not counted, as nanochat does not count them).
   virtual double fwd_flops(const ModelDims& d, const ExecPlan& plan) const { return 0; }

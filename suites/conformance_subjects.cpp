@@ -267,14 +267,14 @@ std::vector<Subject> conformance_subjects(const ConformanceOptions& opt) {
   if (opt.dtype != "fp64")
     for (const auto& m_name : opt.methods) {
       const MethodSpec& m = reg.method(m_name);
-      if (!m.is_hybrid()) continue;
+      if (!m.model_level()) continue;
       for (const CaseDef& c : m.cases())
         for (const auto& l : layer_methods(m, c.cfg))
           if (std::find(methods.begin(), methods.end(), l.method->name) == methods.end()) methods.push_back(l.method->name);
     }
   for (const auto& m_name : methods) {
     const MethodSpec& m = reg.method(m_name);
-    out.push_back(m.is_hybrid() ? model_subject(m, opt) : layer_subject(m, opt));
+    out.push_back(m.model_level() ? model_subject(m, opt) : layer_subject(m, opt));
   }
   return out;
 }

@@ -154,12 +154,12 @@ class GainStream final : public ResidualStream {
     return {{"stream_gain", {1}, ParamGroup::Scalar, false, "const", 1.0, 0,
              adamw_rule("stream_gain", 0.05, 0.8, 0.95, 0.0, false, false)}};
   }
-  TensorMap begin(const at::Tensor& x, const TensorMap&) const override { return TensorMap{{"h", x}}; }
+  TensorMap begin(const at::Tensor& x, const TensorMap&, Backend) const override { return TensorMap{{"h", x}}; }
   at::Tensor read(TensorMap& st, const Sublayer&, const TensorMap&) const override { return st.at("h"); }
   void write(TensorMap& st, const Sublayer&, const at::Tensor& y, const TensorMap& P) const override {
     st.set("h", st.at("h") + P.at("stream_gain") * y);
   }
-  at::Tensor finish(TensorMap& st, const TensorMap&) const override { return st.at("h"); }
+  at::Tensor finish(TensorMap& st, const TensorMap&, Backend) const override { return st.at("h"); }
 };
 
 TEST(ResidualStream, AStreamOwnsItsParametersAndUpdate) {
@@ -229,6 +229,48 @@ TEST(ResidualStream, AStreamParameterTrainsInItsDeclaredGroup) {
   }
   EXPECT_NE(m.params.at("stream_gain").item<float>(), 1.0f) << "the stream's parameter trained";
   EXPECT_TRUE(opt.state().has("m1.stream_gain"));
+}
+
+}  // namespace
+}  // namespace mixbench
+
+namespace mixbench {
+namespace {
+
+// A stream sees each pass's backend and may leave an auxiliary loss (a ponder cost, a router
+// loss) that the model adds to the layers' auxiliary losses.
+class PonderStream final : public ResidualStream {
+ public:
+  std::string name() const override { return "ponder"; }
+  std::vector<ParamDef> params(const ModelDims&, const ExecPlan&) const override { return {}; }
+  TensorMap begin(const at::Tensor& x, const TensorMap&, Backend b) const override {
+    return TensorMap{{"h", x}, {"ref", at::full({}, b == Backend::Reference ? 1.0 : 0.0, x.options())}};
+  }
+  at::Tensor read(TensorMap& st, const Sublayer&, const TensorMap&) const override { return st.at("h"); }
+  void write(TensorMap& st, const Sublayer& s, const at::Tensor& y, const TensorMap&) const override {
+    st.set("h", st.at("h") + y);
+    st.set("iters", st.get_or("iters", at::zeros({}, y.options())) + double(s.n_iterations));
+  }
+  at::Tensor finish(TensorMap& st, const TensorMap&, Backend) const override {
+    st.set("aux_loss", 0.25 * st.at("ref") + st.at("iters"));
+    return st.at("h");
+  }
+};
+
+TEST(ResidualStream, StreamSeesTheBackendAndAddsItsAuxLoss) {
+  MethodSpec spec = Registry::get().method("dense_full");
+  spec.residual = [](const Config&) { return std::make_shared<PonderStream>(); };
+  const Config cfg = spec.config.parse("n_layer=2,d_model=32,head_dim=16,vocab=32,seq_len=16");
+  at::Generator g = gen_of(9);
+  Model m = build_model(spec, cfg, g, kF64, true);
+  at::Tensor idx = at::randint(32, {1, 8}, g, at::TensorOptions().dtype(at::kLong));
+  ModelAux cpu, ref;
+  model_forward(m, idx, Backend::CPU, &cpu);
+  model_forward(m, idx, Backend::Reference, &ref);
+  ASSERT_TRUE(cpu.aux_loss.defined());
+  // 2 blocks × 2 sublayers, each applied once; the reference pass adds 0.25
+  EXPECT_DOUBLE_EQ(cpu.aux_loss.item<double>(), 4.0);
+  EXPECT_DOUBLE_EQ(ref.aux_loss.item<double>(), 4.25);
 }
 
 }  // namespace
