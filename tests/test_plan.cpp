@@ -243,6 +243,8 @@ class PonderStream final : public ResidualStream {
  public:
   std::string name() const override { return "ponder"; }
   std::vector<ParamDef> params(const ModelDims&, const ExecPlan&) const override { return {}; }
+  double fwd_flops(const ModelDims&, const ExecPlan& plan) const override { return 100.0 * plan.n_steps(); }
+  double act_bytes(const ModelDims&, const ExecPlan&, int64_t dtype_bytes) const override { return 7.0 * dtype_bytes; }
   TensorMap begin(const at::Tensor& x, const TensorMap&, Backend b) const override {
     return TensorMap{{"h", x}, {"ref", at::full({}, b == Backend::Reference ? 1.0 : 0.0, x.options())}};
   }
@@ -271,6 +273,13 @@ TEST(ResidualStream, StreamSeesTheBackendAndAddsItsAuxLoss) {
   // 2 blocks × 2 sublayers, each applied once; the reference pass adds 0.25
   EXPECT_DOUBLE_EQ(cpu.aux_loss.item<double>(), 4.0);
   EXPECT_DOUBLE_EQ(ref.aux_loss.item<double>(), 4.25);
+  // the accountant bills the stream's arithmetic and its activations
+  CostQuery q;
+  q.T = 16;
+  const ModelCost with = account_model(spec, cfg, q), without = account_model(Registry::get().method("dense_full"), cfg, q);
+  EXPECT_DOUBLE_EQ(with.fwd_flops - without.fwd_flops, 200.0);
+  EXPECT_DOUBLE_EQ(with.train_flops_nanochat - without.train_flops_nanochat, 600.0);
+  EXPECT_DOUBLE_EQ(with.act_bytes - without.act_bytes, 7.0 * q.dtype_bytes);
 }
 
 }  // namespace
