@@ -9,6 +9,7 @@ namespace {
 
 class NanochatStream final : public ResidualStream {
  public:
+  explicit NanochatStream(int64_t backout_step) : backout_step_(backout_step) {}
   std::string name() const override { return "nanochat"; }
 
   std::vector<ParamDef> params(const ModelDims&, const ExecPlan& plan) const override {
@@ -34,20 +35,29 @@ class NanochatStream final : public ResidualStream {
 
   void write(TensorMap& st, const Sublayer& s, const at::Tensor& y, const TensorMap&) const override {
     st.set("x", st.at("x") + y);
-    if (s.kind == Sublayer::Kind::Mlp && s.step == s.n_steps / 2) st.set("backout", st.at("x"));
+    const int64_t keep = backout_step_ < 0 ? s.n_steps / 2 : backout_step_;
+    if (s.kind == Sublayer::Kind::Mlp && s.step == keep) st.set("backout", st.at("x"));
   }
 
   at::Tensor finish(TensorMap& st, const TensorMap& P, Backend) const override {
     if (!st.has("backout")) return st.at("x");
     return st.at("x") - P.at("backout_lambda") * st.at("backout");
   }
+
+ private:
+  int64_t backout_step_;  // < 0: the unrolled midpoint n_steps / 2
 };
 
 }  // namespace
 
 std::shared_ptr<const ResidualStream> nanochat_stream() {
-  static const std::shared_ptr<const ResidualStream> s = std::make_shared<NanochatStream>();
+  static const std::shared_ptr<const ResidualStream> s = std::make_shared<NanochatStream>(-1);
   return s;
+}
+
+std::shared_ptr<const ResidualStream> nanochat_stream(int64_t backout_step) {
+  if (backout_step < 0) return nanochat_stream();
+  return std::make_shared<NanochatStream>(backout_step);
 }
 
 }  // namespace mixbench

@@ -62,5 +62,8 @@ class ResidualStream {
 // backout_lambda times it is subtracted at the end. resid_lambdas / x0_lambdas have one entry per
 // plan step.
 std::shared_ptr<const ResidualStream> nanochat_stream();
+// The same stream keeping the state after plan step `backout_step` for the backout (looped
+// models whose backout reads the prelude's last layer); a negative step is the default midpoint.
+std::shared_ptr<const ResidualStream> nanochat_stream(int64_t backout_step);
 
 }  // namespace mixbench

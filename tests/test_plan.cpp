@@ -284,3 +284,24 @@ TEST(ResidualStream, StreamSeesTheBackendAndAddsItsAuxLoss) {
 
 }  // namespace
 }  // namespace mixbench
+
+namespace mixbench {
+namespace {
+
+// nanochat's stream with its backout read at a chosen step: the midpoint step reproduces the
+// default, another step changes the logits.
+TEST(ResidualStream, BackoutStepIsChosenPerMethod) {
+  MethodSpec spec = Registry::get().method("dense_full");
+  const Config cfg = spec.config.parse("n_layer=4,d_model=32,head_dim=16,vocab=32,seq_len=16");
+  at::Generator g = gen_of(11);
+  Model m = build_model(spec, cfg, g, kF64, true);
+  at::Tensor idx = at::randint(32, {1, 8}, g, at::TensorOptions().dtype(at::kLong));
+  const at::Tensor base = model_forward(m, idx, Backend::CPU);
+  m.stream = nanochat_stream(2);  // the midpoint of 4 steps
+  EXPECT_LT((model_forward(m, idx, Backend::CPU) - base).abs().max().item<double>(), 1e-12);
+  m.stream = nanochat_stream(0);
+  EXPECT_GT((model_forward(m, idx, Backend::CPU) - base).abs().max().item<double>(), 1e-6);
+}
+
+}  // namespace
+}  // namespace mixbench
