@@ -6,7 +6,8 @@
 # Debian packages; default .deps if present). MIXBENCH_GPU_PARTS (default
 # "conformance,bench,peers,chunk,sanitizer") picks the parts to run after the build; "fla_bwd"
 # (not in the default: several minutes of Triton autotuning) also times flash-linear-attention's
-# forward + backward with its Hopper refusal lifted and merges it into comparison_lifted.json.
+# forward + backward with its Hopper refusal lifted and merges it into comparison_lifted.json;
+# "gtests" builds the unit tests and runs those that need a GPU (MIXBENCH_GTEST_FILTER).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: ci/gpu.sh OUT_DIR [DEPS_DIR]}
@@ -39,6 +40,14 @@ for dtype in $(part conformance && echo fp32 bf16); do
   $MB conformance --methods all --device cuda --dtype "$dtype" --no-fd --quiet \
       --golden tests/goldens/*.safetensors --out "$OUT/conformance_cuda_$dtype.json" || rc=1
 done
+if part gtests; then
+  # the unit tests that need a GPU (skipped on CPU-only machines): fused kernels against LibTorch
+  log "GPU unit tests"
+  ninja -C build-gpu -j"$(nproc)" mixbench_tests > "$LOGS/build_tests.log" 2>&1 || { grep -E "error|FAILED" "$LOGS/build_tests.log" | head -20; exit 1; }
+  build-gpu/mixbench_tests --gtest_filter="${MIXBENCH_GTEST_FILTER:-CudaElementwise.*:SimpleGlaCudaKernel.*:TrainFast.DeviceConstants*}" \
+      --gtest_output="json:$OUT/gtests_cuda.json" 2>&1 | tail -25 || rc=1
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
 if part bench; then
 log benchmarks
 build-gpu/mixbench_bench --benchmark_filter="${MIXBENCH_BENCH_FILTER:-^(attention_cuda|linear_cuda|ceiling_cuda)/}" \

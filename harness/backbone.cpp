@@ -8,6 +8,7 @@
 
 #include "harness/errors.h"
 #include "harness/nvtx.h"
+#include "harness/relu_square.h"
 
 namespace mixbench {
 
@@ -264,7 +265,7 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
       aux->layer_aux.push_back(a);
       if (a.defined()) aux->aux_loss = aux->aux_loss.defined() ? aux->aux_loss + a : a;
     }
-    at::Tensor h = at::relu(at::linear(rms_norm(stream.read(state, mlp, P)), P.at(fmt::format("layers.{}.mlp.c_fc", i)))).square();
+    at::Tensor h = relu_square(at::linear(rms_norm(stream.read(state, mlp, P)), P.at(fmt::format("layers.{}.mlp.c_fc", i))));
     stream.write(state, mlp, at::linear(h, P.at(fmt::format("layers.{}.mlp.c_proj", i))), P);
   }
   x = stream.finish(state, P, backend);

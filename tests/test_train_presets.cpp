@@ -115,6 +115,19 @@ TEST(TrainPresets, TheTableNamesRegisteredMethods) {
   }
 }
 
+// gpu-d12 (32 rows × 2048 tokens per micro-batch): the methods whose paths need fewer rows to fit
+// an H200 say so, and the sparse ones warm up for a quarter of the run.
+TEST(TrainPresets, GpuD12MicroBatchesArePinned) {
+  const TrainPreset P = train_preset("gpu-d12");
+  const std::map<std::string, int64_t> want = {{"gla", 8},  {"kda", 8},  {"kda_hybrid", 8}, {"deltanet", 16},
+                                               {"deltanet_hybrid", 16}, {"dsa", 4}, {"moba", 2},
+                                               {"moba_hybrid", 2}, {"nsa", 2}, {"qsa", 1}, {"qsa_hybrid", 1},
+                                               {"seer", 1}};
+  EXPECT_EQ(P.method_micro_batch, want);
+  for (const char* m : {"dsa", "qsa", "seer", "qsa_hybrid"})
+    EXPECT_NE(P.config_for(m).find("full_attention_warmup_frac=0.25"), std::string::npos) << m;
+}
+
 // A hybrid's preset config is its components' (qsa_hybrid: qsa's warm-up), its micro-batch its own.
 TEST(TrainPresets, HybridsTakeTheirComponentsOverrides) {
   for (const auto* m : Registry::get().methods()) {

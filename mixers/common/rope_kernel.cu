@@ -2,7 +2,7 @@
 // path casts the whole tensor to fp32 and back, ~10 memory passes per call).
 #include "mixers/common/rope_kernel.h"
 
-#include "mixers/common/cuda_dtype.cuh"
+#include "harness/cuda_dtype.cuh"
 
 #include <stdexcept>
 

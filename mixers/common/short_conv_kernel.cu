@@ -1,11 +1,16 @@
-// Causal depthwise short convolution + SiLU in one pass forward and three passes backward (the
-// unfused path takes a pad, W multiplies, W − 1 adds and the SiLU forward, about three times that
-// backward). fp32 accumulation, one rounding to the input dtype.
+// Causal depthwise short convolution + SiLU: one pass forward, one pass backward (the unfused path
+// takes a pad, W multiplies, W − 1 adds and the SiLU forward, about three times that backward).
+// fp32 accumulation, one rounding to the input dtype.
+//
+// Each thread owns one channel over a strip of kStrip consecutive positions of one sequence and
+// slides a window of W inputs through registers, so every input is read once (plus a W − 1 halo)
+// and every output written once. Backward recomputes the pre-activation, forms dpre = dy·silu′,
+// and from it both dx (a window of W dpre values ahead) and the strip's share of dw, reduced over
+// the block's strips in shared memory before one atomic add per (channel, tap).
 #include "mixers/common/short_conv_kernel.h"
 
-#include "mixers/common/cuda_dtype.cuh"
+#include "harness/cuda_dtype.cuh"
 
-#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -14,74 +19,123 @@ namespace mixbench::layers::short_conv_cuda {
 namespace {
 
 constexpr int kMaxW = 8;
+constexpr int kLanes = 32;   // channels per block (one warp: coalesced along the channels)
+constexpr int kStrips = 8;   // strips per block (blockDim.y)
+constexpr int kStrip = 32;   // positions per strip
 
-// Every kernel: blockIdx.x a row (b, t), threads over the channels (coalesced), no 64-bit division.
-// The pre-activation at (row, c): Σ_i w[c,i]·x[b, t−W+1+i, c], zero before the sequence's start.
-template <class T>
-__device__ __forceinline__ float conv_pre(const T* x, const T* w, int64_t row, int T_len, int C, int c, int W) {
-  const int t = int(row % T_len);
-  float acc = 0.f;
-  for (int i = 0; i < W; ++i)
-    if (t - (W - 1) + i >= 0) acc += load_f32(w + int64_t(c) * W + i) * load_f32(x + (row - (W - 1) + i) * C + c);
-  return acc;
+struct Shape {
+  int T_len, C, strips_per_seq;
+  int64_t n_strips;
+};
+
+// The strip of blockIdx.y·kStrips + threadIdx.y: its sequence b and first position t0; false
+// past the last strip.
+__device__ __forceinline__ bool strip_of(const Shape& s, int64_t& b, int& t0) {
+  const int64_t strip = int64_t(blockIdx.y) * kStrips + threadIdx.y;
+  if (strip >= s.n_strips) return false;
+  b = strip / s.strips_per_seq;
+  t0 = int(strip - b * s.strips_per_seq) * kStrip;
+  return true;
 }
 
-template <class T>
-__global__ void fwd_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int T_len, int C, int W) {
-  const int c = blockIdx.y * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  const int64_t row = blockIdx.x;
-  const float a = conv_pre(x, w, row, T_len, C, c, W);
-  y[row * C + c] = from_f32<T>(a / (1.f + __expf(-a)));
-}
+__device__ __forceinline__ float silu(float a) { return a / (1.f + __expf(-a)); }
 
-// pre ← dy·silu′(a) in fp32
-template <class T>
-__global__ void dpre_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ dy, float* __restrict__ pre,
-                            int T_len, int C, int W) {
-  const int c = blockIdx.y * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  const int64_t row = blockIdx.x;
-  const float a = conv_pre(x, w, row, T_len, C, c, W);
-  const float sg = 1.f / (1.f + __expf(-a));
-  pre[row * C + c] = load_f32(dy + row * C + c) * sg * (1.f + a * (1.f - sg));
-}
-
-// dx[b,s,c] = Σ_i w[c,i]·pre[b, s+W−1−i, c]
-template <class T>
-__global__ void dx_kernel(const float* __restrict__ pre, const T* __restrict__ w, T* __restrict__ dx, int T_len, int C, int W) {
-  const int c = blockIdx.y * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  const int64_t row = blockIdx.x;
-  const int s = int(row % T_len);
-  float acc = 0.f;
-  for (int k = 0; k < W; ++k) {
-    const int t = s + (W - 1) - k;
-    if (t < T_len) acc += load_f32(w + int64_t(c) * W + k) * pre[(row + (W - 1) - k) * C + c];
-  }
-  dx[row * C + c] = from_f32<T>(acc);
-}
-
-// dw[c,i] = Σ_{b,t} pre[b,t,c]·x[b, t−W+1+i, c]: each thread a channel over a slice of the rows,
-// partial sums added atomically.
-template <class T>
-__global__ void dw_kernel(const float* __restrict__ pre, const T* __restrict__ x, float* __restrict__ dw, int64_t rows,
-                          int T_len, int C, int W, int rows_per_block) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  const int64_t r0 = int64_t(blockIdx.y) * rows_per_block;
-  const int64_t r1 = r0 + rows_per_block < rows ? r0 + rows_per_block : rows;
-  float acc[kMaxW] = {0.f};
-  int t = int(r0 % T_len);
-  for (int64_t r = r0; r < r1; ++r, t = t + 1 == T_len ? 0 : t + 1) {
-    const float p = pre[r * C + c];
+template <class T, int W>
+__global__ void fwd_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, Shape s) {
+  const int c = blockIdx.x * kLanes + threadIdx.x;
+  int64_t b;
+  int t0;
+  if (c >= s.C || !strip_of(s, b, t0)) return;
+  float wr[W], win[W];
 #pragma unroll
-    for (int k = 0; k < kMaxW; ++k) {
-      if (k >= W) break;
-      if (t - (W - 1) + k >= 0) acc[k] += p * load_f32(x + (r - (W - 1) + k) * C + c);
+  for (int i = 0; i < W; ++i) wr[i] = load_f32(w + int64_t(c) * W + i);
+  const T* xs = x + b * s.T_len * s.C + c;
+  T* ys = y + b * s.T_len * s.C + c;
+#pragma unroll
+  for (int i = 0; i < W - 1; ++i) {
+    const int t = t0 - (W - 1) + i;
+    win[i] = t >= 0 ? load_f32(xs + int64_t(t) * s.C) : 0.f;
+  }
+  const int t1 = min(t0 + kStrip, s.T_len);
+  for (int t = t0; t < t1; ++t) {
+    win[W - 1] = load_f32(xs + int64_t(t) * s.C);
+    float a = 0.f;
+#pragma unroll
+    for (int i = 0; i < W; ++i) a += wr[i] * win[i];
+    ys[int64_t(t) * s.C] = from_f32<T>(silu(a));
+#pragma unroll
+    for (int i = 0; i < W - 1; ++i) win[i] = win[i + 1];
+  }
+}
+
+// dpre[t] = dy[t]·silu′(a[t]); dx[u] = Σ_k w[k]·dpre[u+W−1−k]; dw[k] = Σ_t dpre[t]·x[t−W+1+k].
+template <class T, int W>
+__global__ void bwd_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ dy, T* __restrict__ dx,
+                           float* __restrict__ dw, Shape s) {
+  __shared__ float red[kStrips][W][kLanes];
+  const int c = blockIdx.x * kLanes + threadIdx.x;
+  int64_t b;
+  int t0;
+  float acc[W];
+#pragma unroll
+  for (int k = 0; k < W; ++k) acc[k] = 0.f;
+  if (c < s.C && strip_of(s, b, t0)) {
+    float wr[W], win[W], dp[W];
+#pragma unroll
+    for (int i = 0; i < W; ++i) {
+      wr[i] = load_f32(w + int64_t(c) * W + i);
+      dp[i] = 0.f;
+    }
+    const int64_t base = b * s.T_len * s.C + c;
+#pragma unroll
+    for (int i = 0; i < W - 1; ++i) {
+      const int t = t0 - (W - 1) + i;
+      win[i] = t >= 0 ? load_f32(x + base + int64_t(t) * s.C) : 0.f;
+    }
+    const int t_end = min(t0 + kStrip, s.T_len);  // this strip's dx and dw positions
+    const int t_last = min(t0 + kStrip + W - 1, s.T_len);  // dpre needed up to here (exclusive)
+    for (int t = t0; t < t_end + W - 1; ++t) {
+      float g = 0.f;
+      if (t < t_last) {
+        win[W - 1] = load_f32(x + base + int64_t(t) * s.C);
+        float a = 0.f;
+#pragma unroll
+        for (int i = 0; i < W; ++i) a += wr[i] * win[i];
+        const float sg = 1.f / (1.f + __expf(-a));
+        g = load_f32(dy + base + int64_t(t) * s.C) * sg * (1.f + a * (1.f - sg));
+        if (t < t_end) {
+#pragma unroll
+          for (int k = 0; k < W; ++k) acc[k] += g * win[k];
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < W - 1; ++i) dp[i] = dp[i + 1];
+      dp[W - 1] = g;  // dp[j] = dpre[t − (W−1) + j]
+      const int u = t - (W - 1);
+      if (u >= t0 && u < t_end) {
+        float v = 0.f;
+#pragma unroll
+        for (int k = 0; k < W; ++k) v += wr[k] * dp[W - 1 - k];
+        dx[base + int64_t(u) * s.C] = from_f32<T>(v);
+      }
+      if (t < t_last) {
+#pragma unroll
+        for (int i = 0; i < W - 1; ++i) win[i] = win[i + 1];
+      }
     }
   }
-  for (int k = 0; k < W; ++k) atomicAdd(dw + int64_t(c) * W + k, acc[k]);
+#pragma unroll
+  for (int k = 0; k < W; ++k) red[threadIdx.y][k][threadIdx.x] = acc[k];
+  __syncthreads();
+  if (threadIdx.y == 0 && c < s.C) {
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      float v = 0.f;
+#pragma unroll
+      for (int j = 0; j < kStrips; ++j) v += red[j][k][threadIdx.x];
+      atomicAdd(dw + int64_t(c) * W + k, v);
+    }
+  }
 }
 
 void check(const char* what) {
@@ -89,32 +143,64 @@ void check(const char* what) {
   if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
 }
 
-constexpr int kThreads = 128;
-dim3 row_grid(int64_t rows, int64_t C) { return dim3(unsigned(rows), unsigned((C + kThreads - 1) / kThreads)); }
+Shape shape_of(int64_t B, int64_t T_len, int64_t C) {
+  Shape s;
+  s.T_len = int(T_len);
+  s.C = int(C);
+  s.strips_per_seq = int((T_len + kStrip - 1) / kStrip);
+  s.n_strips = B * s.strips_per_seq;
+  return s;
+}
+
+dim3 grid_of(const Shape& s) {
+  const int64_t gy = (s.n_strips + kStrips - 1) / kStrips;
+  if (gy > 2147483647) throw std::invalid_argument("short conv kernel: too many rows");
+  return dim3(unsigned((s.C + kLanes - 1) / kLanes), unsigned(gy));
+}
+
+template <class T, int W>
+void fwd_w(const void* x, const void* w, void* y, const Shape& s, cudaStream_t st) {
+  fwd_kernel<T, W><<<grid_of(s), dim3(kLanes, kStrips), 0, st>>>(static_cast<const T*>(x), static_cast<const T*>(w),
+                                                                   static_cast<T*>(y), s);
+}
+
+template <class T, int W>
+void bwd_w(const void* x, const void* w, const void* dy, void* dx, float* dw, const Shape& s, cudaStream_t st) {
+  bwd_kernel<T, W><<<grid_of(s), dim3(kLanes, kStrips), 0, st>>>(
+      static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(dy), static_cast<T*>(dx), dw, s);
+}
+
+// Instantiates F<T, W> for the runtime width W (1..kMaxW).
+#define MIXBENCH_SHORT_CONV_DISPATCH_W(F, ...) \
+  switch (W) {                                 \
+    case 1: F<T, 1>(__VA_ARGS__); break;       \
+    case 2: F<T, 2>(__VA_ARGS__); break;       \
+    case 3: F<T, 3>(__VA_ARGS__); break;       \
+    case 4: F<T, 4>(__VA_ARGS__); break;       \
+    case 5: F<T, 5>(__VA_ARGS__); break;       \
+    case 6: F<T, 6>(__VA_ARGS__); break;       \
+    case 7: F<T, 7>(__VA_ARGS__); break;       \
+    default: F<T, 8>(__VA_ARGS__); break;      \
+  }
 
 template <class T>
-void fwd_t(const void* x, const void* w, void* y, int64_t B, int64_t T_len, int64_t C, int W, cudaStream_t s) {
+void fwd_t(const void* x, const void* w, void* y, int64_t B, int64_t T_len, int64_t C, int W, cudaStream_t st) {
   if (B * T_len * C == 0) return;
-  fwd_kernel<T><<<row_grid(B * T_len, C), kThreads, 0, s>>>(static_cast<const T*>(x), static_cast<const T*>(w),
-                                                           static_cast<T*>(y), int(T_len), int(C), W);
+  const Shape s = shape_of(B, T_len, C);
+  MIXBENCH_SHORT_CONV_DISPATCH_W(fwd_w, x, w, y, s, st)
   check("short conv forward");
 }
 
 template <class T>
-void bwd_t(const void* x, const void* w, const void* dy, void* dx, float* dw, float* pre, int64_t B, int64_t T_len, int64_t C,
-           int W, cudaStream_t s) {
-  cudaMemsetAsync(dw, 0, sizeof(float) * size_t(C) * size_t(W), s);
-  const int64_t rows = B * T_len;
-  if (rows * C == 0) return;
-  const T* xt = static_cast<const T*>(x);
-  const T* wt = static_cast<const T*>(w);
-  dpre_kernel<T><<<row_grid(rows, C), kThreads, 0, s>>>(xt, wt, static_cast<const T*>(dy), pre, int(T_len), int(C), W);
-  dx_kernel<T><<<row_grid(rows, C), kThreads, 0, s>>>(pre, wt, static_cast<T*>(dx), int(T_len), int(C), W);
-  const int rows_per_block = int(std::max<int64_t>(256, (rows + 65534) / 65535));  // grid.y ≤ 65535
-  dim3 grid(unsigned((C + kThreads - 1) / kThreads), unsigned((rows + rows_per_block - 1) / rows_per_block));
-  dw_kernel<T><<<grid, kThreads, 0, s>>>(pre, xt, dw, rows, int(T_len), int(C), W, rows_per_block);
+void bwd_t(const void* x, const void* w, const void* dy, void* dx, float* dw, int64_t B, int64_t T_len, int64_t C, int W,
+           cudaStream_t st) {
+  cudaMemsetAsync(dw, 0, sizeof(float) * size_t(C) * size_t(W), st);
+  if (B * T_len * C == 0) return;
+  const Shape s = shape_of(B, T_len, C);
+  MIXBENCH_SHORT_CONV_DISPATCH_W(bwd_w, x, w, dy, dx, dw, s, st)
   check("short conv backward");
 }
+#undef MIXBENCH_SHORT_CONV_DISPATCH_W
 }  // namespace
 
 void forward(Dtype dt, const void* x, const void* w, void* y, int64_t B, int64_t T, int64_t C, int W, cudaStream_t s) {
@@ -126,13 +212,13 @@ void forward(Dtype dt, const void* x, const void* w, void* y, int64_t B, int64_t
   }
 }
 
-void backward(Dtype dt, const void* x, const void* w, const void* dy, void* dx, float* dw, float* pre, int64_t B, int64_t T,
-              int64_t C, int W, cudaStream_t s) {
+void backward(Dtype dt, const void* x, const void* w, const void* dy, void* dx, float* dw, int64_t B, int64_t T, int64_t C,
+              int W, cudaStream_t s) {
   if (W < 1 || W > kMaxW) throw std::invalid_argument("short conv kernel: width must be 1..8");
   switch (dt) {
-    case Dtype::F32: bwd_t<float>(x, w, dy, dx, dw, pre, B, T, C, W, s); break;
-    case Dtype::BF16: bwd_t<__nv_bfloat16>(x, w, dy, dx, dw, pre, B, T, C, W, s); break;
-    case Dtype::F16: bwd_t<__half>(x, w, dy, dx, dw, pre, B, T, C, W, s); break;
+    case Dtype::F32: bwd_t<float>(x, w, dy, dx, dw, B, T, C, W, s); break;
+    case Dtype::BF16: bwd_t<__nv_bfloat16>(x, w, dy, dx, dw, B, T, C, W, s); break;
+    case Dtype::F16: bwd_t<__half>(x, w, dy, dx, dw, B, T, C, W, s); break;
   }
 }
 

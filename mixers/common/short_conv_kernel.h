@@ -13,8 +13,8 @@ namespace mixbench::layers::short_conv_cuda {
 using Dtype = rope_cuda::Dtype;
 // y[b,t,c] = silu(Σ_i w[c,i]·x[b, t−W+1+i, c]) (zero before the start)
 void forward(Dtype dt, const void* x, const void* w, void* y, int64_t B, int64_t T, int64_t C, int W, cudaStream_t stream);
-// dx (x's dtype) and dw (fp32 [C, W], zeroed here) from dy; `pre` is an fp32 [B, T, C] scratch.
-void backward(Dtype dt, const void* x, const void* w, const void* dy, void* dx, float* dw, float* pre, int64_t B, int64_t T,
-              int64_t C, int W, cudaStream_t stream);
+// dx (x's dtype) and dw (fp32 [C, W], zeroed here) from dy.
+void backward(Dtype dt, const void* x, const void* w, const void* dy, void* dx, float* dw, int64_t B, int64_t T, int64_t C,
+              int W, cudaStream_t stream);
 
 }  // namespace mixbench::layers::short_conv_cuda

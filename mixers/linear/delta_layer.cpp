@@ -60,10 +60,10 @@ struct ShortConvSiluFn : public torch::autograd::Function<ShortConvSiluFn> {
     auto s = ctx->get_saved_variables();
     const at::Tensor &x = s[0], &w = s[1];
     at::Tensor dy = g[0].to(x.scalar_type()).contiguous();
-    at::Tensor dx = at::empty_like(x), pre = at::empty(x.sizes(), x.options().dtype(at::kFloat));
+    at::Tensor dx = at::empty_like(x);
     at::Tensor dw = at::empty(w.sizes(), w.options().dtype(at::kFloat));
     layers::short_conv_cuda::backward(conv_dtype(x), x.data_ptr(), w.data_ptr(), dy.data_ptr(), dx.data_ptr(),
-                                      dw.data_ptr<float>(), pre.data_ptr<float>(), x.size(0), x.size(1), x.size(2),
+                                      dw.data_ptr<float>(), x.size(0), x.size(1), x.size(2),
                                       int(w.size(1)), stream_of(x));
     return {dx, dw.to(w.scalar_type())};
   }

@@ -18,7 +18,11 @@ MethodSpec make() {
   d.decay = "lowrank";
   d.out_gain = true;
   d.out_gate = "silu";
-  return make_gla_family_method(d);
+  MethodSpec m = make_gla_family_method(d);
+  // gpu-d12: the LibTorch chunked path for 32 rows × 2048 tokens needs more than an H200's memory;
+  // micro-batches of 8 rows (gradients accumulated).
+  m.presets["gpu-d12"].micro_batch = 8;
+  return m;
 }
 MIXBENCH_REGISTER(make());
 }  // namespace

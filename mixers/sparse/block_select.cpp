@@ -312,6 +312,8 @@ MethodSpec qsa_spec() {
   // At small the LibTorch path's per-query-block key gathers for 32 rows need more than an H200's
   // memory in training: the same step in micro-batches of 8 rows (gradients accumulated).
   m.presets["small"] = {"full_attention_warmup_frac=0.25", 8};
+  // gpu-d12 (2048 tokens): one row per micro-batch holds the LibTorch path's gathers in memory.
+  m.presets["gpu-d12"] = {"full_attention_warmup_frac=0.25", 1};
   return m;
 }
 
@@ -436,7 +438,11 @@ MethodSpec nsa_spec() {
   d.forward = nsa_forward;
   d.account = nsa_account;
   d.cases = nsa_cases;
-  return sparse_method(d);
+  MethodSpec m = sparse_method(d);
+  // gpu-d12: with no CUDA kernel, the LibTorch path's gathers for 32 rows × 2048 tokens need more
+  // than an H200's memory: micro-batches of 2 rows.
+  m.presets["gpu-d12"].micro_batch = 2;
+  return m;
 }
 
 // =========================================================================================== Seer
@@ -568,6 +574,8 @@ MethodSpec seer_spec() {
   MethodSpec m = sparse_method(d);
   // Training preset small: as qsa's (the warm-up a quarter of the run, micro-batches of 8 rows).
   m.presets["small"] = {"full_attention_warmup_frac=0.25", 8};
+  // gpu-d12 (2048 tokens): one row per micro-batch holds the LibTorch path's gathers in memory.
+  m.presets["gpu-d12"] = {"full_attention_warmup_frac=0.25", 1};
   return m;
 }
 

@@ -136,6 +136,9 @@ MethodSpec make_spec() {
   // Training preset tiny: the default block (128) would be the whole sequence: 4 blocks of 32, 2 per
   // query.
   m.presets["tiny"].config = "moba_block=32,moba_topk=2";
+  // gpu-d12: with no CUDA kernel, the LibTorch path's gathered keys for 32 rows × 2048 tokens need
+  // more than an H200's memory; micro-batches of 2 rows.
+  m.presets["gpu-d12"].micro_batch = 2;
   return m;
 }
 
