@@ -8,7 +8,7 @@
 
 #include "harness/errors.h"
 #include "harness/nvtx.h"
-#include "harness/relu_square.h"
+#include "harness/fused_ops.h"
 
 namespace mixbench {
 

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "harness/backbone.h"
+#include "harness/fused_ops.h"
 
 namespace mixbench {
 namespace {
@@ -29,7 +30,7 @@ class NanochatStream final : public ResidualStream {
 
   at::Tensor read(TensorMap& st, const Sublayer& s, const TensorMap& P) const override {
     if (s.kind == Sublayer::Kind::Mixer)
-      st.set("x", P.at("resid_lambdas")[s.step] * st.at("x") + P.at("x0_lambdas")[s.step] * st.at("x0"));
+      st.set("x", scaled_sum(P.at("resid_lambdas")[s.step], st.at("x"), P.at("x0_lambdas")[s.step], st.at("x0")));
     return st.at("x");
   }
 

@@ -404,23 +404,31 @@ Json run_leaderboard(const LeaderboardOptions& opt, std::string& md, Json* summa
   const TrainPreset P = train_preset(opt.preset);
   const std::vector<std::string> methods = lineup(opt, P);
   const int64_t n_seeds = seed_count(opt, P);
-  // Cells finished by an earlier run with the same options.
-  std::map<std::pair<std::string, uint64_t>, Json> kept;
+  // With several budgets (--budgets) each cell trains the method to every budget in one pass
+  // (run_budgets) and each budget is ranked on its own, with Kendall's tau between the rankings.
+  const size_t n_budgets = std::max<size_t>(1, opt.budgets.size());
+  // Cells finished by an earlier run with the same options: per budget (a row of a report with
+  // several budgets names its budget), kept where every budget has the cell.
+  std::vector<std::map<std::pair<std::string, uint64_t>, Json>> kept_at(n_budgets);
   if (!opt.resume.is_null()) {
     check_leaderboard_resume(opt.resume, leaderboard_config(opt));
-    for (const auto& row : opt.resume["results"])
+    for (const auto& row : opt.resume["results"]) {
+      size_t k = 0;
+      if (n_budgets > 1) {
+        const std::string label = row.contains("budget") && row["budget"].is_object()
+                                      ? row["budget"].value("budget", std::string())
+                                      : std::string();
+        while (k < n_budgets && opt.budgets[k].str() != label) ++k;
+        if (k == n_budgets) continue;
+      }
       for (const auto& run : row.value("runs", Json::array()))
         if (run.value("status", std::string()) == "ok" && run.contains("seed"))
-          kept[{run["method"].get<std::string>(), run["seed"].get<uint64_t>()}] = run;
+          kept_at[k][{run["method"].get<std::string>(), run["seed"].get<uint64_t>()}] = run;
+    }
   }
   Json seed_values = Json::array();
   for (int64_t k = 0; k < n_seeds; ++k) seed_values.push_back(opt.seed + uint64_t(k));
   const int64_t cells = int64_t(methods.size()) * n_seeds;
-  // With several budgets (--budgets) each cell trains the method to every budget in one pass
-  // (run_budgets) and each budget is ranked on its own, with Kendall's tau between the rankings.
-  const size_t n_budgets = std::max<size_t>(1, opt.budgets.size());
-  if (n_budgets > 1 && !opt.resume.is_null())
-    throw UsageError("--budgets does not continue an earlier report: remove it or use another --out");
   std::vector<std::vector<Json>> runs(n_budgets);
   int64_t trained = 0;
   Json results, summary;
@@ -468,11 +476,11 @@ Json run_leaderboard(const LeaderboardOptions& opt, std::string& md, Json* summa
       const Calibration& cal = cals.at(m);
       std::vector<Json> rows(n_budgets);
       Json& row = rows[0];
-      const auto it = kept.find({m, seed});
-      const bool reuse = it != kept.end();
+      bool reuse = true;
+      for (size_t k = 0; k < n_budgets; ++k) reuse = reuse && kept_at[k].count({m, seed});
       if (!reuse && opt.stop_after > 0 && trained >= opt.stop_after) continue;
       if (reuse) {
-        row = it->second;
+        for (size_t k = 0; k < n_budgets; ++k) rows[k] = kept_at[k].at({m, seed});
       } else {
         TrainOptions to;
         to.method = m;

@@ -182,6 +182,24 @@ Optimizer::Optimizer(const Model& m, int64_t batch_tokens, const TrainHyper& h) 
 std::string Optimizer::group_of(const std::string& p) const { return groups_.at(group_of_.at(p)).name; }
 double Optimizer::base_lr(const std::string& p) const { return groups_.at(group_of_.at(p)).lr; }
 
+std::vector<Optimizer::ParamSetting> Optimizer::settings(const Model& m) const {
+  std::vector<ParamSetting> out;
+  for (const auto& [name, t] : m.params) {
+    const Group& g = groups_.at(group_of_.at(name));
+    ParamSetting s;
+    s.param = name;
+    s.group = g.name;
+    s.optimizer = g.muon ? "muon" : "adamw";
+    s.shape = t.sizes().vec();
+    s.lr = g.lr;
+    s.beta1 = g.muon ? muon_momentum(h_.schedule, 0) : g.beta1;
+    s.beta2 = g.beta2;
+    s.weight_decay = g.muon ? h_.muon_wd : g.wd;
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
 void Optimizer::step(Model& m, int64_t it) {
   c10::NoGradGuard ng;
   const double lrm = lr_multiplier(h_.schedule, it);

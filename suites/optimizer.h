@@ -68,6 +68,15 @@ class Optimizer {
   // Names of the parameters each group holds ("muon" or the AdamW group name).
   std::string group_of(const std::string& param) const;
   double base_lr(const std::string& param) const;
+  // Every parameter with its group and hyper-parameters at the first step: Muon rows give the
+  // group lr, the Muon momentum at step 0 (as beta1), NorMuon's beta2 and the Muon weight decay
+  // before its schedule; AdamW rows their lr, betas and decoupled weight decay.
+  struct ParamSetting {
+    std::string param, group, optimizer;
+    std::vector<int64_t> shape;
+    double lr = 0, beta1 = 0, beta2 = 0, weight_decay = 0;
+  };
+  std::vector<ParamSetting> settings(const Model& m) const;
   TensorMap state() const;                // "<kind>.<param>" tensors + "adam_step"
   void load_state(const TensorMap& t);    // InputError when something is missing or misshaped
 

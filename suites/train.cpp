@@ -16,6 +16,7 @@
 
 #if defined(MIXBENCH_WITH_CUDA)
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
@@ -70,7 +71,33 @@ double evaluate(const Model& m, const Corpus& c, int64_t B, int64_t T, int64_t n
 std::string fingerprint(const TrainResult& r, int64_t steps, int64_t B, uint64_t seed, const std::string& data_hash) {
   return fnv1a_hex(fmt::format("{}|{}|{}|{}|{}|{}", r.method, r.cfg.str(), steps, B, seed, data_hash));
 }
+
+// The method's config at the preset with the run's overrides, its sparse warm-up resolved for the
+// run's length.
+Config run_config(const TrainPreset& P, const MethodSpec& ms, const TrainOptions& opt, int64_t steps) {
+  return resolve_full_attention_warmup(ms.config.parse(P.config_for(ms.name) + (opt.config.empty() ? "" : "," + opt.config)),
+                                       steps);
+}
 }  // namespace
+
+nlohmann::json optimizer_settings(const TrainOptions& opt) {
+  const TrainPreset P = train_preset(opt.preset);
+  const MethodSpec& ms = Registry::get().method(opt.method);
+  const int64_t steps = run_length(opt, P).steps;
+  const int64_t B = opt.batch > 0 ? opt.batch : P.batch;
+  const Config cfg = run_config(P, ms, opt, steps);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(opt.seed);
+  const Model model = build_model(ms, cfg, gen, at::TensorOptions().dtype(at::kFloat));
+  TrainHyper h = P.hyper;
+  h.schedule.steps = steps;
+  const Optimizer optim(model, B * model_dims(cfg).seq_len, h);
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& s : optim.settings(model))
+    rows.push_back({{"param", s.param}, {"shape", s.shape}, {"group", s.group}, {"optimizer", s.optimizer}, {"lr", s.lr},
+                    {"beta1", s.beta1}, {"beta2", s.beta2}, {"weight_decay", s.weight_decay}});
+  return {{"method", ms.name}, {"preset", opt.preset}, {"config", cfg.to_json()}, {"batch_tokens", B * model_dims(cfg).seq_len},
+          {"steps", steps}, {"params", rows}};
+}
 
 TrainResult run_train(const TrainOptions& opt) {
   const TrainPreset P = train_preset(opt.preset);
@@ -100,8 +127,7 @@ TrainResult run_train(const TrainOptions& opt) {
   TrainResult r;
   r.budget = plan;
   r.method = ms.name;
-  r.cfg = resolve_full_attention_warmup(ms.config.parse(P.config_for(ms.name) + (opt.config.empty() ? "" : "," + opt.config)),
-                                        steps);
+  r.cfg = run_config(P, ms, opt, steps);
   const ModelDims d = model_dims(r.cfg);
   const int64_t T = d.seq_len;
   const std::string data = opt.data.empty() ? P.data : opt.data;
@@ -342,6 +368,9 @@ TrainResult run_train(const TrainOptions& opt) {
     }
     sweep_detail::sync_device(opt.device);
     for (const auto& [n, p] : model.params) p.mutable_grad() = at::Tensor();
+    // The graph allocates from its own pool: hand the warm-up pass's cached blocks back first, or a
+    // method whose step needs much of the card's memory cannot be captured.
+    c10::cuda::CUDACachingAllocator::emptyCache();
     graph = std::make_unique<at::cuda::CUDAGraph>();
     c10::cuda::CUDAStreamGuard sg(side);  // capture_end, on success or failure, runs on the capture stream
     try {
@@ -358,6 +387,7 @@ TrainResult run_train(const TrainOptions& opt) {
       graph.reset();
       graph_lm = graph_aux = at::Tensor();
       for (const auto& [n, p] : model.params) p.mutable_grad() = at::Tensor();
+      c10::cuda::CUDACachingAllocator::emptyCache();  // the eager steps get the failed capture's memory
       const std::string what = e.what();
       r.graph_reason = "capture failed: " + what.substr(0, what.find('\n'));
     }

@@ -95,6 +95,10 @@ struct TrainResult {
 };
 
 TrainResult run_train(const TrainOptions& opt);
+// The run's parameters with their optimizer groups and hyper-parameters at the first step (what
+// `mixbench train --dry-run` prints): {method, preset, config, batch_tokens, steps, params: [{param,
+// shape, group, optimizer, lr, beta1, beta2, weight_decay}]}. Builds the model on the CPU; trains nothing.
+nlohmann::json optimizer_settings(const TrainOptions& opt);
 nlohmann::json train_result_json(const TrainResult& r);
 
 }  // namespace mixbench

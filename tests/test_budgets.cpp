@@ -158,6 +158,8 @@ TEST(Budgets, PresetFieldsAndTheDefaultRule) {
     if (p.is_default) EXPECT_FALSE(p.tau_2x < kMinDefaultTau) << name;
   }
   nlohmann::ordered_json j = train_presets_table().at("small");
+  EXPECT_FALSE(small.is_default);  // its 2x check passed, its ranking at 600 steps did not agree (tau_note)
+  j["default"] = true;
   j["tau_2x"] = 0.5;
   EXPECT_THROW(train_preset_from_json("x", j), std::logic_error);  // a default with disagreeing rankings
   j["default"] = false;
@@ -276,6 +278,38 @@ TEST(Budgets, LeaderboardRanksEachBudgetWithKendallTau) {
   EXPECT_NE(md.find("| steps=2 vs steps=3 |"), std::string::npos);
   EXPECT_EQ(run_cli({"leaderboard", "--budgets", "tpp=x"}), 2);
   EXPECT_EQ(run_cli({"leaderboard", "--budget", "tpp=1", "--budgets", "tpp=1,tpp=2"}), 2);
+}
+
+// A leaderboard over two budgets interrupted after one cell continues from its report: the kept
+// cell is not trained again, and every budget's numbers equal those of an uninterrupted run.
+TEST(Budgets, LeaderboardWithBudgetsResumes) {
+  const fs::path part = budget_tmp() / "lb_part.json", whole = budget_tmp() / "lb_whole.json";
+  const std::vector<std::string> base = {"leaderboard", "--methods", "dense_full,mqa", "--config", "seq_len=32",
+                                         "--budgets", "steps=2,steps=3", "--batch", "1", "--probes", "0", "--quiet"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  ASSERT_EQ(run_cli(with({"--out", part.string(), "--stop-after", "1"})), 0);
+  Json r = Json::parse(read_file(part.string()));
+  EXPECT_EQ(r["summary"]["cells_done"], 1);
+  ASSERT_EQ(run_cli(with({"--out", part.string()})), 0);
+  const Json resumed = Json::parse(read_file(part.string()));
+  EXPECT_TRUE(resumed["summary"]["complete"].get<bool>());
+  EXPECT_EQ(resumed["summary"]["cells_trained"], 1) << "only the missing cell trained";
+  ASSERT_EQ(run_cli(with({"--out", whole.string()})), 0);
+  const Json straight = Json::parse(read_file(whole.string()));
+  ASSERT_EQ(resumed["results"].size(), 4u);
+  ASSERT_EQ(straight["results"].size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(resumed["results"][i]["method"], straight["results"][i]["method"]);
+    EXPECT_EQ(resumed["results"][i]["budget"], straight["results"][i]["budget"]);
+    const std::string key = straight["results"][i].contains("val_bits_per_token") ? "val_bits_per_token" : "val_bpb";
+    ASSERT_TRUE(straight["results"][i][key].is_number()) << i;
+    EXPECT_EQ(resumed["results"][i][key], straight["results"][i][key]) << i;
+  }
+  EXPECT_EQ(resumed["kendall_tau"], straight["kendall_tau"]);
 }
 
 // ------------------------------------------------------------------ the real-text corpus

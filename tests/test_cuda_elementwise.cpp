@@ -1,13 +1,13 @@
 // On a machine with a GPU: the fused element-wise kernels against LibTorch's unfused arithmetic in
 // float64 — the causal short convolution + SiLU of the delta-rule layers (strip edges, sequence
-// starts and ends, every width 1..8, channel counts that do not fill a block) and the MLP's ReLU²
-// (packed and unpacked element counts) — forward and gradients.
+// starts and ends, every width 1..8, channel counts that do not fill a block), the MLP's ReLU² and
+// the resid / x0 mix (packed and unpacked element counts) — forward and gradients.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include "harness/metrics.h"
-#include "harness/relu_square.h"
+#include "harness/fused_ops.h"
 #include "mixers/linear/delta_layer.h"
 
 namespace mixbench {
@@ -66,6 +66,31 @@ TEST(CudaElementwise, ReluSquareMatchesTheUnfusedPath) {
       // a view with an odd offset takes the unpacked kernel
       at::Tensor big = at::randn({n + 1}, h.options());
       EXPECT_LE(rel_rms(at::relu(big.narrow(0, 1, n)).square(), relu_square(big.narrow(0, 1, n))), dt == at::kFloat ? 1e-7 : 4e-3);
+    }
+}
+
+TEST(CudaElementwise, ScaledSumMatchesTheUnfusedPath) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  at::manual_seed(23);
+  for (auto dt : {at::kFloat, at::kBFloat16})
+    for (int64_t n : {3, 8, 4096 * 3, 100003}) {
+      auto o = at::TensorOptions().device(at::kCUDA).dtype(dt);
+      // a and b as the stream passes them: elements of a parameter vector
+      at::Tensor lam = at::randn({4}, o).requires_grad_(true), mu = at::randn({4}, o).requires_grad_(true);
+      at::Tensor x = at::randn({n}, o).requires_grad_(true), x0 = at::randn({n}, o).requires_grad_(true);
+      at::Tensor dy = at::randn({n}, o);
+      at::Tensor y = scaled_sum(lam[2], x, mu[1], x0);
+      auto g = torch::autograd::grad({y}, {lam, x, mu, x0}, {dy});
+      // float64 on the CPU from the same inputs
+      auto d = [](const at::Tensor& t) { return t.detach().to(at::kDouble).cpu().requires_grad_(true); };
+      at::Tensor l2 = d(lam), x2 = d(x), m2 = d(mu), x02 = d(x0);
+      at::Tensor y2 = l2[2] * x2 + m2[1] * x02;
+      auto g2 = torch::autograd::grad({y2}, {l2, x2, m2, x02}, {dy.to(at::kDouble).cpu()});
+      const double tol = dt == at::kFloat ? 1e-6 : 1e-2;
+      const std::string where = std::string(c10::toString(dt)) + " n" + std::to_string(n);
+      EXPECT_LE(rel_rms(y2, y), tol) << where;
+      for (size_t i = 0; i < g.size(); ++i) EXPECT_LE(rel_rms(g2[i], g[i]), tol) << where << " grad " << i;
+      EXPECT_EQ(g[0][0].item<double>(), 0.0) << "only the used element of the vector gets a gradient";
     }
 }
 

@@ -119,7 +119,7 @@ TEST(TrainPresets, TheTableNamesRegisteredMethods) {
 // an H200 say so, and the sparse ones warm up for a quarter of the run.
 TEST(TrainPresets, GpuD12MicroBatchesArePinned) {
   const TrainPreset P = train_preset("gpu-d12");
-  const std::map<std::string, int64_t> want = {{"gla", 8},  {"kda", 8},  {"kda_hybrid", 8}, {"deltanet", 16},
+  const std::map<std::string, int64_t> want = {{"gla", 8},  {"kda", 2},  {"kda_hybrid", 4}, {"deltanet", 16},
                                                {"deltanet_hybrid", 16}, {"dsa", 4}, {"moba", 2},
                                                {"moba_hybrid", 2}, {"nsa", 2}, {"qsa", 1}, {"qsa_hybrid", 1},
                                                {"seer", 1}};

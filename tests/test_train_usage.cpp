@@ -1,13 +1,18 @@
 // Usage errors of `mixbench train` and `mixbench leaderboard`: an explicit --batch 0 is refused (the
 // preset's batch is what leaving the option out gives), and --resume without a checkpoint names the
-// checkpoint in its message.
+// checkpoint in its message; --dry-run lists the parameters' optimizer settings.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <string>
 #include <unistd.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <map>
+
 #include "harness/cli/cli.h"
+#include "harness/registry.h"
 #include "harness/errors.h"
 #include "harness/safetensors.h"
 #include "suites/train.h"
@@ -62,4 +67,38 @@ TEST(TrainUsage, ResumeWithoutCheckpointNamesTheCheckpoint) {
     EXPECT_NE(std::string(e.what()).find("golden file '"), std::string::npos) << e.what();
   }
   fs::remove(dir);
+}
+
+// `train --dry-run` lists every parameter of the model once with its optimizer group and
+// hyper-parameters (the same the optimizer uses), and trains nothing.
+TEST(TrainUsage, DryRunListsEveryParameterWithItsGroup) {
+  testing::internal::CaptureStdout();
+  const int rc = run_cli({"train", "--method", "gdn", "--preset", "tiny", "--dry-run", "--json"});
+  const std::string out = testing::internal::GetCapturedStdout();
+  ASSERT_EQ(rc, 0) << out;
+  const nlohmann::json s = nlohmann::json::parse(out);
+  TrainOptions o;
+  o.method = "gdn";
+  o.preset = "tiny";
+  EXPECT_EQ(s, optimizer_settings(o));
+  std::map<std::string, nlohmann::json> rows;
+  for (const auto& r : s["params"]) EXPECT_TRUE(rows.emplace(r["param"].get<std::string>(), r).second) << r["param"];
+  const MethodSpec& ms = Registry::get().method("gdn");
+  at::Generator g = at::make_generator<at::CPUGeneratorImpl>(0);
+  const Model m = build_model(ms, ms.config.parse(train_preset("tiny").config_for("gdn")), g, at::TensorOptions().dtype(at::kFloat));
+  EXPECT_EQ(rows.size(), m.params.size());
+  for (const auto& [name, t] : m.params) {
+    ASSERT_TRUE(rows.count(name)) << name;
+    EXPECT_GT(rows[name]["lr"].get<double>(), 0.0) << name;
+    if (rows[name]["optimizer"] == "muon") EXPECT_EQ(t.dim(), 2) << name;
+  }
+  EXPECT_EQ(rows.at("layers.0.mlp.c_fc")["optimizer"], "muon");
+  EXPECT_EQ(rows.at("layers.0.mixer.A_log")["optimizer"], "adamw");
+  EXPECT_EQ(rows.at("wte")["optimizer"], "adamw");
+  // the table form names the same parameters
+  testing::internal::CaptureStdout();
+  ASSERT_EQ(run_cli({"train", "--method", "gdn", "--preset", "tiny", "--dry-run"}), 0);
+  const std::string table = testing::internal::GetCapturedStdout();
+  EXPECT_NE(table.find("layers.0.mixer.A_log"), std::string::npos);
+  EXPECT_NE(table.find("muon"), std::string::npos);
 }

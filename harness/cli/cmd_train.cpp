@@ -110,6 +110,27 @@ int run_train_command(const Args& a, const std::vector<std::string>& args) {
       o.log_every < 0)
     throw UsageError("--steps, --batch, --eval-every, --eval-batches, --checkpoint-every, --stop-after and --log-every "
                      "must be >= 0");
+  if (a.flag("dry-run")) {
+    // every parameter's optimizer group and hyper-parameters; nothing trains
+    const Json s = optimizer_settings(o);
+    if (a.flag("json")) {
+      std::cout << s.dump(1) << "\n";
+      return 0;
+    }
+    std::cout << fmt::format("{} at preset {}: {} steps, {} tokens per step\n", s["method"].get<std::string>(),
+                             s["preset"].get<std::string>(), s["steps"].get<int64_t>(), s["batch_tokens"].get<int64_t>());
+    std::cout << fmt::format("{:<36} {:<16} {:<18} {:<6} {:>10} {:>7} {:>7} {:>7}\n", "parameter", "shape", "group",
+                             "optim", "lr", "beta1", "beta2", "wd");
+    for (const auto& r : s["params"]) {
+      std::string shape;
+      for (const auto& x : r["shape"]) shape += (shape.empty() ? "" : "x") + std::to_string(x.get<int64_t>());
+      std::cout << fmt::format("{:<36} {:<16} {:<18} {:<6} {:>10.4g} {:>7.3g} {:>7.3g} {:>7.3g}\n",
+                               r["param"].get<std::string>(), shape, r["group"].get<std::string>(),
+                               r["optimizer"].get<std::string>(), r["lr"].get<double>(), r["beta1"].get<double>(),
+                               r["beta2"].get<double>(), r["weight_decay"].get<double>());
+    }
+    return 0;
+  }
   if (auto rc = spawn_ranks(a, "train", args)) return *rc;
   o.data_parallel = join_ranks(a, o.device);
   return as_rank(o.data_parallel, [&] { return train_rank(o, args); });
@@ -245,6 +266,8 @@ Command train_command() {
            {"config", OptionKind::Value, "k=v,...", "overrides of the method's config"},
            {"out", OptionKind::Value, "DIR", "folder of the checkpoint and train.json"},
            {"resume", OptionKind::Flag, "", "continue from DIR/checkpoint.safetensors"},
+           {"dry-run", OptionKind::Flag, "", "print every parameter with its optimizer group, lr, betas and weight decay; train nothing"},
+           {"json", OptionKind::Flag, "", "with --dry-run: the table as JSON"},
            {"eval-every", OptionKind::Value, "N", "steps between validation evaluations (default: the preset's)"},
            {"eval-batches", OptionKind::Value, "N", "batches per validation evaluation (default: the preset's)"},
            {"checkpoint-every", OptionKind::Value, "N", "steps between checkpoints (default: the preset's)"},

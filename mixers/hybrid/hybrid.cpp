@@ -322,7 +322,7 @@ MIXBENCH_REGISTER(with_micro_batch(make_hybrid(qsa_hybrid()), "gpu-d12", 1));
 MIXBENCH_REGISTER(with_micro_batch(make_hybrid(moba_hybrid()), "gpu-d12", 2));
 MIXBENCH_REGISTER(make_hybrid(gdn_hybrid_swa()));
 MIXBENCH_REGISTER(make_hybrid(hypenet()));
-MIXBENCH_REGISTER(with_micro_batch(make_hybrid(kda_hybrid()), "gpu-d12", 8));
+MIXBENCH_REGISTER(with_micro_batch(make_hybrid(kda_hybrid()), "gpu-d12", 4));
 
 }  // namespace
 }  // namespace mixbench
