@@ -167,9 +167,9 @@ class AttnResStream final : public ResidualStream {
 std::vector<CaseDef> cases_for(const ConfigSpec& spec) {
   const Config base = spec.parse("n_layer=3,d_model=32,head_dim=16,seq_len=16,vocab=32,attnres_block=3");
   return {
-      {"model_n3_S3_T12", base, 1, 12, 0},
-      {"model_n2_rule_B2_T9", base.with("n_layer", int64_t(2)).with("attnres_block", int64_t(0)), 2, 9, 0},
-      {"model_n3_S4_T16", base.with("attnres_block", int64_t(4)), 1, 16, 0},
+      {"model_n3_S3_T8", base, 1, 8, 0},
+      {"model_n2_rule_B2_T6", base.with("n_layer", int64_t(2)).with("attnres_block", int64_t(0)), 2, 6, 0},
+      {"model_n3_S4_T10", base.with("attnres_block", int64_t(4)), 1, 10, 0},
   };
 }
 
