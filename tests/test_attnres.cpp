@@ -146,6 +146,29 @@ TEST(AttnRes, ZeroQueriesReduceToThePlainResidual) {
   }
 }
 
+// The same reduction in the whole model: attnres with zero queries against dense_full with
+// nanochat's stream set to the plain residual (resid = 1, x0 = 0, backout = 0). The states differ by
+// the factor 1/N that the RMSNorms remove, up to their eps (1.2e-7 against mean squares ~1).
+TEST(AttnRes, ZeroQueriesGiveThePlainResidualModel) {
+  const char* shape = "n_layer=3,d_model=32,head_dim=16,vocab=32,seq_len=16";
+  const MethodSpec& dense = Registry::get().method("dense_full");
+  at::Generator g = gen_of(13), g2 = gen_of(13);
+  Model a = build_model(attnres(), attnres().config.parse(std::string(shape) + ",attnres_block=2"), g, kF64, true);
+  Model n = build_model(dense, dense.config.parse(shape), g2, kF64, true);
+  for (const auto& [name, t] : n.params)
+    if (a.params.has(name)) n.params.set(name, a.params.at(name));
+  n.params.set("resid_lambdas", at::ones({3}, kF64));
+  n.params.set("x0_lambdas", at::zeros({3}, kF64));
+  n.params.set("backout_lambda", at::zeros({1}, kF64));
+  a.params.set("attnres_queries", at::zeros({7, 32}, kF64));
+  const at::Tensor idx = at::randint(32, {2, 9}, g, at::TensorOptions().dtype(at::kLong));
+  const at::Tensor plain = model_forward(n, idx, Backend::CPU);
+  for (Backend b : {Backend::CPU, Backend::Reference})
+    EXPECT_LT((model_forward(a, idx, b) - plain).abs().max().item<double>(), 1e-5) << backend_name(b);
+  a.params.set("attnres_queries", at::randn({7, 32}, g, kF64));
+  EXPECT_GT((model_forward(a, idx, Backend::CPU) - plain).abs().max().item<double>(), 1e-3);
+}
+
 TEST(AttnRes, ReferenceEqualsFastPathAndDecodeEqualsForward) {
   const Config cfg = attnres().config.parse("n_layer=3,d_model=32,head_dim=16,vocab=32,seq_len=16,attnres_block=3");
   at::Generator g = gen_of(7);
