@@ -14,34 +14,35 @@ namespace {
 [[noreturn]] void not_completed(const std::string& name) {
   throw std::logic_error("method " + name + " used before the registry completed it");
 }
-}  // namespace
-
-MethodSpec stream_method(StreamMethodDesc desc) {
-  MethodSpec m;
+template <typename Fn>
+Fn unset(const std::string& name) {
+  return [name](auto&&...) -> typename Fn::result_type { not_completed(name); };
+}
+// What the method is, whichever spec it lands on.
+void describe(MethodSpec& m, const StreamMethodDesc& desc) {
   m.name = desc.name;
   m.family = "residual";
   m.summary = desc.summary;
   m.citation = desc.citation;
-  m.config = backbone_config();
-  const std::string name = desc.name;
-  m.params = [name](const Config&, const LayerCtx&) -> std::vector<ParamDef> { not_completed(name); };
-  m.make_inputs = [name](const Config&, const LayerCtx&, int64_t, int64_t, at::Generator&) -> TensorMap {
-    not_completed(name);
-  };
-  m.reference = [name](const TensorMap&, const Config&, const LayerCtx&) -> TensorMap { not_completed(name); };
-  m.forward = [name](const TensorMap&, const Config&, const LayerCtx&, Backend) -> TensorMap { not_completed(name); };
-  m.cases = []() { return std::vector<CaseDef>{}; };
-  m.account = [name](const Config&, const LayerCtx&, const CostQuery&) -> LayerCost { not_completed(name); };
   m.residual = desc.stream;
+  m.complete = nullptr;
+}
+}  // namespace
+
+MethodSpec stream_method(StreamMethodDesc desc) {
+  MethodSpec m;
+  describe(m, desc);
+  m.config = backbone_config();
+  m.params = unset<decltype(m.params)>(desc.name);
+  m.make_inputs = unset<decltype(m.make_inputs)>(desc.name);
+  m.reference = unset<decltype(m.reference)>(desc.name);
+  m.forward = unset<decltype(m.forward)>(desc.name);
+  m.account = unset<decltype(m.account)>(desc.name);
+  m.cases = []() { return std::vector<CaseDef>{}; };
   m.complete = [desc](MethodSpec& self) {
     MethodSpec s = Registry::get().method("dense_full");
-    s.name = desc.name;
-    s.family = "residual";
-    s.summary = desc.summary;
-    s.citation = desc.citation;
+    describe(s, desc);
     if (desc.add_fields) desc.add_fields(s.config);
-    s.residual = desc.stream;
-    s.complete = nullptr;
     // Whole small models (the suite checks a stream at model level): two layers, then three so
     // that value embeddings sit on alternate layers; T ≤ 16 keeps the finite differences cheap.
     ConfigSpec spec = s.config;
