@@ -45,11 +45,14 @@ MethodSpec stream_method(StreamMethodDesc desc) {
     if (desc.add_fields) desc.add_fields(s.config);
     // Whole small models (the suite checks a stream at model level): two layers, then three so
     // that value embeddings sit on alternate layers; T ≤ 16 keeps the finite differences cheap.
+    // The single-token case has two sequences: with one, random static maps make the streams
+    // nearly parallel at T = 1 and the last sublayer's map gradients nearly vanish (the final
+    // RMSNorm's gradient is orthogonal to its input), leaving fp32 checks on cancellation noise.
     ConfigSpec spec = s.config;
     s.cases = [spec]() {
       Config base = spec.parse("n_layer=2,d_model=32,head_dim=16,seq_len=16,vocab=32");
       return std::vector<CaseDef>{
-          {"model_n2_T1", base, 1, 1, 0},
+          {"model_n2_B2_T1", base, 2, 1, 0},
           {"model_n2_B2_T9", base, 2, 9, 0},
           {"model_n3_T16", base.with("n_layer", int64_t(3)), 1, 16, 0},
       };

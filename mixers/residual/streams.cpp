@@ -110,7 +110,9 @@ class MultiStream : public ResidualStream {
   }
 
   at::Tensor read(TensorMap& st, const Sublayer& s, const TensorMap& P) const override {
-    return s.backend == Backend::Reference ? read_reference(st, s, P) : read_fast(st, st.at("H"), s.index(), P);
+    if (s.backend == Backend::Reference) return read_reference(st, s, P);
+    const at::Tensor H = st.at("H");  // a handle: read_fast adds entries to the state
+    return read_fast(st, H, s.index(), P);
   }
 
   void write(TensorMap& st, const Sublayer& s, const at::Tensor& y, const TensorMap&) const override {
