@@ -391,6 +391,7 @@ ModelCost account_model(const MethodSpec& method, const Config& cfg, const CostQ
   const double N = double(mc.params.matmul) + repeated_matmul;
   const auto stream = model_stream(method, cfg);
   const double stream_fwd = stream->fwd_flops(d, plan);
+  mc.uncounted_flops += stream->uncounted_flops(d, plan);
   mc.act_bytes += stream->act_bytes(d, plan, q.dtype_bytes);
   mc.train_flops_nanochat = 6.0 * N + mixer_core_train + 3.0 * stream_fwd;
   mc.fwd_flops = 2.0 * N + mixer_fwd + stream_fwd;

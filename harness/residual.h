@@ -52,6 +52,9 @@ class ResidualStream {
   // Forward FLOPs per token of the stream's own arithmetic that the accountant adds (the default
   // stream's scalar mixes are not counted, as nanochat does not count them).
   virtual double fwd_flops(const ModelDims& d, const ExecPlan& plan) const { return 0; }
+  // The part of fwd_flops done element-wise (norms, gates, normalisations), which the FLOP audit's
+  // dispatcher-level counter cannot see; the audit adds it back (LayerCost::uncounted_flops).
+  virtual double uncounted_flops(const ModelDims& d, const ExecPlan& plan) const { return 0; }
   // Training activation bytes per token the stream keeps beyond the backbone's one [d] state per
   // step boundary (e.g. n parallel streams, block sums); `dtype_bytes` is the compute dtype's size.
   virtual double act_bytes(const ModelDims& d, const ExecPlan& plan, int64_t dtype_bytes) const { return 0; }

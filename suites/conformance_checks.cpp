@@ -175,6 +175,23 @@ Json selection_check(const std::string& tensor, const at::Tensor& ref, const at:
   return c;
 }
 
+// Model-level thresholds (relative RMS). A whole model chains two layers' roundings with the
+// backbone's (embedding norm, smear, 2·n_layer sublayers, the final norm, the softcapped logits) and
+// its gradients flow back through all of them, so its errors exceed one layer's. Measured on the
+// CPU with the conformance cases of the single-method models (residual_standard — dense_full's
+// model with the plain residual —, hc and mhc: 2–3 layer models, d_model 32, T ≤ 16):
+//   fp32: logits ≤ 4.1e-7, gradients ≤ 6.0e-6 (grad_smear_lambda; residual_standard 5.1e-6), the
+//         decode invariant ≤ 6.4e-7; a 4-layer hybrid's backout_lambda gradient lands at 1.03e-5.
+//         Thresholds 1e-5 (the layer value) and 3e-5 for gradients.
+//   bf16: residual_standard logits 1.2e-2, gradients 2.9e-2; mhc 1.3e-2 and 7.3e-2 (a map
+//         projection), the decode invariant ≤ 1.4e-2. Thresholds 3e-2 and 1e-1 (2.5× and 3.4×
+//         residual_standard's, as the layer column is about 1.5× its worst layer).
+double check_threshold(const std::string& dtype, TensorKind kind, const std::string& level) {
+  if (level == "model" && dtype == "fp32") return kind == TensorKind::Output ? 1e-5 : 3e-5;
+  if (level == "model" && (dtype == "bf16" || dtype == "fp16")) return kind == TensorKind::Output ? 3e-2 : 1e-1;
+  return threshold(dtype, kind, level != "op");
+}
+
 Json run_case(const Unit& u, const TensorMap& inputs64, const ConformanceOptions& opt, uint64_t seed) {
   const at::ScalarType dt = parse_dtype(opt.dtype);
   const at::Device dev = device_of(opt.backend);
@@ -215,14 +232,14 @@ Json run_case(const Unit& u, const TensorMap& inputs64, const ConformanceOptions
     if (!opt_out.has(n)) throw std::runtime_error(fmt::format("optimized path did not return '{}'", n));
     Json c = u.selection.count(n)
                  ? selection_check(n, r, opt_out.at(n), ref_scores.get_or(n, at::Tensor()), tie_tolerance(opt.dtype))
-                 : check_json(n, "output", compare(r, opt_out.at(n)), threshold(opt.dtype, TensorKind::Output, u.level != "op"));
+                 : check_json(n, "output", compare(r, opt_out.at(n)), check_threshold(opt.dtype, TensorKind::Output, u.level));
     ok = ok && c["status"] == "pass";
     checks.push_back(c);
   }
   for (const auto& [n, r] : ref_grad) {
     at::Tensor g = opt_grad.has(n) ? opt_grad.at(n) : at::Tensor();
     Comparison cmp = g.defined() ? compare(r, g) : Comparison{INFINITY, INFINITY, false, false};
-    Json c = check_json(n, "gradient", cmp, threshold(opt.dtype, TensorKind::Gradient, u.level != "op"));
+    Json c = check_json(n, "gradient", cmp, check_threshold(opt.dtype, TensorKind::Gradient, u.level));
     ok = ok && c["status"] == "pass";
     checks.push_back(c);
   }

@@ -52,6 +52,10 @@ TensorMap prepare(const TensorMap& inputs64, const Unit& u, at::ScalarType dt, a
 // structurally zero gradient), and every selection output loses one key per row, so each check
 // it feeds must fail.
 TensorMap inject_fault(const TensorMap& m, double s, const std::set<std::string>& selection = {});
+// The threshold of a check of a unit at `level` ("op", "layer" or "model") in `dtype`: ops and
+// layers as threshold() (metrics.h) says; a whole model (a single method's small model with its
+// own plan or residual stream) at fp32 and bf16/fp16 the model thresholds below, fp64 as a layer.
+double check_threshold(const std::string& dtype, TensorKind kind, const std::string& level);
 // One check of the report: the comparison against threshold thr.
 Json check_json(const std::string& tensor, const char* kind, const Comparison& c, double thr);
 

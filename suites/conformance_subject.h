@@ -51,9 +51,10 @@ Subject op_subject(const OpSpec& spec, const ConformanceOptions& opt);
 // A method's layer: its cases with random parameters, finite differences for T ≤ 40, prefill +
 // decode against forward where it decodes; skipped on CUDA without a CUDA path.
 Subject layer_subject(const MethodSpec& m, const ConformanceOptions& opt);
-// A hybrid's whole small model (it has no layer of its own), at fp64 only (other dtypes: skipped,
-// its layer methods are checked at layer level); finite differences for T ≤ 24, the model's
-// prefill + decode against forward.
+// A whole small model: a hybrid's (it has no layer of its own) at fp64 only (other dtypes:
+// skipped, its layer methods are checked at layer level), a single method with its own plan or
+// residual stream at every dtype (the model thresholds, check_threshold); finite differences for
+// T ≤ 24, the model's prefill + decode against forward.
 Subject model_subject(const MethodSpec& m, const ConformanceOptions& opt);
 // The subjects opt selects, in report order: opt.ops, then opt.methods (a hybrid as a model
 // subject; at a dtype other than fp64 its layer methods are appended as layer subjects).

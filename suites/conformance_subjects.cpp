@@ -67,7 +67,7 @@ Json run_model_decode_case(const Model& proto, const TensorMap& inputs64, const 
   at::Tensor pre = model_prefill(mm, idx.slice(1, 0, Tp), opt.backend, &cache);
   std::vector<at::Tensor> steps;
   for (int64_t t = Tp; t < T; ++t) steps.push_back(model_decode_step(mm, idx.slice(1, t, t + 1), cache, opt.backend));
-  const double thr = threshold(opt.dtype, TensorKind::Output, /*layer=*/true);
+  const double thr = check_threshold(opt.dtype, TensorKind::Output, "model");
   Json checks = Json::array();
   bool ok = cache.pos == T;
   Json c1 = check_json("prefill_logits", "invariant", compare(full.slice(1, Tp - 1, Tp), pre), thr);
@@ -245,8 +245,8 @@ Subject model_subject(const MethodSpec& m, const ConformanceOptions& opt) {
     k.base["layer_mixers"] = proto.layer_mixers;
     if (opt.backend == Backend::CUDA && !m.has_cuda)
       k.skip_reason = "a layer method has no CUDA path";
-    else if (opt.dtype != "fp64")
-      k.skip_reason = fmt::format("model-level checks run at fp64 (the {} thresholds are per layer); its layer methods are checked at layer level", opt.dtype);
+    else if (opt.dtype != "fp64" && m.is_hybrid())
+      k.skip_reason = fmt::format("model-level checks run at fp64 for a hybrid (the {} thresholds are per layer); its layer methods are checked at layer level", opt.dtype);
     k.nvtx = nvtx_name({m.name, "model", "case_" + c.label});
     // finite differences along random directions for every parameter: short cases only
     if (c.T <= 24) k.follow_ups.push_back(FollowUp{});
@@ -260,9 +260,10 @@ std::vector<Subject> conformance_subjects(const ConformanceOptions& opt) {
   std::vector<Subject> out;
   for (const auto& op_name : opt.ops) out.push_back(op_subject(reg.op(op_name), opt));
   // A hybrid has no layer of its own: its check is a whole small model at fp64 (model level).
-  // The per-dtype thresholds hold for one layer, not for a model chaining every layer's roundings
-  // with the backbone's, so at another dtype its cases are recorded as skipped and its layer
-  // methods are checked at layer level instead.
+  // The per-dtype thresholds hold for one layer, not for a model chaining different layers'
+  // roundings with the backbone's, so at another dtype its cases are recorded as skipped and its
+  // layer methods are checked at layer level instead. A single method checked as a model (its own
+  // plan or residual stream) runs at every dtype, against the model thresholds (check_threshold).
   std::vector<std::string> methods = opt.methods;
   if (opt.dtype != "fp64")
     for (const auto& m_name : opt.methods) {

@@ -8,6 +8,7 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <tuple>
 
 #include "harness/errors.h"
 #include "harness/registry.h"
@@ -185,6 +186,17 @@ void check_leaderboard_resume(const Json& report, const Json& config) {
                                    theirs.contains(f) ? theirs[f].dump() : std::string("(none)"), f, config.at(f).dump()));
 }
 
+namespace {
+// The residual-stream family's control (methods.md §5): each method of the family is also
+// compared with it, paired by seed, apart from the overall difference to the baseline.
+constexpr const char* kResidualFamily = "residual";
+constexpr const char* kResidualControl = "residual_standard";
+bool residual_family(const std::string& method) {
+  return method != kResidualControl && Registry::get().has_method(method) &&
+         Registry::get().method(method).family == kResidualFamily;
+}
+}  // namespace
+
 Json leaderboard_rows(const std::vector<std::string>& methods, const std::vector<Json>& runs, const std::string& baseline,
                       std::string& md) {
   const std::string key = metric_key(runs);
@@ -203,9 +215,23 @@ Json leaderboard_rows(const std::vector<std::string>& methods, const std::vector
       if (r["status"] == "ok") m[r["seed"].get<uint64_t>()] = r[key].get<double>();
     return m;
   };
-  std::map<uint64_t, double> base;
-  for (size_t i = 0; i < methods.size(); ++i)
+  std::map<uint64_t, double> base, control;
+  for (size_t i = 0; i < methods.size(); ++i) {
     if (methods[i] == baseline) base = seed_values(by_method[i]);
+    if (methods[i] == kResidualControl) control = seed_values(by_method[i]);
+  }
+  // The paired difference to `ref` over the seeds both have (null without one): mean, 95% interval.
+  auto paired = [&](const std::vector<Json>& v, const std::map<uint64_t, double>& ref) -> std::pair<Json, Json> {
+    std::vector<double> a, b;
+    for (const auto& [s, val] : seed_values(v))
+      if (ref.count(s)) {
+        a.push_back(val);
+        b.push_back(ref.at(s));
+      }
+    if (a.empty()) return {Json(), Json()};
+    const PairedDifference d = paired_difference(a, b);
+    return {d.mean, interval_json(d.ci95)};
+  };
   Json results = Json::array();
   std::vector<double> means;
   std::vector<std::optional<Interval>> cis;
@@ -246,19 +272,11 @@ Json leaderboard_rows(const std::vector<std::string>& methods, const std::vector
           if (per.size() == v.size() && !mean_of(per, f).is_null()) p[f] = mean_of(per, f);
         }
       // the paired difference to the baseline over the seeds both have
-      std::vector<double> a, b;
-      for (const auto& [s, val] : seed_values(v))
-        if (base.count(s)) {
-          a.push_back(val);
-          b.push_back(base.at(s));
-        }
-      if (a.empty()) {
-        row[delta_key] = Json();
-        row[delta_key + "_ci95"] = Json();
-      } else {
-        const PairedDifference d = paired_difference(a, b);
-        row[delta_key] = d.mean;
-        row[delta_key + "_ci95"] = interval_json(d.ci95);
+      std::tie(row[delta_key], row[delta_key + "_ci95"]) = paired(v, base);
+      // a residual-stream method: also against the family's control, when it is in the lineup
+      if (!control.empty() && residual_family(methods[i])) {
+        row["residual_control"] = kResidualControl;
+        std::tie(row["residual_delta"], row["residual_delta_ci95"]) = paired(v, control);
       }
       means.push_back(row[key].get<double>());
       cis.push_back(ci);
@@ -308,6 +326,12 @@ LeaderboardTables leaderboard_tables(const Json& results, const std::string& bas
   t.ranking.header = {"rank", "method", fmt::format("val {} (mean ± sd)", bpb ? "bpb" : "bits/token"), "95% CI",
                       "Δ vs " + baseline, "Δ 95% CI", "FLOPs/token", "calibration", "params", "tokens", "tok/s"};
   t.ranking.right = {true, false, true, true, true, true, true, false, true, true, true};
+  // residual-stream methods' difference to their family's control, beside the baseline's
+  const bool residual = std::any_of(rows.begin(), rows.end(), [](const Json& r) { return r.contains("residual_delta"); });
+  if (residual) {
+    t.ranking.header.insert(t.ranking.header.begin() + 6, {std::string("Δ vs ") + kResidualControl, "Δ 95% CI"});
+    t.ranking.right.insert(t.ranking.right.begin() + 6, {true, true});
+  }
   if (mfu) {
     t.ranking.header.push_back("MFU");
     t.ranking.right.push_back(true);
@@ -341,6 +365,9 @@ LeaderboardTables leaderboard_tables(const Json& results, const std::string& bas
         num(r.value("params", Json::object()), "total", "{:.0f}"),
         num(r, "tokens", "{:.0f}"),
         num(r, "tokens_per_s", "{:.0f}")};
+    if (residual)
+      cells.insert(cells.begin() + 6, {num(r, "residual_delta", "{:+.4f}"),
+                                       interval_md(r.value("residual_delta_ci95", Json()), "{:+.4f}")});
     if (mfu) cells.push_back(r.contains("mfu") && r["mfu"].is_number() ? fmt::format("{:.1f}%", 100 * r["mfu"].get<double>())
                                                                      : std::string("-"));
     t.ranking.rows.push_back(cells);
