@@ -66,7 +66,7 @@ MethodSpec lt2_method(std::string name, std::string summary, LayoutFn layout, st
   // Tiny model-level cases (finite differences on every parameter): two or three loops of a few
   // blocks, d_model 32, T ≤ 16.
   auto complete = m.complete;
-  m.complete = [complete, summary, case_config, case_blocks](MethodSpec& self) {
+  m.complete = [complete, case_config, case_blocks](MethodSpec& self) {
     complete(self);
     const ConfigSpec spec = self.config;
     self.cases = [spec, case_config, case_blocks]() {
@@ -78,7 +78,7 @@ MethodSpec lt2_method(std::string name, std::string summary, LayoutFn layout, st
           {fmt::format("model_n{}_loops3_T16", case_blocks), base.with("lt2_loops", int64_t(3)), 1, 16, 0},
       };
     };
-    self.summary = fmt::format("LT2 {}; the whole stack looped lt2_loops times (default 4), cross-loop ρ", summary);
+    self.summary = fmt::format("LT2, the whole stack looped lt2_loops times (default 4) with cross-loop ρ: {}", self.summary);
   };
   return m;
 }
