@@ -35,19 +35,10 @@
 #include "harness/backbone.h"
 #include "harness/errors.h"
 #include "harness/registry.h"
+#include "mixers/hybrid/hybrid.h"
 
 namespace mixbench {
 namespace {
-
-using LayoutFn = std::function<std::vector<LayerChoice>(const Config&)>;
-
-struct HybridDesc {
-  std::string name, summary, citation;
-  LayoutFn layout;
-  ConfigSpec own;             // the hybrid's own knobs (added to the union)
-  std::string case_config;    // extra fields of the conformance cases (small blocks etc.)
-  int64_t case_min_T = 1;     // the shortest conformance case
-};
 
 // The method and config of layer ctx.layer.
 LayerMethod at_layer(const LayoutFn& layout, const Config& c, const LayerCtx& ctx) {
@@ -174,6 +165,8 @@ void complete(MethodSpec& m, const HybridDesc& desc) {
   m.summary = fmt::format("{}; at 12 layers: {}", desc.summary, layout_text(desc.layout(d12)));
 }
 
+}  // namespace
+
 MethodSpec make_hybrid(HybridDesc desc) {
   MethodSpec m;
   m.name = desc.name;
@@ -213,6 +206,8 @@ MethodSpec make_hybrid(HybridDesc desc) {
   m.complete = [desc](MethodSpec& self) { complete(self, desc); };
   return m;
 }
+
+namespace {
 
 // Layout helper: layer i (1-based) of N runs `a` when pick(i, N), else `b`.
 LayoutFn two_way(std::string a, std::string a_over, std::string b, std::function<bool(int64_t, int64_t)> pick) {
