@@ -82,13 +82,11 @@ at::Tensor add_coordinates(const at::Tensor& s, int64_t pos0, int64_t step) {
 
 // One ACT step, position by position. h, R, N [B,T] are rebuilt from per-position scalars.
 at::Tensor act_step(act::Halting& st, const at::Tensor& s, const at::Tensor& w, const at::Tensor& b, bool last) {
-  const int64_t B = s.size(0), T = s.size(1), d = s.size(2);
+  const int64_t B = s.size(0), T = s.size(1);
   std::vector<at::Tensor> hs, Rs, Ns, us;
   for (int64_t i = 0; i < B; ++i)
     for (int64_t t = 0; t < T; ++t) {
-      at::Tensor z = b[0];
-      for (int64_t c = 0; c < d; ++c) z = z + w[c] * s[i][t][c];
-      const at::Tensor p = 1.0 / (1.0 + at::exp(-z));
+      const at::Tensor p = 1.0 / (1.0 + at::exp(-(at::dot(w, s[i][t]) + b[0])));
       at::Tensor h = st.h[i][t], R = st.R[i][t], N = st.N[i][t];
       double still = h.item<double>() < 1.0 ? 1.0 : 0.0;
       const double q = h.item<double>() + p.item<double>() * still;
@@ -228,9 +226,8 @@ std::vector<CaseDef> cases(const ConfigSpec& spec) {
       spec.parse("n_layer=3,d_model=32,head_dim=16,seq_len=32,vocab=32,mlp_hidden=32,short_window=4,max_steps=3");
   return {
       {"B2_T9", base, 2, 9},
-      {"T16_core2", base.with("n_layer", int64_t(4)), 1, 16},
-      {"B2_T13_steps1", base.with("max_steps", int64_t(1)), 2, 13},
-      {"B1_T40", base, 1, 40},
+      {"T12_core2", base.with("n_layer", int64_t(4)), 1, 12},
+      {"T7_steps1", base.with("max_steps", int64_t(1)), 1, 7},
   };
 }
 
