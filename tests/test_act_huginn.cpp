@@ -21,12 +21,31 @@ const at::TensorOptions kF64 = at::TensorOptions().dtype(at::kDouble);
 at::Generator gen_of(uint64_t s) { return at::make_generator<at::CPUGeneratorImpl>(s); }
 double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
 
-const char* kActCfg = "n_layer=3,d_model=32,head_dim=16,seq_len=32,vocab=32,mlp_hidden=32,short_window=4";
+// prelude, one core block, coda at d 32
+const char* kLoopCfg = "n_layer=3,d_model=32,head_dim=16,seq_len=32,vocab=32,mlp_hidden=32,short_window=4";
+const char* kActCfg = kLoopCfg;
+const char* kHuginnCfg = kLoopCfg;
 
-Model act_model(const std::string& extra, uint64_t seed) {
-  const MethodSpec& m = Registry::get().method("ut_act");
+// A small FP64 model of a looped method with random, never-zero parameters.
+Model loop_model(const std::string& method, const std::string& extra, uint64_t seed) {
+  const MethodSpec& m = Registry::get().method(method);
   at::Generator g = gen_of(seed);
-  return build_model(m, m.config.parse(std::string(kActCfg) + "," + extra), g, kF64, /*random_nonzero=*/true);
+  return build_model(m, m.config.parse(std::string(kLoopCfg) + "," + extra), g, kF64, /*random_nonzero=*/true);
+}
+Model act_model(const std::string& extra, uint64_t seed) { return loop_model("ut_act", extra, seed); }
+Model huginn_model(const std::string& extra, uint64_t seed) { return loop_model("huginn", extra, seed); }
+
+// The accountant's numbers at T = context = 32.
+ModelCost cost_at(const MethodSpec& m, const Config& c) {
+  CostQuery q;
+  q.T = 32;
+  q.context = 32;
+  return account_model(m, c, q);
+}
+// Forward FLOPs per token of one application of the first core block (plan step 1): mixer and MLP.
+double core_step_flops(const ModelCost& mc, const Config& c) {
+  const ModelDims d = model_dims(c);
+  return mc.layers[1].fwd_flops + 2.0 * 2.0 * double(d.d_model * d.mlp_hidden);
 }
 
 // Three positions through three ACT steps (ε = 0.01): p = 0.5, 0.5 halts at step 1 with R = 0.5;
@@ -104,13 +123,10 @@ TEST(UtAct, ReferenceMatchesTheFastPathAndDecodeMatchesForward) {
 TEST(UtAct, AccountantBillsEveryCandidate) {
   const MethodSpec& m = Registry::get().method("ut_act");
   const Config c3 = m.config.parse(std::string(kActCfg) + ",max_steps=3"), c1 = c3.with("max_steps", int64_t(1));
-  CostQuery q;
-  q.T = 32;
-  q.context = 32;
-  const ModelCost a3 = account_model(m, c3, q), a1 = account_model(m, c1, q);
+  const ModelCost a3 = cost_at(m, c3), a1 = cost_at(m, c1);
   const ModelDims d = model_dims(c3);
   ASSERT_EQ(a1.layers.size(), 3u);
-  const double core = a1.layers[1].fwd_flops + 2.0 * 2.0 * double(d.d_model * d.mlp_hidden);
+  const double core = core_step_flops(a1, c1);
   EXPECT_NEAR(a3.fwd_flops - a1.fwd_flops, 2.0 * core + 2.0 * 2.0 * double(d.d_model), 1e-9 * a3.fwd_flops);
   EXPECT_EQ(a3.params.total(), a1.params.total() + 4) << "parameters per block; two more resid and x0 scales";
   at::Generator g = gen_of(1);
@@ -118,14 +134,6 @@ TEST(UtAct, AccountantBillsEveryCandidate) {
 }
 
 // ---------------------------------------------------------------- huginn
-
-const char* kHuginnCfg = "n_layer=3,d_model=32,head_dim=16,seq_len=32,vocab=32,mlp_hidden=32,short_window=4";
-
-Model huginn_model(const std::string& extra, uint64_t seed) {
-  const MethodSpec& m = Registry::get().method("huginn");
-  at::Generator g = gen_of(seed);
-  return build_model(m, m.config.parse(std::string(kHuginnCfg) + "," + extra), g, kF64, /*random_nonzero=*/true);
-}
 
 TEST(Huginn, DepthSequenceIsReproducibleFromTheSeed) {
   std::vector<int64_t> a, b, c;
@@ -163,13 +171,10 @@ TEST(Huginn, ExpectedDepthBilling) {
   const MethodSpec& m = Registry::get().method("huginn");
   const Config c = m.config.parse(std::string(kHuginnCfg) + ",max_loops=4,mean_loops=3");
   const Config deep = c.with("mean_loops", 64.0);  // nearly every application runs
-  CostQuery q;
-  q.T = 32;
-  q.context = 32;
-  const ModelCost a = account_model(m, c, q), b = account_model(m, deep, q);
+  const ModelCost a = cost_at(m, c), b = cost_at(m, deep);
   const ModelDims d = model_dims(c);
   ASSERT_EQ(b.layers.size(), 6u);
-  const double core = b.layers[1].fwd_flops + 2.0 * 2.0 * double(d.d_model * d.mlp_hidden);
+  const double core = core_step_flops(b, deep);
   const double adapter = 4.0 * double(d.d_model * d.d_model);
   double skipped = 0;
   for (int64_t k = 1; k < 4; ++k) {

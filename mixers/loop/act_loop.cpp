@@ -63,12 +63,12 @@ void complete(MethodSpec& m, const LoopMethodDesc& desc) {
 }  // namespace
 
 MethodSpec loop_method(const LoopMethodDesc& desc) {
+  const std::string name = desc.name;
   MethodSpec m;
-  m.name = desc.name;
+  m.name = name;
   m.family = "loop";
   m.summary = desc.summary;
   m.citation = desc.citation;
-  const std::string name = desc.name;
   // placeholders until complete() copies dense's layer (registered in another file)
   m.params = [name](const Config&, const LayerCtx&) -> std::vector<ParamDef> { unset(name); return {}; };
   m.make_inputs = [name](const Config&, const LayerCtx&, int64_t, int64_t, at::Generator&) -> TensorMap {
