@@ -227,7 +227,7 @@ MIXBENCH_REGISTER(loop_method({
     "max_loops",
     [](ConfigSpec& c) {
       c.i("max_loops", 4, "core applications in the plan (the sampled depth is cut there)", 1, 64)
-          .f("mean_loops", 3.0, "mean depth r̄ of the sampler; evaluation runs round(r̄) applications", 0.5, 64)
+          .f("mean_loops", 2.5, "mean depth r̄ of the sampler; evaluation runs round(r̄) applications", 0.5, 64)
           .i("grad_loops", 2, "last applications trained with gradient (the earlier ones without)", 1, 64);
     },
     [](const Config& c) -> std::shared_ptr<const ResidualStream> {
