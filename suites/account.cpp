@@ -54,7 +54,7 @@ AccountResult run_account(const AccountOptions& opt) {
   Json layers = Json::array();
   const std::vector<LayerMethod> lm = layer_methods(m, cfg);
   for (size_t i = 0; i < mc.layers.size(); ++i)
-    layers.push_back({{"layer", i}, {"method", lm[i].method->name}, {"params", mc.layers[i].params.total()},
+    layers.push_back({{"layer", i}, {"method", lm[size_t(mc.steps[i].block)].method->name}, {"params", mc.layers[i].params.total()},
                       {"fwd_flops", mc.layers[i].fwd_flops}, {"nanochat_core_flops", mc.layers[i].nanochat_core_flops},
                       {"formula", mc.layers[i].formula}});
   r["layers"] = layers;
