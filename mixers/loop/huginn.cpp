@@ -214,6 +214,9 @@ std::vector<CaseDef> cases(const ConfigSpec& spec) {
   const Config base = spec.parse(
       "n_layer=3,d_model=32,head_dim=16,seq_len=32,vocab=32,mlp_hidden=32,short_window=4,max_loops=4,mean_loops=3");
   return {
+      // first (the golden's and the audit's config): r̄ 16 runs all four applications in training
+      // too, so the accountant's expected depth is the depth a forward pass executes
+      {"B2_T9_deep", base.with("mean_loops", 16.0), 2, 9},
       {"B2_T9", base, 2, 9},
       {"T12_all_loops", base.with("mean_loops", 4.0), 1, 12},
       {"T8_core2", base.with("n_layer", int64_t(4)).with("mean_loops", 2.0), 1, 8},
