@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "harness/errors.h"
 #include "harness/nvtx.h"
@@ -240,8 +241,15 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
     const Config& lcfg = m.layer_cfgs[size_t(i)];
     ScopedMethod sm(mixer.name);
     LayerCtx ctx{i, d.n_layer, m.step, st.iteration, st.n_iterations};
-    const Sublayer mix{s, plan.n_steps(), i, Sublayer::Kind::Mixer, st.iteration, st.n_iterations, backend},
-        mlp{s, plan.n_steps(), i, Sublayer::Kind::Mlp, st.iteration, st.n_iterations, backend};
+    const int64_t pos = pass == Pass::Decode ? cache->pos : 0;
+    const Sublayer mix{s, plan.n_steps(), i, Sublayer::Kind::Mixer, st.iteration, st.n_iterations, backend, pos,
+                       m.step, m.seed, m.row0},
+        mlp{s, plan.n_steps(), i, Sublayer::Kind::Mlp, st.iteration, st.n_iterations, backend, pos,
+            m.step, m.seed, m.row0};
+    if (!stream.runs(mix, state)) continue;
+    // truncated backpropagation: the step runs without gradient (its output enters the graph as a constant)
+    std::optional<c10::NoGradGuard> no_grad;
+    if (stream.truncated(mix, state)) no_grad.emplace();
     TensorMap in;
     in.set("x", rms_norm(stream.read(state, mix, P)));
     std::string ve_name = fmt::format("ve.{}", i);
@@ -366,30 +374,37 @@ ModelCost account_model(const MethodSpec& method, const Config& cfg, const CostQ
   }
   double mixer_core_train = 0, mixer_fwd = 0, mixer_decode = 0;
   // Matmul parameters applied again by a plan that runs a block more than once: their FLOPs count
-  // per application, their parameters once.
+  // per application (weighted by its step share), their parameters once.
   double repeated_matmul = 0;
   const std::vector<LayerMethod> lm = layer_methods(method, cfg);
   const ExecPlan plan = model_plan(method, cfg);
-  for (const PlanStep& st : plan.steps) {
+  const auto stream = model_stream(method, cfg);
+  double backbone_steps = 0;  // Σ step shares: plan steps a pass runs on average
+  for (int64_t s = 0; s < plan.n_steps(); ++s) {
+    const PlanStep& st = plan.steps[size_t(s)];
+    // a step a sampled depth may skip costs its expected share (the parameters count in full)
+    const double w = stream->step_share(plan, s);
+    backbone_steps += w;
     // each block's own method and config (a hybrid's layers differ)
     const int64_t i = st.block;
     const MethodSpec& mixer = *lm[size_t(i)].method;
     LayerCost lc = mixer.account(lm[size_t(i)].cfg, LayerCtx{i, d.n_layer, -1, st.iteration, st.n_iterations}, q);
     if (method.is_hybrid()) lc.formula = mixer.name + ": " + lc.formula;
+    if (w != 1.0) lc.formula += fmt::format("; billed ×{:.6g}, the share of training passes that run this step", w);
     if (st.iteration == 0) mc.params += lc.params;
-    else repeated_matmul += double(lc.params.matmul) + 2.0 * double(d.d_model) * double(d.mlp_hidden);
-    mixer_core_train += lc.nanochat_core_flops;
-    mc.uncounted_flops += lc.uncounted_flops;
-    mixer_fwd += lc.fwd_flops - 2.0 * double(lc.params.matmul);
-    mixer_decode += lc.decode_flops - 2.0 * double(lc.params.matmul);
-    mc.act_bytes += lc.act_bytes;
+    const double block_matmul = double(lc.params.matmul) + 2.0 * double(d.d_model) * double(d.mlp_hidden);
+    repeated_matmul += (st.iteration == 0 ? w - 1.0 : w) * block_matmul;
+    mixer_core_train += w * lc.nanochat_core_flops;
+    mc.uncounted_flops += w * lc.uncounted_flops;
+    mixer_fwd += w * (lc.fwd_flops - 2.0 * double(lc.params.matmul));
+    mixer_decode += w * (lc.decode_flops - 2.0 * double(lc.params.matmul));
+    mc.act_bytes += w * lc.act_bytes;
     mc.cache_bytes_per_token += lc.cache_bytes_per_token;
     mc.state_bytes += lc.state_bytes;
     mc.layers.push_back(std::move(lc));
     mc.steps.push_back(st);
   }
   const double N = double(mc.params.matmul) + repeated_matmul;
-  const auto stream = model_stream(method, cfg);
   const double stream_fwd = stream->fwd_flops(d, plan);
   mc.uncounted_flops += stream->uncounted_flops(d, plan);
   mc.act_bytes += stream->act_bytes(d, plan, q.dtype_bytes);
@@ -398,7 +413,7 @@ ModelCost account_model(const MethodSpec& method, const Config& cfg, const CostQ
   mc.decode_flops = 2.0 * N + mixer_decode + stream_fwd;
   // Backbone activations kept for backward per token: residual stream at each step boundary,
   // both norms' inputs, the MLP hidden (4d) before and after relu², and the fp32 logits.
-  mc.act_bytes += double(plan.n_steps()) * (3.0 * d.d_model + 2.0 * d.mlp_hidden) * double(q.dtype_bytes) + 4.0 * d.vocab;
+  mc.act_bytes += backbone_steps * (3.0 * d.d_model + 2.0 * d.mlp_hidden) * double(q.dtype_bytes) + 4.0 * d.vocab;
   return mc;
 }
 

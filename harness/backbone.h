@@ -64,6 +64,8 @@ struct Model {
   TensorMap params;
   std::map<std::string, ParamDef> defs;   // name -> definition (group, init)
   int64_t step = -1;  // training step handed to every layer (LayerCtx::step); -1 = not training
+  uint64_t seed = 0;  // the run's seed, handed to the residual stream (Sublayer::seed)
+  int64_t row0 = 0;   // global batch index of the first row the next pass runs (Sublayer::row0)
 };
 
 // Builds all parameters with nanochat's initialisation (or `random_nonzero` for conformance).

@@ -29,6 +29,10 @@ struct Sublayer {
   int64_t iteration = 0;           // which application of the block (PlanStep::iteration)
   int64_t n_iterations = 1;        // how many times the plan applies it
   Backend backend = Backend::CPU;  // Reference: the stream's FP64 reference arithmetic
+  int64_t pos = 0;                 // position of the pass's first token (decode: tokens already consumed)
+  int64_t train_step = -1;         // Model::step: the training step (-1 = not training)
+  uint64_t seed = 0;               // Model::seed: the run's seed (streams that sample draw from it)
+  int64_t row0 = 0;                // Model::row0: global batch index of the pass's first row
   int64_t index() const { return 2 * step + (kind == Kind::Mlp ? 1 : 0); }  // depth in sublayers
 };
 
@@ -49,6 +53,16 @@ class ResidualStream {
   // The hidden state before the final norm ([B,T,d]). A scalar "aux_loss" left in the state (e.g.
   // a ponder cost) is added to the model's auxiliary loss.
   virtual at::Tensor finish(TensorMap& state, const TensorMap& params, Backend backend) const = 0;
+  // Whether sublayer `s` runs in this pass (a sampled loop depth shorter than the plan skips the
+  // plan's later applications): when false the backbone leaves the state and the step's cache slot
+  // untouched. Both sublayers of a step must agree.
+  virtual bool runs(const Sublayer& s, const TensorMap& state) const { return true; }
+  // Whether sublayer `s` runs without gradient (truncated backpropagation through early loop
+  // applications): the backbone runs its read, layer and write under a no-grad scope.
+  virtual bool truncated(const Sublayer& s, const TensorMap& state) const { return false; }
+  // The expected share of training passes that run plan step `step` (a sampled loop depth skips
+  // later applications): the accountant weighs the step's costs by it. 1 = always runs.
+  virtual double step_share(const ExecPlan& plan, int64_t step) const { return 1.0; }
   // Forward FLOPs per token of the stream's own arithmetic that the accountant adds (the default
   // stream's scalar mixes are not counted, as nanochat does not count them).
   virtual double fwd_flops(const ModelDims& d, const ExecPlan& plan) const { return 0; }

@@ -172,6 +172,7 @@ TrainResult run_train(const TrainOptions& opt) {
   // Parameters are drawn on the CPU (the same values on every device), then moved.
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(opt.seed);
   Model model = build_model(ms, r.cfg, gen, at::TensorOptions().dtype(at::kFloat));
+  model.seed = opt.seed;  // streams that sample (a loop depth, an initial state) draw from the run's seed
   if (dev.is_cuda()) {
     std::vector<std::string> names;
     for (const auto& [n, t] : model.params) names.push_back(n);
@@ -320,6 +321,7 @@ TrainResult run_train(const TrainOptions& opt) {
       at::Tensor lm_loss;
       ModelAux aux;
       const double w = double(MBr) / double(B);
+      model.row0 = cm.row0 = share.first + r0;  // the micro-batch's first row in the global batch
       at::Tensor loss = model_loss(compute_model(), MBr == B ? x : x.slice(0, r0, r0 + MBr),
                                    MBr == B ? y : y.slice(0, r0, r0 + MBr), backend, &lm_loss, &aux);
       if (reducer) reducer->arm(r0 + MBr >= share.rows);  // the last backward reduces as it goes
@@ -348,8 +350,10 @@ TrainResult run_train(const TrainOptions& opt) {
                    : dp                 ? "data parallel: the gradients are all-reduced from hooks during the backward"
                                         : "";
   auto step_dependent = [&](int64_t it) {
-    for (const Config& lc : model.layer_cfgs)
+    for (const Config& lc : model.layer_cfgs) {
       if (lc.has("full_attention_warmup_steps") && it < lc.i("full_attention_warmup_steps")) return true;
+      if (lc.has("mean_loops")) return true;  // a loop depth sampled per step (no graph replays it)
+    }
     return false;
   };
 #if defined(MIXBENCH_WITH_CUDA)
