@@ -43,9 +43,13 @@ void complete(MethodSpec& self, const LoopDesc& desc) {
       .rule([](const Config& c) { loop_plan(c); });
   m.plan = loop_plan;
   m.residual = desc.residual;
-  ConfigSpec spec = m.config;
-  m.cases = [spec]() { return loop_cases(spec); };
+  m.cases = nullptr;
   m.complete = nullptr;
+  if (desc.finish) desc.finish(m);
+  if (!m.cases) {  // the small models, with the config as finish() left it
+    ConfigSpec spec = m.config;
+    m.cases = [spec]() { return loop_cases(spec); };
+  }
   self = std::move(m);
 }
 
@@ -59,8 +63,6 @@ MethodSpec loop_method(LoopDesc desc) {
   MethodSpec m;
   m.name = desc.name;
   m.family = "loop";
-  m.summary = desc.summary;
-  m.citation = desc.citation;
   // Placeholders until complete() copies the base (the registry asks for every part up front).
   auto unset = [name = desc.name](auto&&...) -> TensorMap {
     throw std::logic_error("loop method " + name + " used before its completion");
@@ -72,6 +74,8 @@ MethodSpec loop_method(LoopDesc desc) {
   m.account = [](const Config&, const LayerCtx&, const CostQuery&) { return LayerCost{}; };
   m.cases = []() { return std::vector<CaseDef>{}; };
   m.complete = [desc](MethodSpec& self) { complete(self, desc); };
+  m.summary = desc.summary;  // `list` shows them; complete() keeps them
+  m.citation = desc.citation;
   return m;
 }
 

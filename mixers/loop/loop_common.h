@@ -24,6 +24,10 @@ struct LoopDesc {
   // The residual stream; unset = nanochat's (resid/x0 scales per unrolled step, backout at the
   // unrolled midpoint).
   std::function<std::shared_ptr<const ResidualStream>(const Config&)> residual;
+  // Optional: runs on the completed spec (the base's copy with the loop fields, plan and stream),
+  // e.g. to add the method's own config fields or wrap its layer functions; the conformance cases
+  // (small models of 3 and 4 blocks) are made from its config afterwards unless it sets its own.
+  std::function<void(MethodSpec&)> finish;
 };
 
 // The plan of a loop method's config (n_layer blocks; n_prelude, n_coda, n_loops): InputError
