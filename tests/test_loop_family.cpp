@@ -15,6 +15,7 @@
 #include "harness/registry.h"
 #include "harness/residual.h"
 #include "mixers/loop/deeploop.h"
+#include "mixers/loop/loop_common.h"
 #include "suites/account.h"
 #include "suites/conformance.h"
 #include "suites/conformance_subject.h"
@@ -122,8 +123,8 @@ TEST(FixedRecursive, OneApplicationIsTheUnloopedModelAndTwoDiffer) {
   // the default: block 0 once, blocks 1-2 twice, block 3 once
   const Config cfg = fr.config.parse(small);
   EXPECT_EQ(cfg.i("n_loops"), 2);
-  EXPECT_EQ(cfg.i("n_prelude"), 1);
-  EXPECT_EQ(cfg.i("n_coda"), 1);
+  EXPECT_EQ(loop_split(cfg, "n_prelude"), 1);
+  EXPECT_EQ(loop_split(cfg, "n_coda"), 1);
   Model twice = build_model(fr, cfg, g, kF64, true);
   EXPECT_EQ(blocks_of(twice.plan), (std::vector<int64_t>{0, 1, 2, 1, 2, 3}));
   EXPECT_EQ(twice.params.at("resid_lambdas").numel(), 6) << "one resid scale per unrolled step";
@@ -153,6 +154,10 @@ TEST(FixedRecursive, SharedCoreTakesTheWindowOfEachUnrolledStep) {
   EXPECT_EQ(mc.params.matmul, plain.params.matmul);
   EXPECT_EQ(mc.params.total(), plain.params.total() + 4) << "two more resid and two more x0 scales";
   EXPECT_GT(mc.fwd_flops, plain.fwd_flops);
+  // below 3 blocks the default split loops the whole stack
+  EXPECT_EQ(blocks_of(loop_plan(fr.config.parse(std::string("n_layer=2,") + kSmall))), (std::vector<int64_t>{0, 1, 0, 1}));
+  EXPECT_EQ(blocks_of(loop_plan(fr.config.parse(std::string("n_layer=1,d_model=32,head_dim=16")))),
+            (std::vector<int64_t>{0, 0}));
 }
 
 TEST(LoopMethods, AccountantPassesTheAudit) {

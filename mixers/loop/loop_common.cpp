@@ -38,8 +38,8 @@ void complete(MethodSpec& self, const LoopDesc& desc) {
   m.summary = self.summary;
   m.citation = self.citation;
   m.config.i("n_loops", desc.n_loops, "applications of the core blocks", 1)
-      .i("n_prelude", desc.n_prelude, "leading blocks applied once before the core", 0)
-      .i("n_coda", desc.n_coda, "trailing blocks applied once after the core", 0)
+      .i("n_prelude", desc.n_prelude, "leading blocks applied once before the core; -1 = 1 from 3 blocks on, else 0", -1)
+      .i("n_coda", desc.n_coda, "trailing blocks applied once after the core; -1 = 1 from 3 blocks on, else 0", -1)
       .rule([](const Config& c) { loop_plan(c); });
   m.plan = loop_plan;
   m.residual = desc.residual;
@@ -55,8 +55,13 @@ void complete(MethodSpec& self, const LoopDesc& desc) {
 
 }  // namespace
 
+int64_t loop_split(const Config& c, const std::string& field) {
+  const int64_t v = c.i(field);
+  return v >= 0 ? v : (c.i("n_layer") >= 3 ? 1 : 0);
+}
+
 ExecPlan loop_plan(const Config& c) {
-  return ExecPlan::loop(c.i("n_layer"), c.i("n_prelude"), c.i("n_coda"), c.i("n_loops"));
+  return ExecPlan::loop(c.i("n_layer"), loop_split(c, "n_prelude"), loop_split(c, "n_coda"), c.i("n_loops"));
 }
 
 MethodSpec loop_method(LoopDesc desc) {

@@ -19,7 +19,8 @@ namespace mixbench {
 
 struct LoopDesc {
   std::string name, base, summary, citation;
-  // Defaults of the method's config fields n_loops, n_prelude, n_coda.
+  // Defaults of the method's config fields n_loops, n_prelude, n_coda (-1: automatic, see
+  // loop_split).
   int64_t n_loops = 2, n_prelude = 0, n_coda = 0;
   // The residual stream; unset = nanochat's (resid/x0 scales per unrolled step, backout at the
   // unrolled midpoint).
@@ -30,6 +31,9 @@ struct LoopDesc {
   std::function<void(MethodSpec&)> finish;
 };
 
+// n_prelude or n_coda of a loop method's config; -1 resolves to 1 when the stack has 3 blocks or
+// more and to 0 below (a 1- or 2-block model loops its whole stack).
+int64_t loop_split(const Config& c, const std::string& field);
 // The plan of a loop method's config (n_layer blocks; n_prelude, n_coda, n_loops): InputError
 // for n_loops ≤ 0 or a split that leaves no core block.
 ExecPlan loop_plan(const Config& c);
