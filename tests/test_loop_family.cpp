@@ -14,6 +14,7 @@
 #include "harness/plan.h"
 #include "harness/registry.h"
 #include "harness/residual.h"
+#include "harness/safetensors.h"
 #include "mixers/loop/deeploop.h"
 #include "mixers/loop/loop_common.h"
 #include "suites/account.h"
@@ -275,6 +276,30 @@ TEST(LoopConformance, WrongAlphaFails) {
   ConformanceSummary s;
   on_one_thread([&] { conformance_detail::run_subjects({conformance_detail::model_subject(m, opt)}, opt, s); });
   EXPECT_GT(s.failed, 0);
+}
+
+// A plan that applies the shared blocks the wrong number of times (same step count) is caught by
+// fixed_recursive's model golden: the logits differ from the stored ones.
+TEST(LoopConformance, WrongPlanFailsTheModelGolden) {
+  const std::string path = std::string(MIXBENCH_SOURCE_DIR) + "/tests/goldens/model/fixed_recursive.safetensors";
+  SafetensorsFile f = read_safetensors(path);
+  MethodSpec m = Registry::get().method("fixed_recursive");
+  const Config cfg = m.config.parse(f.metadata.at("config"));
+  ASSERT_EQ(blocks_of(loop_plan(cfg)), (std::vector<int64_t>{0, 1, 0, 1}));
+  auto logits_with = [&](std::function<ExecPlan(const Config&)> plan) {
+    m.plan = std::move(plan);
+    at::Generator g = gen_of(1);
+    Model model = build_model(m, cfg, g, kF64, /*random_nonzero=*/true);
+    for (const auto& [n, t] : f.tensors)
+      if (n.rfind("param.", 0) == 0) model.params.set(n.substr(6), t.to(at::kDouble));
+    return model_forward(model, f.tensors.at("idx.T17"), Backend::CPU);
+  };
+  const at::Tensor want = f.tensors.at("logits.T17");
+  EXPECT_LT((logits_with(loop_plan) - want).abs().max().item<double>(), 1e-10);
+  // block 0 once, block 1 three times: the core is not the stack applied twice
+  EXPECT_GT((logits_with([](const Config&) { return ExecPlan::from_blocks(2, {0, 1, 1, 1}); }) - want)
+                .abs().max().item<double>(),
+            1e-6);
 }
 
 TEST(LoopMethods, BadLoopConfigExitsTwoThroughTheCli) {

@@ -19,8 +19,9 @@ MethodSpec completed_base(const std::string& name) {
   return b;
 }
 
-// Whole small models: 3 blocks (prelude, core, coda at 1/1/1) and 4 blocks, d_model 32, short
-// windows of 4 left keys so the unrolled SSSL pattern bites at T ≤ 16 (finite differences).
+// Whole small models of 3 and 4 blocks (an automatic split puts a prelude and a coda block around
+// the core), d_model 32, short windows of 4 left keys so the unrolled SSSL pattern bites at T ≤ 16
+// (finite differences).
 std::vector<CaseDef> loop_cases(const ConfigSpec& spec) {
   const std::string small = "d_model=32,head_dim=16,seq_len=16,vocab=32,mlp_hidden=32";
   Config base = spec.parse("n_layer=3," + small + (spec.find("short_window") ? ",short_window=4" : ""));
