@@ -106,7 +106,9 @@ std::vector<ParamDef> backbone_defs(const MethodSpec& method, const Config& cfg,
        adamw_rule("lm_head", 0.008, 0.8, 0.96, 0.01, true, true)}, "");
   add({"smear_gate", {1, 24}, ParamGroup::Scalar, true, "uniform", 0.0, 0.02, smear}, "");
   add({"smear_lambda", {1}, ParamGroup::Scalar, false, "const", 0.0, 0, smear}, "");
-  for (auto p : model_stream(method, cfg)->params(d, model_plan(method, cfg))) add(std::move(p), "");
+  const auto stream = model_stream(method, cfg);
+  const ExecPlan plan = model_plan(method, cfg);
+  for (auto p : stream->params(d, plan)) add(std::move(p), "");
   for (int64_t i = 0; i < d.n_layer; ++i) {
     LayerCtx ctx{i, d.n_layer};
     const MethodSpec& mixer = *lm[size_t(i)].method;
@@ -124,6 +126,7 @@ std::vector<ParamDef> backbone_defs(const MethodSpec& method, const Config& cfg,
     add({fmt::format("layers.{}.mlp.c_proj", i), {d.d_model, d.mlp_hidden}, ParamGroup::TransformerMatrix, true,
          "const", 0.0, 0, muon_rule()}, "");
   }
+  stream->adjust_init(defs, d, plan);
   return defs;
 }
 
@@ -137,6 +140,10 @@ void init_param(at::Tensor& t, const ParamDef& def, at::Generator& gen) {
   if (def.init == "uniform") t.uniform_(def.init_a, def.init_b, gen);
   else if (def.init == "normal") t.normal_(def.init_a, def.init_b, gen);
   else if (def.init == "const") t.fill_(def.init_a);
+  else if (def.init == "xavier_normal") {
+    if (t.dim() != 2) throw std::logic_error("xavier_normal init needs a matrix: " + def.name);
+    t.normal_(0.0, def.init_a * std::sqrt(2.0 / double(t.size(0) + t.size(1))), gen);
+  }
   else if (def.init == "ramp") {
     int64_t L = t.size(0);
     for (int64_t i = 0; i < L; ++i) {
@@ -240,7 +247,7 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
     const MethodSpec& mixer = *m.layer_specs[size_t(i)];
     const Config& lcfg = m.layer_cfgs[size_t(i)];
     ScopedMethod sm(mixer.name);
-    LayerCtx ctx{i, d.n_layer, m.step, st.iteration, st.n_iterations};
+    LayerCtx ctx{i, d.n_layer, m.step, st.iteration, st.n_iterations, s, plan.n_steps()};
     const int64_t pos = pass == Pass::Decode ? cache->pos : 0;
     const Sublayer mix{s, plan.n_steps(), i, Sublayer::Kind::Mixer, st.iteration, st.n_iterations, backend, pos,
                        m.step, m.seed, m.row0},
@@ -388,7 +395,8 @@ ModelCost account_model(const MethodSpec& method, const Config& cfg, const CostQ
     // each block's own method and config (a hybrid's layers differ)
     const int64_t i = st.block;
     const MethodSpec& mixer = *lm[size_t(i)].method;
-    LayerCost lc = mixer.account(lm[size_t(i)].cfg, LayerCtx{i, d.n_layer, -1, st.iteration, st.n_iterations}, q);
+    LayerCost lc = mixer.account(lm[size_t(i)].cfg,
+                                 LayerCtx{i, d.n_layer, -1, st.iteration, st.n_iterations, s, plan.n_steps()}, q);
     if (method.is_hybrid()) lc.formula = mixer.name + ": " + lc.formula;
     if (w != 1.0) lc.formula += fmt::format("; billed ×{:.6g}, the share of training passes that run this step", w);
     if (st.iteration == 0) mc.params += lc.params;

@@ -31,6 +31,21 @@ ExecPlan ExecPlan::from_blocks(int64_t n_blocks, const std::vector<int64_t>& blo
   return p;
 }
 
+ExecPlan ExecPlan::loop(int64_t n_blocks, int64_t n_prelude, int64_t n_coda, int64_t n_loops) {
+  if (n_loops < 1) throw InputError(fmt::format("n_loops {} must be at least 1", n_loops));
+  if (n_prelude < 0 || n_coda < 0)
+    throw InputError(fmt::format("n_prelude {} and n_coda {} must not be negative", n_prelude, n_coda));
+  if (n_prelude + n_coda >= n_blocks)
+    throw InputError(fmt::format("n_prelude {} + n_coda {} leave no core block of n_layer {}", n_prelude, n_coda,
+                                 n_blocks));
+  std::vector<int64_t> blocks;
+  for (int64_t b = 0; b < n_prelude; ++b) blocks.push_back(b);
+  for (int64_t r = 0; r < n_loops; ++r)
+    for (int64_t b = n_prelude; b < n_blocks - n_coda; ++b) blocks.push_back(b);
+  for (int64_t b = n_blocks - n_coda; b < n_blocks; ++b) blocks.push_back(b);
+  return from_blocks(n_blocks, blocks);
+}
+
 void ExecPlan::validate() const {
   if (n_blocks < 1) throw InputError(fmt::format("execution plan: {} parameter blocks (needs at least 1)", n_blocks));
   if (steps.empty()) throw InputError("execution plan has no steps");

@@ -27,6 +27,10 @@ struct ExecPlan {
   // A plan from the block order of its steps ({0, 1, 1, 1, 2}: block 1 three times): slots in step
   // order, iterations counted per block.
   static ExecPlan from_blocks(int64_t n_blocks, const std::vector<int64_t>& blocks);
+  // A looped model of n_blocks blocks: the first n_prelude once, the middle (core) blocks
+  // n_loops times in order (core, core, …), the last n_coda once. InputError when n_loops ≤ 0,
+  // a split is negative, or the prelude and coda leave no core block.
+  static ExecPlan loop(int64_t n_blocks, int64_t n_prelude, int64_t n_coda, int64_t n_loops);
   // InputError when a step names a block or slot out of range, a block is never applied, two steps
   // share a slot, or iteration counts are inconsistent.
   void validate() const;

@@ -129,6 +129,23 @@ std::string suggestion(const std::string& name, const std::vector<std::string>& 
 }
 }  // namespace
 
+namespace {
+std::vector<UnlistedMethod>& unlisted_store() {
+  static std::vector<UnlistedMethod> v;
+  return v;
+}
+}  // namespace
+
+bool add_unlisted_method(UnlistedMethod m) {
+  auto& v = unlisted_store();
+  auto at = std::find_if(v.begin(), v.end(), [&](const UnlistedMethod& u) { return u.name >= m.name; });
+  if (at != v.end() && at->name == m.name) throw std::logic_error("unlisted method noted twice: " + m.name);
+  v.insert(at, std::move(m));
+  return true;
+}
+
+const std::vector<UnlistedMethod>& unlisted_methods() { return unlisted_store(); }
+
 std::vector<std::string> closest_names(const std::string& name, const std::vector<std::string>& known,
                                        size_t max_results) {
   std::vector<std::pair<size_t, std::string>> scored;

@@ -110,7 +110,9 @@ struct ParamDef {
   bool matmul = true;     // participates in a matmul with the token stream (2 FLOPs/param fwd)
   // Initialisation used when training (conformance uses random, non-zero values instead):
   // "uniform" in [init_a, init_b], "normal" N(init_a, init_b), "const" init_a, "ramp" along dim 0
-  // from init_a by init_b: element i of L holds init_a + init_b·i/(L−1) (init_a when L = 1).
+  // from init_a by init_b: element i of L holds init_a + init_b·i/(L−1) (init_a when L = 1),
+  // "xavier_normal" N(0, (init_a·√(2/(fan_in + fan_out)))²) for a matrix [fan_out, fan_in]
+  // (init_a the Xavier gain).
   std::string init = "uniform";
   double init_a = 0, init_b = 0;
   OptimRule optim = {};   // how training updates it (Auto: by shape, see OptimRule)
@@ -133,6 +135,15 @@ struct LayerCtx {
   // several times; a plain stack applies each block once: iteration 0 of 1).
   int64_t iteration = 0;
   int64_t n_iterations = 1;
+  // The application's position in the unrolled model: its plan step and the plan's step count
+  // (the backbone and the accountant set them; n_unrolled = 0: not set, the block's own position).
+  // Depth-dependent choices (dense's window pattern, its long last layer) follow the unrolled
+  // position, so a shared block applied twice may use two windows; value embeddings stay with
+  // the parameter block (`layer`).
+  int64_t unrolled = 0;
+  int64_t n_unrolled = 0;
+  int64_t unrolled_index() const { return n_unrolled > 0 ? unrolled : layer; }
+  int64_t unrolled_count() const { return n_unrolled > 0 ? n_unrolled : n_layer; }
 };
 
 // One layer of a hybrid's layout: the registered method the layer runs and config overrides
@@ -222,6 +233,15 @@ class Registry {
   mutable bool completed_ = false;
 };
 
+// A catalogue name kept out of the registry (e.g. a method with no public definition to
+// implement): `mixbench list --all` shows it with the reason. Register with
+// MIXBENCH_REGISTER_UNLISTED({name, family, reason}).
+struct UnlistedMethod {
+  std::string name, family, reason;
+};
+bool add_unlisted_method(UnlistedMethod m);
+const std::vector<UnlistedMethod>& unlisted_methods();  // in name order
+
 // Closest names by edit distance, for "did you mean" messages.
 std::vector<std::string> closest_names(const std::string& name, const std::vector<std::string>& known,
                                        size_t max_results = 3);
@@ -250,3 +270,5 @@ struct ScopedMethod {
 // Register an op or method: MIXBENCH_REGISTER(make_spec()); where make_spec returns OpSpec/MethodSpec.
 #define MIXBENCH_REGISTER(expr) \
   static const bool MIXBENCH_CONCAT(mixbench_registered_, __LINE__) = ::mixbench::Registry::get().add(expr)
+#define MIXBENCH_REGISTER_UNLISTED(...) \
+  static const bool MIXBENCH_CONCAT(mixbench_unlisted_, __LINE__) = ::mixbench::add_unlisted_method(__VA_ARGS__)

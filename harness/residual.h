@@ -72,6 +72,9 @@ class ResidualStream {
   // Training activation bytes per token the stream keeps beyond the backbone's one [d] state per
   // step boundary (e.g. n parallel streams, block sums); `dtype_bytes` is the compute dtype's size.
   virtual double act_bytes(const ModelDims& d, const ExecPlan& plan, int64_t dtype_bytes) const { return 0; }
+  // May change the training initialisation of the model's parameters (every definition of the
+  // model, blocks and backbone alike), e.g. depth-dependent init gains; the default keeps them.
+  virtual void adjust_init(std::vector<ParamDef>& defs, const ModelDims& d, const ExecPlan& plan) const {}
 };
 
 // nanochat's stream: before step i's mixer x ← resid_lambdas[i]·x + x0_lambdas[i]·x0 (x0 the

@@ -53,10 +53,18 @@ AccountResult run_account(const AccountOptions& opt) {
             {"dtype_bytes", q.dtype_bytes}};
   Json layers = Json::array();
   const std::vector<LayerMethod> lm = layer_methods(m, cfg);
-  for (size_t i = 0; i < mc.layers.size(); ++i)
-    layers.push_back({{"layer", i}, {"method", lm[size_t(mc.steps[i].block)].method->name}, {"params", mc.layers[i].params.total()},
-                      {"fwd_flops", mc.layers[i].fwd_flops}, {"nanochat_core_flops", mc.layers[i].nanochat_core_flops},
-                      {"formula", mc.layers[i].formula}});
+  // one row per plan step: "layer" is the step's parameter block; a looped plan adds the step and
+  // the block's application ("iteration")
+  for (size_t i = 0; i < mc.layers.size(); ++i) {
+    const PlanStep& st = mc.steps[i];
+    layers.push_back({{"layer", st.block}, {"method", lm[size_t(st.block)].method->name},
+                      {"params", mc.layers[i].params.total()}, {"fwd_flops", mc.layers[i].fwd_flops},
+                      {"nanochat_core_flops", mc.layers[i].nanochat_core_flops}, {"formula", mc.layers[i].formula}});
+    if (m.plan) {
+      layers.back()["step"] = i;
+      layers.back()["iteration"] = st.iteration;
+    }
+  }
   r["layers"] = layers;
   if (opt.audit) {
     // Build the model and count what it holds and executes.

@@ -34,6 +34,12 @@ int run_list(const Args& a, const std::vector<std::string>&) {
                         {"reference", bool(o->reference)}, {"cpu", bool(o->cpu)}, {"cuda", bool(o->cuda)},
                         {"inputs", [&] { Json x = Json::array(); for (auto& d : o->inputs) x.push_back(d.name); return x; }()},
                         {"outputs", o->outputs}});
+  const bool all = a.flag("all");
+  if (all) {
+    j["unlisted"] = Json::array();
+    for (const UnlistedMethod& u : unlisted_methods())
+      j["unlisted"].push_back({{"name", u.name}, {"family", u.family}, {"reason", u.reason}});
+  }
   if (a.flag("json")) {
     std::cout << j.dump(2) << "\n";
     return 0;
@@ -44,6 +50,10 @@ int run_list(const Args& a, const std::vector<std::string>&) {
     std::cout << fmt::format("{:<16} {:<12} {:<5} {:<5} {:<5} {:<5}  {}\n", m["name"].get<std::string>(),
                              m["family"].get<std::string>(), yn(m["reference"]), yn(m["cpu"]), yn(m["cuda"]),
                              yn(m["accountant"]), m["summary"].get<std::string>());
+  if (all)
+    for (const auto& u : j["unlisted"])
+      std::cout << fmt::format("{:<16} {:<12} {:<5} {:<5} {:<5} {:<5}  not registered: {}\n", u["name"].get<std::string>(),
+                               u["family"].get<std::string>(), "-", "-", "-", "-", u["reason"].get<std::string>());
   std::cout << "\n" << fmt::format("{:<22} {:<12} {:<5} {:<5} {:<5}  {}\n", "op", "family", "ref", "cpu", "cuda", "summary");
   for (const auto& o : j["ops"])
     std::cout << fmt::format("{:<22} {:<12} {:<5} {:<5} {:<5}  {}\n", o["name"].get<std::string>(),
@@ -56,7 +66,8 @@ int run_list(const Args& a, const std::vector<std::string>&) {
 
 Command list_command() {
   return {"list", "registered methods and ops, and which parts exist (reference, CPU, CUDA, accountant)", "", "",
-          {{"json", OptionKind::Flag, "", "print the table as JSON (methods with their ops and layer mixers, ops with their tensors)"}},
+          {{"json", OptionKind::Flag, "", "print the table as JSON (methods with their ops and layer mixers, ops with their tensors)"},
+           {"all", OptionKind::Flag, "", "also list catalogued methods kept out of the registry, with the reason (JSON: \"unlisted\")"}},
           run_list};
 }
 

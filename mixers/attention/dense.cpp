@@ -35,11 +35,14 @@ AttnDims attn_dims(const Config& c) {
 }
 
 // nanochat's left window for this layer: L = T (full), S = ceil(T/4/128)·128 unless overridden.
-// Returns 0 for full attention, else visible keys including self (= left + 1).
+// The pattern follows the unrolled position (a looped model's shared block takes the window of
+// each step it runs at; the last unrolled step is long). Returns 0 for full attention, else
+// visible keys including self (= left + 1).
 int64_t layer_window(const Config& c, const LayerCtx& ctx) {
   const std::string& pat = c.s("window_pattern");
-  const bool last = ctx.layer == ctx.n_layer - 1;
-  const char ch = pat[size_t(ctx.layer % int64_t(pat.size()))];
+  const int64_t at = ctx.unrolled_index();
+  const bool last = at == ctx.unrolled_count() - 1;
+  const char ch = pat[size_t(at % int64_t(pat.size()))];
   if (last || ch == 'L') return 0;
   const int64_t T = c.i("seq_len");
   const int64_t left = c.i("short_window") > 0 ? c.i("short_window") : ((T / 4 + 127) / 128) * 128;
