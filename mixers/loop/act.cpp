@@ -231,14 +231,14 @@ std::vector<CaseDef> cases(const ConfigSpec& spec) {
   };
 }
 
-MIXBENCH_REGISTER(loop_method({
+MIXBENCH_REGISTER(act_loop_method({
     "ut_act",
     "Universal Transformer ACT: core looped up to max_steps with per-token halting and ponder cost",
     "arXiv 1807.03819; tensor2tensor universal_transformer_util (universal_transformer_act)",
     "max_steps",
     [](ConfigSpec& c) { c.i("max_steps", 4, "most core applications (ACT candidates; every one is computed)", 1, 64); },
     [](const Config& c) -> std::shared_ptr<const ResidualStream> {
-      return std::make_shared<UtActStream>(loop_split(c, "max_steps"));
+      return std::make_shared<UtActStream>(act_loop_split(c, "max_steps"));
     },
     cases,
 }));

@@ -9,7 +9,7 @@
 
 namespace mixbench {
 
-LoopSplit loop_split(const Config& c, const std::string& loops_key) {
+LoopSplit act_loop_split(const Config& c, const std::string& loops_key) {
   LoopSplit s;
   s.prelude = c.i("prelude");
   s.coda = c.i("coda");
@@ -18,7 +18,7 @@ LoopSplit loop_split(const Config& c, const std::string& loops_key) {
   return s;
 }
 
-ExecPlan loop_plan(const LoopSplit& s) {
+ExecPlan act_loop_plan(const LoopSplit& s) {
   std::vector<int64_t> blocks;
   for (int64_t b = 0; b < s.prelude; ++b) blocks.push_back(b);
   for (int64_t k = 0; k < s.loops; ++k)
@@ -42,7 +42,7 @@ void complete(MethodSpec& m, const LoopMethodDesc& desc) {
   desc.extend(m.config);
   const std::string key = desc.loops_key;
   m.config.rule([key](const Config& c) {
-    const LoopSplit s = loop_split(c, key);
+    const LoopSplit s = act_loop_split(c, key);
     if (s.core < 1)
       throw InputError(fmt::format("prelude {} + coda {} leave no core block of n_layer {} (needs prelude + coda < n_layer)",
                                    s.prelude, s.coda, c.i("n_layer")));
@@ -62,7 +62,7 @@ void complete(MethodSpec& m, const LoopMethodDesc& desc) {
 
 }  // namespace
 
-MethodSpec loop_method(const LoopMethodDesc& desc) {
+MethodSpec act_loop_method(const LoopMethodDesc& desc) {
   const std::string name = desc.name;
   MethodSpec m;
   m.name = name;
@@ -85,7 +85,7 @@ MethodSpec loop_method(const LoopMethodDesc& desc) {
   m.decode = m.prefill;
   m.cases = [name, cases = desc.cases]() { return cases(Registry::get().method(name).config); };
   const std::string key = desc.loops_key;
-  m.plan = [key](const Config& c) { return loop_plan(loop_split(c, key)); };
+  m.plan = [key](const Config& c) { return act_loop_plan(act_loop_split(c, key)); };
   m.residual = desc.stream;
   m.complete = [desc](MethodSpec& self) { complete(self, desc); };
   return m;

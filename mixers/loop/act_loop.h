@@ -28,9 +28,9 @@ struct LoopSplit {
 };
 
 // The split of a config: "prelude", "coda" and the loop count field `loops_key`.
-LoopSplit loop_split(const Config& c, const std::string& loops_key);
+LoopSplit act_loop_split(const Config& c, const std::string& loops_key);
 // prelude blocks, the core blocks `loops` times, coda blocks (ExecPlan::from_blocks).
-ExecPlan loop_plan(const LoopSplit& s);
+ExecPlan act_loop_plan(const LoopSplit& s);
 
 // A looped method: dense's layer (copied from the registry once every method is registered), its
 // config plus "prelude", "coda" and the method's own fields (`extend`, which declares the loop
@@ -42,6 +42,6 @@ struct LoopMethodDesc {
   std::function<std::shared_ptr<const ResidualStream>(const Config&)> stream;
   std::function<std::vector<CaseDef>(const ConfigSpec&)> cases;
 };
-MethodSpec loop_method(const LoopMethodDesc& desc);
+MethodSpec act_loop_method(const LoopMethodDesc& desc);
 
 }  // namespace mixbench

@@ -223,7 +223,7 @@ std::vector<CaseDef> cases(const ConfigSpec& spec) {
   };
 }
 
-MIXBENCH_REGISTER(loop_method({
+MIXBENCH_REGISTER(act_loop_method({
     "huginn",
     "recurrent depth: core applied a sampled r ≤ max_loops times on A[s; e], truncated backprop, sandwich norm",
     "arXiv 2502.05171; seal-rg/recurrent-pretraining raven_modeling_minimal.py",
@@ -234,7 +234,7 @@ MIXBENCH_REGISTER(loop_method({
           .i("grad_loops", 2, "last applications trained with gradient (the earlier ones without)", 1, 64);
     },
     [](const Config& c) -> std::shared_ptr<const ResidualStream> {
-      return std::make_shared<HuginnStream>(loop_split(c, "max_loops"), c.f("mean_loops"), c.i("grad_loops"));
+      return std::make_shared<HuginnStream>(act_loop_split(c, "max_loops"), c.f("mean_loops"), c.i("grad_loops"));
     },
     cases,
 }));
