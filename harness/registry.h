@@ -163,6 +163,9 @@ struct PresetOverride {
 
 struct MethodSpec {
   std::string name, family, summary, citation;
+  // The method of its family the leaderboard also compares it with, paired by seed, beside the
+  // baseline (a family's control, e.g. the residual streams' single-stream residual; empty: none).
+  std::string control;
   // Model-level config: the backbone fields every method shares plus the method's own knobs.
   ConfigSpec config;
   std::vector<std::string> ops;  // ops this method's layer calls

@@ -187,13 +187,11 @@ void check_leaderboard_resume(const Json& report, const Json& config) {
 }
 
 namespace {
-// The residual-stream family's control (methods.md §5): each method of the family is also
-// compared with it, paired by seed, apart from the overall difference to the baseline.
-constexpr const char* kResidualFamily = "residual";
-constexpr const char* kResidualControl = "residual_standard";
-bool residual_family(const std::string& method) {
-  return method != kResidualControl && Registry::get().has_method(method) &&
-         Registry::get().method(method).family == kResidualFamily;
+// A method's family control (MethodSpec::control, e.g. the residual streams' residual_standard):
+// each method that names one is also compared with it, paired by seed, apart from the overall
+// difference to the baseline.
+std::string control_of(const std::string& method) {
+  return Registry::get().has_method(method) ? Registry::get().method(method).control : std::string();
 }
 }  // namespace
 
@@ -215,10 +213,15 @@ Json leaderboard_rows(const std::vector<std::string>& methods, const std::vector
       if (r["status"] == "ok") m[r["seed"].get<uint64_t>()] = r[key].get<double>();
     return m;
   };
-  std::map<uint64_t, double> base, control;
-  for (size_t i = 0; i < methods.size(); ++i) {
+  std::map<uint64_t, double> base;
+  std::map<std::string, std::map<uint64_t, double>> controls;  // family control -> its values by seed
+  for (size_t i = 0; i < methods.size(); ++i)
     if (methods[i] == baseline) base = seed_values(by_method[i]);
-    if (methods[i] == kResidualControl) control = seed_values(by_method[i]);
+  for (size_t i = 0; i < methods.size(); ++i) {
+    const std::string c = control_of(methods[i]);
+    if (c.empty()) continue;
+    const auto it = std::find(methods.begin(), methods.end(), c);
+    if (it != methods.end()) controls[c] = seed_values(by_method[size_t(it - methods.begin())]);
   }
   // The paired difference to `ref` over the seeds both have (null without one): mean, 95% interval.
   auto paired = [&](const std::vector<Json>& v, const std::map<uint64_t, double>& ref) -> std::pair<Json, Json> {
@@ -273,10 +276,10 @@ Json leaderboard_rows(const std::vector<std::string>& methods, const std::vector
         }
       // the paired difference to the baseline over the seeds both have
       std::tie(row[delta_key], row[delta_key + "_ci95"]) = paired(v, base);
-      // a residual-stream method: also against the family's control, when it is in the lineup
-      if (!control.empty() && residual_family(methods[i])) {
-        row["residual_control"] = kResidualControl;
-        std::tie(row["residual_delta"], row["residual_delta_ci95"]) = paired(v, control);
+      // a method with a family control: also against it, when the control is in the lineup
+      if (const std::string c = control_of(methods[i]); controls.count(c) && !controls.at(c).empty()) {
+        row["residual_control"] = c;
+        std::tie(row["residual_delta"], row["residual_delta_ci95"]) = paired(v, controls.at(c));
       }
       means.push_back(row[key].get<double>());
       cis.push_back(ci);
@@ -327,9 +330,11 @@ LeaderboardTables leaderboard_tables(const Json& results, const std::string& bas
                       "Δ vs " + baseline, "Δ 95% CI", "FLOPs/token", "calibration", "params", "tokens", "tok/s"};
   t.ranking.right = {true, false, true, true, true, true, true, false, true, true, true};
   // residual-stream methods' difference to their family's control, beside the baseline's
-  const bool residual = std::any_of(rows.begin(), rows.end(), [](const Json& r) { return r.contains("residual_delta"); });
-  if (residual) {
-    t.ranking.header.insert(t.ranking.header.begin() + 6, {std::string("Δ vs ") + kResidualControl, "Δ 95% CI"});
+  const auto with_control =
+      std::find_if(rows.begin(), rows.end(), [](const Json& r) { return r.contains("residual_delta"); });
+  if (with_control != rows.end()) {
+    t.ranking.header.insert(t.ranking.header.begin() + 6,
+                            {"Δ vs " + (*with_control)["residual_control"].get<std::string>(), "Δ 95% CI"});
     t.ranking.right.insert(t.ranking.right.begin() + 6, {true, true});
   }
   if (mfu) {
@@ -365,7 +370,7 @@ LeaderboardTables leaderboard_tables(const Json& results, const std::string& bas
         num(r.value("params", Json::object()), "total", "{:.0f}"),
         num(r, "tokens", "{:.0f}"),
         num(r, "tokens_per_s", "{:.0f}")};
-    if (residual)
+    if (with_control != rows.end())
       cells.insert(cells.begin() + 6, {num(r, "residual_delta", "{:+.4f}"),
                                        interval_md(r.value("residual_delta_ci95", Json()), "{:+.4f}")});
     if (mfu) cells.push_back(r.contains("mfu") && r["mfu"].is_number() ? fmt::format("{:.1f}%", 100 * r["mfu"].get<double>())

@@ -122,7 +122,9 @@ TEST(UtAct, ReferenceMatchesTheFastPathAndDecodeMatchesForward) {
 // Every candidate step is billed: two more candidates cost two core applications and two gates.
 TEST(UtAct, AccountantBillsEveryCandidate) {
   const MethodSpec& m = Registry::get().method("ut_act");
-  const Config c3 = m.config.parse(std::string(kActCfg) + ",max_steps=3"), c1 = c3.with("max_steps", int64_t(1));
+  // all layers full, so every application costs the same (windows follow the unrolled position)
+  const Config c3 = m.config.parse(std::string(kActCfg) + ",max_steps=3,window_pattern=L"),
+               c1 = c3.with("max_steps", int64_t(1));
   const ModelCost a3 = cost_at(m, c3), a1 = cost_at(m, c1);
   const ModelDims d = model_dims(c3);
   ASSERT_EQ(a1.layers.size(), 3u);
@@ -169,7 +171,8 @@ TEST(Huginn, ExpectedDepthBilling) {
     EXPECT_LT(p, huginn::run_probability(k - 1, 3.0));
   }
   const MethodSpec& m = Registry::get().method("huginn");
-  const Config c = m.config.parse(std::string(kHuginnCfg) + ",max_loops=4,mean_loops=3");
+  // all layers full, so every application costs the same (windows follow the unrolled position)
+  const Config c = m.config.parse(std::string(kHuginnCfg) + ",max_loops=4,mean_loops=3,window_pattern=L");
   const Config deep = c.with("mean_loops", 64.0);  // nearly every application runs
   const ModelCost a = cost_at(m, c), b = cost_at(m, deep);
   const ModelDims d = model_dims(c);

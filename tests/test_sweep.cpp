@@ -2,6 +2,7 @@
 // positive and finite; every quantitative assertion is on the accountant's numbers.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <regex>
 #include <set>
@@ -125,10 +126,33 @@ TEST(Sweep, OptionsFromArgsApplyThePresetThenTheFlags) {
   EXPECT_EQ(o.device, "cpu");
   EXPECT_EQ(o.dtype, "fp32");
   // the preset alone, every method
+  testing::internal::CaptureStderr();
   SweepOptions p = sweep_args({"--mode", "prefill"});
+  const std::string notes = testing::internal::GetCapturedStderr();
   EXPECT_EQ(p.batches, (std::vector<int64_t>{1, 2}));
   EXPECT_EQ(p.lengths, parse_lengths("128:2048"));
-  EXPECT_EQ(p.methods.size(), Registry::get().methods().size());
+  // every method whose rules accept the preset's 2-layer models; the others are named in a note
+  size_t refused = 0;
+  for (auto* m : Registry::get().methods()) {
+    const bool in = std::find(p.methods.begin(), p.methods.end(), m->name) != p.methods.end();
+    try {
+      m->config.parse(p.config);
+      EXPECT_TRUE(in) << m->name;
+    } catch (const InputError&) {
+      ++refused;
+      EXPECT_FALSE(in) << m->name;
+      EXPECT_NE(notes.find("leaving out " + m->name + ":"), std::string::npos) << notes;
+    }
+  }
+  EXPECT_EQ(p.methods.size() + refused, Registry::get().methods().size());
+  // a refused method named explicitly is an error
+  for (auto* m : Registry::get().methods()) {
+    try {
+      m->config.parse(p.config);
+    } catch (const InputError&) {
+      EXPECT_THROW(sweep_args({"--mode", "prefill", "--methods", m->name}), InputError) << m->name;
+    }
+  }
   // bad input names the problem
   auto usage = [](std::vector<std::string> v, const std::string& want) {
     try {

@@ -1,5 +1,7 @@
 #include "harness/cli/sweep_args.h"
 
+#include <iostream>
+
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
@@ -36,7 +38,8 @@ SweepOptions sweep_options_from_args(const Args& a) {
   o.seed = uint64_t(a.get_int("seed", 0));
   Registry& reg = Registry::get();
   auto methods = a.list("methods");
-  if (methods.empty() || (methods.size() == 1 && methods[0] == "all")) {
+  const bool all = methods.empty() || (methods.size() == 1 && methods[0] == "all");
+  if (all) {
     methods.clear();
     for (auto* m : reg.methods()) methods.push_back(m->name);
   }
@@ -55,8 +58,24 @@ SweepOptions sweep_options_from_args(const Args& a) {
       if (!known) throw UsageError(fmt::format("unknown config field '{}' for the selected methods and their ops", key));
     }
   } else {
-    // Every method's config must accept the overrides before anything runs.
-    for (const auto& m : methods) sweep_method_config(reg.method(m), o, o.lengths.front());
+    // Every method's config must accept the overrides before anything runs. Of "all", a method
+    // whose own rules refuse the preset's model (a looped method whose prelude and coda need more
+    // blocks) is left out with a note; a method named on the command line is an error.
+    std::vector<std::string> kept;
+    std::string first_refusal;
+    for (const auto& m : methods) {
+      try {
+        sweep_method_config(reg.method(m), o, o.lengths.front());
+        kept.push_back(m);
+      } catch (const InputError& e) {
+        if (!all) throw;
+        if (first_refusal.empty()) first_refusal = e.what();
+        std::cerr << fmt::format("sweep: leaving out {}: {} (name it with a --config it accepts to sweep it)\n", m,
+                                 e.what());
+      }
+    }
+    if (kept.empty()) throw InputError(first_refusal);  // the config fits no method: the config is wrong
+    o.methods = kept;
   }
   if (o.device == "cuda" && !at::hasCUDA()) throw UsageError("--device cuda but no CUDA device is available");
   return o;

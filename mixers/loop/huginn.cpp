@@ -135,6 +135,7 @@ class HuginnStream final : public ResidualStream {
   }
 
   bool runs(const Sublayer& s, const TensorMap& st) const override {
+    decide_depth(const_cast<TensorMap&>(st), s);  // the backbone passes the pass's own (mutable) state
     return !in_core(s.step) || split_.loop_of(s.step) < depth(st);
   }
 
@@ -144,14 +145,7 @@ class HuginnStream final : public ResidualStream {
   }
 
   at::Tensor read(TensorMap& st, const Sublayer& s, const TensorMap& P) const override {
-    if (s.step == 0 && s.kind == Sublayer::Kind::Mixer) {
-      // the depth of this pass, decided before any step runs without gradient
-      const bool training = s.train_step >= 0 && at::GradMode::is_enabled();
-      const int64_t r = training ? huginn::sample_depth(s.seed, s.train_step, mean_, split_.loops)
-                                 : huginn::eval_depth(mean_, split_.loops);
-      st.set("huginn_r", at::scalar_tensor(r, at::TensorOptions().dtype(at::kLong)));
-      st.set("huginn_train", at::scalar_tensor(int64_t(training), at::TensorOptions().dtype(at::kLong)));
-    }
+    decide_depth(st, s);
     if (s.kind == Sublayer::Kind::Mixer && split_.opens_loop(s.step)) {
       const at::Tensor x = st.at("x");
       const at::Tensor prev = split_.loop_of(s.step) == 0
@@ -198,6 +192,16 @@ class HuginnStream final : public ResidualStream {
 
  private:
   bool in_core(int64_t step) const { return step >= split_.core_begin() && step < split_.core_end(); }
+  // The depth of this pass, decided at its first sublayer, before any step runs without gradient.
+  void decide_depth(TensorMap& st, const Sublayer& s) const {
+    if (s.step != 0 || s.kind != Sublayer::Kind::Mixer || st.has("huginn_r")) return;
+    const bool training = s.train_step >= 0 && at::GradMode::is_enabled();
+    const int64_t r = training ? huginn::sample_depth(s.seed, s.train_step, mean_, split_.loops)
+                               : huginn::eval_depth(mean_, split_.loops);
+    st.set("huginn_r", at::scalar_tensor(r, at::TensorOptions().dtype(at::kLong)));
+    st.set("huginn_train", at::scalar_tensor(int64_t(training), at::TensorOptions().dtype(at::kLong)));
+  }
+
   int64_t depth(const TensorMap& st) const {
     if (!st.has("huginn_r")) throw std::logic_error("huginn: the depth is read before the pass's first sublayer");
     return st.at("huginn_r").item<int64_t>();

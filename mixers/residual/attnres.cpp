@@ -15,6 +15,8 @@
 #include "harness/registry.h"
 #include "mixers/common/layers.h"
 
+#include "mixers/residual/residual_common.h"
+
 namespace mixbench {
 
 int64_t attnres_block_size(int64_t n_layer, int64_t block) {
@@ -205,6 +207,7 @@ MethodSpec attnres_method() {
   MethodSpec m;
   m.name = "attnres";
   m.family = "residual";
+  m.control = residual::kResidualControl;  // the leaderboard's second Δ
   m.summary =
       "Block Attention Residuals on dense_full: each sublayer and the read-out mix the embedding, completed block "
       "sums and the partial sum by softmax(w·RMSNorm(v)); blocks of 2·ceil(L/8) sublayers";

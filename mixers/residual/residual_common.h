@@ -14,6 +14,9 @@
 
 namespace mixbench::residual {
 
+// The family's control: every other residual-stream method is also compared with it.
+inline constexpr const char* kResidualControl = "residual_standard";
+
 // A residual-stream method: dense_full's spec (its layer, decode path, accountant and presets)
 // with the stream `stream(cfg)`, the config fields `add_fields` declares on top of dense_full's,
 // and small whole-model conformance cases (n_layer 2–3, d_model 32, T ≤ 16). The copy is made once
