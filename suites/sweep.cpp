@@ -206,6 +206,7 @@ Json run_sweep(const SweepOptions& opt, SweepSummary& sum) {
           MemProbe mem{opt.device};
           Json timing, memory;
           std::function<Json()> measured;
+          Json stream_share;
           {
             {
               // The model or layer is built on first use, before the probe, so the delta is the point's.
@@ -219,6 +220,11 @@ Json run_sweep(const SweepOptions& opt, SweepSummary& sum) {
             sync_device(opt.device);
             memory = mem.finish();
             timing = timing_json(s, opt.warmup);
+            if (pt.control) {
+              // after the probe, so the point's memory is the method's alone
+              std::vector<double> c = time_reps(pt.control, opt, sweep_phase_range(nv, "control"));
+              stream_share = stream_share_json(pt.control_info, timing, timing_json(c, opt.warmup));
+            }
           }
           const double med = timing["median_s"].get<double>();
           const double tokens = opt.mode == "decode" ? double(B) : double(B * T);  // per repetition
@@ -245,6 +251,7 @@ Json run_sweep(const SweepOptions& opt, SweepSummary& sum) {
           r["accountant"] = acct;
           if (opt.mode == "decode") r["latency_per_token_s"] = med;
           if (measured) r["cache"] = measured();
+          if (!stream_share.is_null()) r["residual_stream"] = stream_share;
           r["memory"] = memory;
           last_fit = T;
           ++sum.ok;

@@ -67,6 +67,14 @@ Json timing_json(std::vector<double> s, int warmup) {
           {"samples_s", samples}};
 }
 
+Json stream_share_json(const Json& info, const Json& timing, const Json& control_timing) {
+  Json r = info;
+  const double t = timing.at("median_s").get<double>(), c = control_timing.at("median_s").get<double>();
+  r["control_timing"] = control_timing;
+  r["time_share"] = t > 0 ? 1.0 - c / t : NAN;
+  return r;
+}
+
 bool is_oom_message(const std::string& m) {
   return m.find("out of memory") != std::string::npos || m.find("not enough memory") != std::string::npos ||
          m.find("can't allocate memory") != std::string::npos;

@@ -20,6 +20,11 @@ std::vector<double> time_reps(const std::function<void(const std::string&)>& ste
                               const std::string& nv);
 // The report's `timing` block of the samples s (seconds): reps, warmup, median, min, max, IQR, samples.
 nlohmann::json timing_json(std::vector<double> s, int warmup);
+// A point's residual-stream share: `info` ({"stream", "control_stream", "flop_share"}) plus the
+// control's timing and time_share = 1 − control median ÷ the method's median (the share of the
+// step the method's stream costs beyond the control's; noise can make it slightly negative).
+nlohmann::json stream_share_json(const nlohmann::json& info, const nlohmann::json& timing,
+                                 const nlohmann::json& control_timing);
 
 // Peak memory over a point: start() before allocating its inputs, finish() after timing gives the
 // report's `memory` block (source, peak_bytes, delta_bytes, peak_reset).

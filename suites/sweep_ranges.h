@@ -1,6 +1,7 @@
 // NVTX range names of sweep points, shared by the sweep (which opens them) and the profiler
 // (whose ncu filter selects them): "<subject>.sweep.<mode>.B<b>T<t>" with the phases as its
-// children "<point>.setup", ".warmup", ".timed", ".forward", ".backward", ".update", ".decode".
+// children "<point>.setup", ".warmup", ".timed", ".forward", ".backward", ".update", ".decode" (and
+// ".control.<phase>" for the residual-stream control timed beside a point).
 #pragma once
 #include <fmt/format.h>
 

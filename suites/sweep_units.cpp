@@ -37,7 +37,42 @@ void drop_grads(TensorMap& params) {
     if (p.defined() && p.grad().defined()) p.mutable_grad().reset();
 }
 
+at::ScalarType dt_of(const Model& m) {
+  return m.params.empty() ? at::kFloat : m.params.begin()->second.scalar_type();
+}
+
 }  // namespace
+
+std::optional<Model> control_model(const Model& m) {
+  const MethodSpec& method = *m.method;
+  if (!method.residual || method.control.empty()) return std::nullopt;
+  const MethodSpec& c = Registry::get().method(method.control);
+  if (!c.residual) return std::nullopt;
+  Model out = m;
+  out.stream = c.residual(m.cfg);
+  return out;
+}
+
+// The residual stream's share of the model's forward FLOPs per token: its own arithmetic
+// (ResidualStream::fwd_flops) plus 2 FLOPs per parameter of its matmul parameters (the
+// accountant's 2·N), over the accountant's forward FLOPs.
+double stream_flop_share(const MethodSpec& method, const Config& cfg, int64_t T, int64_t dtype_bytes) {
+  const auto stream = model_stream(method, cfg);
+  const ModelDims d = model_dims(cfg);
+  const ExecPlan plan = model_plan(method, cfg);
+  double f = stream->fwd_flops(d, plan);
+  for (const ParamDef& p : stream->params(d, plan)) {
+    if (!p.matmul) continue;
+    double n = 1;
+    for (int64_t s : p.shape) n *= double(s);
+    f += 2.0 * n;
+  }
+  CostQuery q;
+  q.T = T;
+  q.context = T;
+  q.dtype_bytes = dtype_bytes;
+  return f / account_model(method, cfg, q).fwd_flops;
+}
 
 // Model level: the nanochat backbone with the method in every layer.
 Unit model_unit(const MethodSpec& method, const SweepOptions& opt) {
@@ -97,10 +132,8 @@ Unit model_unit(const MethodSpec& method, const SweepOptions& opt) {
     const auto lopts = at::TensorOptions().dtype(at::kLong);
     at::Tensor idx = at::randint(m.dims.vocab, {B, T}, gen, lopts).to(dev);
     at::Tensor tgt = train ? at::randint(m.dims.vocab, {B, T}, gen, lopts).to(dev) : at::Tensor();
-    Point pt;
     const double lr = opt.sgd_lr;
-    pt.step = [st, idx, tgt, train, backend, lr](const std::string& nv) {
-      Model& m = *st->model;
+    auto run = [idx, tgt, train, backend, lr](Model& m, const std::string& nv) {
       if (!train) {
         c10::NoGradGuard ng;
         NvtxRange r(sweep_phase_range(nv, "forward"));
@@ -119,6 +152,14 @@ Unit model_unit(const MethodSpec& method, const SweepOptions& opt) {
       NvtxRange r(sweep_phase_range(nv, "update"));
       sgd_update(m.params, lr);
     };
+    Point pt;
+    pt.step = [st, run](const std::string& nv) { run(*st->model, nv); };
+    if (std::optional<Model> c = control_model(m)) {
+      auto cm = std::make_shared<Model>(std::move(*c));
+      pt.control = [cm, run](const std::string& nv) { run(*cm, nv); };
+      pt.control_info = {{"stream", m.stream->name()}, {"control_stream", cm->stream->name()},
+                         {"flop_share", stream_flop_share(method, cfg, T, int64_t(c10::elementSize(dt_of(m))))}};
+    }
     return pt;
   };
   u.release = [st] {

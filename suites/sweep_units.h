@@ -7,8 +7,10 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
+#include "harness/backbone.h"
 #include "harness/registry.h"
 #include "suites/sweep.h"
 
@@ -30,6 +32,11 @@ struct Prediction {
 struct Point {
   std::function<void(const std::string& nvtx_prefix)> step;  // one repetition
   std::function<Json()> measured;                             // optional: measurements after timing
+  // Optional (methods with their own residual stream and a family control): the same step with
+  // the control's stream in place of the method's, on the same sublayers and parameters. The
+  // sweep times both and reports the stream's share of the step (`residual_stream`).
+  std::function<void(const std::string& nvtx_prefix)> control;
+  Json control_info;  // {"stream", "control_stream", "flop_share"}
 };
 
 // A unit of the sweep: one method at model or layer level, or one op.
@@ -50,6 +57,15 @@ Unit decode_unit(const MethodSpec& method, const SweepOptions& opt);
 Unit layer_unit(const MethodSpec& method, const SweepOptions& opt);
 // Op level: the op on its own with its default parameters (and any --config keys it declares).
 Unit op_unit(const std::string& method_name, const OpSpec& op, const SweepOptions& opt);
+
+// The model with its family control's residual stream (MethodSpec::control) in place of its own,
+// sharing its sublayers and parameter tensors: for a method with a residual stream of its own whose
+// control has one too; nullopt otherwise.
+std::optional<Model> control_model(const Model& m);
+
+// The residual stream's share of the model's forward FLOPs per token at length T (its own
+// arithmetic plus its matmul parameters' 2·N, over the accountant's forward FLOPs).
+double stream_flop_share(const MethodSpec& method, const Config& cfg, int64_t T, int64_t dtype_bytes);
 
 // True when the method and every op it calls have a CUDA path.
 bool method_has_cuda(const MethodSpec& m);

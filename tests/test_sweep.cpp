@@ -18,6 +18,11 @@
 #include "harness/report.h"
 #include "suites/sweep.h"
 #include "suites/sweep_measure.h"
+#include "suites/sweep_units.h"
+#include "harness/backbone.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/accumulate.h>
 
 namespace fs = std::filesystem;
 using namespace mixbench;
@@ -446,4 +451,81 @@ TEST(Sweep, PlotHasOneSvgPathPerMethodAndSchemaCatchesBreakage) {
   EXPECT_FALSE(validate_json(bad, report_schema()).empty());
   // A missing report is bad input.
   EXPECT_EQ(cli({"plot", (sweep_tmp() / "nonexistent.json").string(), "--out", html.string()}), 2);
+}
+
+// A method with its own residual stream is timed a second time inside its family control's stream
+// (same sublayers, same parameters); the point reports the stream's FLOP and time shares.
+TEST(Sweep, ResidualStreamShareBesideItsControl) {
+  fs::path out = sweep_tmp() / "stream_share.json";
+  ASSERT_EQ(cli({"sweep", "--mode", "train", "--methods", "hc,mhc,attnres,residual_standard,dense_full", "--lengths",
+                 "32", "--batch", "1", "--reps", "2", "--warmup", "0", "--config", "d_model=32,head_dim=16,vocab=64",
+                 "--quiet", "--out", out.string()}),
+            0);
+  Json r = load(out);
+  expect_valid(r);
+  const std::map<std::string, std::string> stream_of = {{"hc", "hc"}, {"mhc", "mhc"}, {"attnres", "attnres"}};
+  int seen = 0;
+  for (const auto& x : r["results"]) {
+    const std::string m = x["method"];
+    ASSERT_EQ(x["status"], "ok") << x.dump();
+    if (!stream_of.count(m)) {
+      EXPECT_FALSE(x.contains("residual_stream")) << m << ": the control and nanochat's stream have no share";
+      continue;
+    }
+    ++seen;
+    ASSERT_TRUE(x.contains("residual_stream")) << m;
+    const Json& s = x["residual_stream"];
+    EXPECT_EQ(s["stream"], stream_of.at(m));
+    EXPECT_EQ(s["control_stream"], "standard");
+    EXPECT_GT(s["control_timing"]["median_s"].get<double>(), 0);
+    EXPECT_NEAR(s["time_share"].get<double>(),
+                1.0 - s["control_timing"]["median_s"].get<double>() / x["timing"]["median_s"].get<double>(), 1e-12);
+    // the FLOP share from the stream's own arithmetic and its matmul parameters
+    const MethodSpec& spec = Registry::get().method(m);
+    const Config cfg = sweep_method_config(spec, sweep_args({"--config", "d_model=32,head_dim=16,vocab=64"}), 32);
+    const auto stream = model_stream(spec, cfg);
+    const ModelDims d = model_dims(cfg);
+    const ExecPlan plan = model_plan(spec, cfg);
+    double f = stream->fwd_flops(d, plan);
+    for (const ParamDef& p : stream->params(d, plan))
+      if (p.matmul) f += 2.0 * double(c10::multiply_integers(p.shape));
+    CostQuery q;
+    q.T = q.context = 32;
+    q.dtype_bytes = 4;
+    const double share = f / account_model(spec, cfg, q).fwd_flops;
+    EXPECT_GT(share, 0) << m;
+    EXPECT_LT(share, 1) << m;
+    EXPECT_NEAR(s["flop_share"].get<double>(), share, 1e-12 * share) << m;
+  }
+  EXPECT_EQ(seen, 3);
+}
+
+// The control model runs the same sublayers and parameters inside the control's stream: the
+// method's stream parameters do not reach its loss, while they change the method's own.
+TEST(Sweep, StreamControlModelIgnoresTheStreamParameters) {
+  const MethodSpec& hc = Registry::get().method("hc");
+  const Config cfg = sweep_method_config(hc, sweep_args({"--config", "d_model=32,head_dim=16,vocab=64"}), 16);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  Model m = build_model(hc, cfg, gen, at::TensorOptions().dtype(at::kDouble), /*random_nonzero=*/true);
+  std::optional<Model> c = sweep_detail::control_model(m);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->stream->name(), "standard");
+  EXPECT_EQ(m.stream->name(), "hc");
+  at::Tensor idx = at::randint(m.dims.vocab, {1, 16}, gen, at::TensorOptions().dtype(at::kLong));
+  at::Tensor tgt = at::randint(m.dims.vocab, {1, 16}, gen, at::TensorOptions().dtype(at::kLong));
+  c10::NoGradGuard ng;
+  const double own = model_loss(m, idx, tgt, Backend::CPU).item<double>();
+  const double ctl = model_loss(*c, idx, tgt, Backend::CPU).item<double>();
+  EXPECT_NE(own, ctl);
+  for (auto& [n, p] : m.params)
+    if (n.rfind("hc.", 0) == 0) p.mul_(3.0).add_(0.5);  // shared tensors: both models see it
+  EXPECT_NE(model_loss(m, idx, tgt, Backend::CPU).item<double>(), own);
+  EXPECT_EQ(model_loss(*c, idx, tgt, Backend::CPU).item<double>(), ctl);
+  // nanochat's stream and the control itself have no control model
+  EXPECT_FALSE(sweep_detail::control_model(build_model(Registry::get().method("dense_full"), cfg, gen,
+                                                       at::TensorOptions().dtype(at::kDouble)))
+                   .has_value());
+  EXPECT_FALSE(sweep_detail::control_model(build_model(Registry::get().method("residual_standard"), cfg, gen,
+                                                       at::TensorOptions().dtype(at::kDouble)))
+                   .has_value());
 }
