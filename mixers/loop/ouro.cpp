@@ -65,7 +65,8 @@ at::Tensor stage2_loss(const at::Tensor& ce, const at::Tensor& gates, const at::
   const at::Tensor c = ce.detach();
   const at::Tensor gain = (c.slice(0, 0, K - 1) - c.slice(0, 1, K)).clamp_min(0.0);  // [K−1,B,T]
   const at::Tensor cont = at::sigmoid(kTargetSlope * (gain - kTargetMargin));
-  const at::Tensor lam = gates.slice(-1, 0, K - 1).permute({2, 0, 1});
+  // at least fp32 (bf16 gates of a bf16 compute model)
+  const at::Tensor lam = gates.slice(-1, 0, K - 1).permute({2, 0, 1}).to(at::promote_types(gates.scalar_type(), at::kFloat));
   const at::Tensor bce = at::binary_cross_entropy(lam, (1.0 - cont).to(lam.scalar_type()), {}, at::Reduction::None);
   const at::Tensor v = valid.to(lam.scalar_type());
   return (bce * v).sum() / (v.sum().clamp_min(1.0) * double(K - 1));
