@@ -288,16 +288,32 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
     const at::Tensor a = state.at("aux_loss");
     aux->aux_loss = aux->aux_loss.defined() ? aux->aux_loss + a : a;
   }
-  if (last_only && x.size(1) > 1) x = x.slice(1, x.size(1) - 1);
-  x = rms_norm(x);
-  // nanochat upcasts the logits to fp32 (from its bf16 compute dtype); an fp64 model stays fp64
-  at::Tensor logits = at::linear(x, P.at("lm_head"));
-  logits = logits.to(at::promote_types(logits.scalar_type(), at::kFloat));
+  auto head = [&](at::Tensor h) {
+    if (last_only && h.size(1) > 1) h = h.slice(1, h.size(1) - 1);
+    // nanochat upcasts the logits to fp32 (from its bf16 compute dtype); an fp64 model stays fp64
+    at::Tensor logits = at::linear(rms_norm(h), P.at("lm_head"));
+    logits = logits.to(at::promote_types(logits.scalar_type(), at::kFloat));
+    return 15.0 * at::tanh(logits / 15.0);
+  };
   if (cache) {
     cache->prev_embed = embed.slice(1, embed.size(1) - 1);
     cache->pos = pass == Pass::Decode ? cache->pos + 1 : T;
   }
-  return 15.0 * at::tanh(logits / 15.0);
+  ResidualStream::Exits ex = stream.exits(state, P, backend);
+  if (ex.hidden.empty()) return head(x);
+  // several exits: every exit's logits, each token its chosen exit's
+  std::vector<at::Tensor> all;
+  for (const at::Tensor& h : ex.hidden) all.push_back(head(h));
+  const at::Tensor logits = at::stack(all);  // [K,B,T',V]
+  const int64_t Tl = logits.size(2);
+  const at::Tensor choice = ex.choice.slice(1, ex.choice.size(1) - Tl);  // [B,T']
+  const at::Tensor picked =
+      logits.gather(0, choice.unsqueeze(0).unsqueeze(-1).expand({1, -1, -1, logits.size(3)})).squeeze(0);
+  if (aux) {
+    aux->exits = std::move(ex);
+    aux->exit_logits = logits;
+  }
+  return picked;
 }
 }  // namespace
 
@@ -348,9 +364,22 @@ at::Tensor model_loss(const Model& m, const at::Tensor& idx, const at::Tensor& t
                       at::Tensor* lm_loss, ModelAux* aux) {
   ModelAux a;
   at::Tensor logits = model_forward(m, idx, backend, &a);
-  at::Tensor lm = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), {},
-                                         at::Reduction::Mean, -1);
-  at::Tensor loss = a.aux_loss.defined() ? lm + a.aux_loss.to(lm.scalar_type()) : lm;
+  at::Tensor lm, loss;
+  if (a.exit_logits.defined()) {  // several exits: the stream's loss over every exit's cross-entropy
+    const int64_t K = a.exit_logits.size(0);
+    const at::Tensor ce = at::cross_entropy_loss(a.exit_logits.reshape({-1, a.exit_logits.size(-1)}),
+                                                 targets.reshape({1, -1}).expand({K, -1}).reshape({-1}), {},
+                                                 at::Reduction::None, -1)
+                              .view({K, targets.size(0), targets.size(1)});
+    ResidualStream::ExitLoss el = m.stream->exit_loss(a.exits, ce, targets != -1, m.exit_gate_only, backend);
+    lm = el.lm;
+    loss = a.aux_loss.defined() ? el.loss + a.aux_loss.to(el.loss.scalar_type()) : el.loss;
+    if (el.aux.defined()) a.aux_loss = a.aux_loss.defined() ? a.aux_loss.to(el.aux.scalar_type()) + el.aux : el.aux;
+  } else {
+    lm = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), {},
+                                at::Reduction::Mean, -1);
+    loss = a.aux_loss.defined() ? lm + a.aux_loss.to(lm.scalar_type()) : lm;
+  }
   if (lm_loss) *lm_loss = lm;
   if (aux) *aux = std::move(a);
   return loss;

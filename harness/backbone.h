@@ -66,6 +66,9 @@ struct Model {
   int64_t step = -1;  // training step handed to every layer (LayerCtx::step); -1 = not training
   uint64_t seed = 0;  // the run's seed, handed to the residual stream (Sublayer::seed)
   int64_t row0 = 0;   // global batch index of the first row the next pass runs (Sublayer::row0)
+  // The training run's final stage that trains only the stream's exit gate
+  // (ResidualStream::gate_params): model_loss takes the stream's gate-only loss.
+  bool exit_gate_only = false;
 };
 
 // Builds all parameters with nanochat's initialisation (or `random_nonzero` for conformance).
@@ -80,8 +83,13 @@ ParamCount count_params(const Model& m);
 struct ModelAux {
   at::Tensor aux_loss;                // Σ over layers (scalar)
   std::vector<at::Tensor> layer_aux;  // per layer (undefined for a layer without one)
+  // A stream with several exits (ResidualStream::exits): the exits and every exit's logits
+  // [K,B,T,vocab] (undefined with one exit).
+  ResidualStream::Exits exits;
+  at::Tensor exit_logits;
 };
-// logits [B,T,vocab] (fp32, or fp64 for an fp64 model; softcapped) for idx [B,T] int64. With
+// logits [B,T,vocab] (fp32, or fp64 for an fp64 model; softcapped) for idx [B,T] int64 (with
+// several exits, each token's chosen exit's). With
 // `aux`, the layers' auxiliary losses are collected into it. Backend::Reference runs every
 // layer's FP64 reference (MethodSpec::reference) around the same backbone.
 at::Tensor model_forward(const Model& m, const at::Tensor& idx, Backend backend, ModelAux* aux = nullptr);
@@ -105,7 +113,9 @@ at::Tensor model_prefill(const Model& m, const at::Tensor& idx, Backend backend,
 at::Tensor model_decode_step(const Model& m, const at::Tensor& idx_t, ModelCache& cache, Backend backend);
 // Training loss: mean cross-entropy (nats) over targets != -1, plus the layers' auxiliary losses
 // with weight 1 (their sum; seed 001). `lm_loss` / `aux` receive the cross-entropy alone and the
-// auxiliary sum (undefined when no layer returns one).
+// auxiliary sum (undefined when no layer returns one). A stream with several exits gives the loss
+// from every exit's cross-entropy (ResidualStream::exit_loss; `lm_loss` its expected cross-entropy,
+// `aux` the rest plus the layers' auxiliary sum).
 at::Tensor model_loss(const Model& m, const at::Tensor& idx, const at::Tensor& targets, Backend backend,
                       at::Tensor* lm_loss = nullptr, ModelAux* aux = nullptr);
 

@@ -5,6 +5,8 @@
 #include "harness/backbone.h"
 #include "harness/fused_ops.h"
 
+#include <stdexcept>
+
 namespace mixbench {
 namespace {
 
@@ -50,6 +52,11 @@ class NanochatStream final : public ResidualStream {
 };
 
 }  // namespace
+
+ResidualStream::ExitLoss ResidualStream::exit_loss(const Exits&, const at::Tensor&, const at::Tensor&, bool,
+                                                   Backend) const {
+  throw std::logic_error("residual stream " + name() + " has one exit: it has no exit loss");
+}
 
 std::shared_ptr<const ResidualStream> nanochat_stream() {
   static const std::shared_ptr<const ResidualStream> s = std::make_shared<NanochatStream>(-1);

@@ -75,6 +75,32 @@ class ResidualStream {
   // May change the training initialisation of the model's parameters (every definition of the
   // model, blocks and backbone alike), e.g. depth-dependent init gains; the default keeps them.
   virtual void adjust_init(std::vector<ParamDef>& defs, const ModelDims& d, const ExecPlan& plan) const {}
+
+  // ---- several exits (ouro reads the model out after every loop) ----
+  // After finish() the backbone asks for the pass's exits: their hidden states before the final
+  // norm (finish() returned the last one's), their exit distribution and the exit each token
+  // takes outside training. The backbone computes every exit's logits (final norm, lm_head,
+  // softcap), returns the chosen exit's per token and keeps them all for the training loss.
+  // The default: no `hidden`, one exit (finish()'s).
+  struct Exits {
+    std::vector<at::Tensor> hidden;  // K × [B,T,d]
+    at::Tensor gates;                // [B,T,K] the gates' exit probabilities λ (the last exit ignores its own)
+    at::Tensor probs;                // [B,T,K] the exit distribution (Σ over K = 1)
+    at::Tensor choice;               // [B,T] int64: the exit each token takes outside training
+  };
+  virtual Exits exits(TensorMap& state, const TensorMap& params, Backend backend) const { return {}; }
+  // The training loss of a stream with several exits from the exits' per-token cross-entropies
+  // ce [K,B,T] and the mask of the counted tokens [B,T]: `loss` to minimise, `lm` the expected
+  // cross-entropy (the logged training loss), `aux` the rest. `gate_only`: the run's final stage,
+  // which trains only gate_params().
+  struct ExitLoss {
+    at::Tensor loss, lm, aux;
+  };
+  virtual ExitLoss exit_loss(const Exits& e, const at::Tensor& ce, const at::Tensor& valid, bool gate_only,
+                             Backend backend) const;
+  // The exit-gate parameters a final gate-only stage of a training run trains alone (the others
+  // keep their values and optimizer state); empty: the run has no such stage.
+  virtual std::vector<std::string> gate_params() const { return {}; }
 };
 
 // nanochat's stream: before step i's mixer x ← resid_lambdas[i]·x + x0_lambdas[i]·x0 (x0 the

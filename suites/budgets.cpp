@@ -155,9 +155,10 @@ std::vector<TrainResult> run_budgets(const TrainOptions& base, const std::vector
   for (size_t i : order) {
     if (steps[i] == steps[longest]) continue;
     // The shorter run ends with its own last step, evaluation and probes.
-    const int64_t branch = std::min(first_schedule_difference(schedule(steps[i]), schedule(steps[longest]),
-                                                              P.hyper.muon_wd),
-                                    steps[i] - 1);
+    // (and before the shorter run's exit-gate-only stage, where a method has one)
+    const int64_t branch = std::min({first_schedule_difference(schedule(steps[i]), schedule(steps[longest]),
+                                                               P.hyper.muon_wd),
+                                     steps[i] - 1, gate_stage_start(ms, shortest, P, steps[i])});
     if (branch < trunk_at) {  // the longer run is past the branch point: this budget runs alone
       results[i] = run_train(runs[i]);
       have[i] = true;

@@ -177,6 +177,10 @@ Unit model_unit(const MethodSpec& m, const Model& proto) {
     ModelAux aux;
     TensorMap out{{"logits", model_forward(mm, in.at("idx"), b, &aux)}};
     if (aux.aux_loss.defined()) out.set("aux_loss", aux.aux_loss);
+    if (aux.exit_logits.defined()) {  // several exits: every exit's logits and the exit distribution
+      out.set("exit_logits", aux.exit_logits);
+      out.set("exit_probs", aux.exits.probs);
+    }
     return out;
   };
   u.reference = [run](const TensorMap& in) { return run(in, Backend::Reference); };

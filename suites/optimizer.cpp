@@ -200,7 +200,7 @@ std::vector<Optimizer::ParamSetting> Optimizer::settings(const Model& m) const {
   return out;
 }
 
-void Optimizer::step(Model& m, int64_t it) {
+void Optimizer::step(Model& m, int64_t it, const std::set<std::string>* only) {
   c10::NoGradGuard ng;
   const double lrm = lr_multiplier(h_.schedule, it);
   const double mom = muon_momentum(h_.schedule, it);
@@ -214,6 +214,7 @@ void Optimizer::step(Model& m, int64_t it) {
   // a few dozen launches instead of a few thousand); on the CPU one at a time.
   std::map<std::pair<size_t, std::vector<int64_t>>, std::vector<std::string>> stacks;
   for (const auto& [name, t] : m.params) {
+    if (only && !only->count(name)) continue;
     const size_t gi = group_of_.at(name);
     const Group& g = groups_[gi];
     at::Tensor p = t;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -63,8 +64,9 @@ struct TrainHyper {
 class Optimizer {
  public:
   Optimizer(const Model& m, int64_t batch_tokens, const TrainHyper& h);
-  // Applies one step with the model's current .grad() values at iteration `it`.
-  void step(Model& m, int64_t it);
+  // Applies one step with the model's current .grad() values at iteration `it`. With `only`, just
+  // those parameters step; the others keep their values and optimizer state (a gate-only stage).
+  void step(Model& m, int64_t it, const std::set<std::string>* only = nullptr);
   // Names of the parameters each group holds ("muon" or the AdamW group name).
   std::string group_of(const std::string& param) const;
   double base_lr(const std::string& param) const;

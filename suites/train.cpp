@@ -11,6 +11,7 @@
 #include <cmath>
 #include <filesystem>
 #include <memory>
+#include <set>
 #include <tuple>
 #include <iostream>
 
@@ -79,6 +80,17 @@ Config run_config(const TrainPreset& P, const MethodSpec& ms, const TrainOptions
                                        steps);
 }
 }  // namespace
+
+int64_t gate_stage_start(const MethodSpec& m, const Config& cfg, const TrainPreset& p, int64_t steps) {
+  if (model_stream(m, cfg)->gate_params().empty()) return steps;
+  const int64_t given = cfg.has("gate_stage_steps") ? cfg.i("gate_stage_steps") : -1;
+  const int64_t n = given >= 0 ? given : std::llround(p.gate_stage_frac * double(steps));
+  if (n >= steps)
+    throw UsageError(fmt::format("the gate-only stage of {} steps covers all {} training steps of {} (lower "
+                                 "gate_stage_steps or the preset's gate_stage_frac)",
+                                 n, steps, m.name));
+  return steps - n;
+}
 
 nlohmann::json optimizer_settings(const TrainOptions& opt) {
   const TrainPreset P = train_preset(opt.preset);
@@ -179,13 +191,25 @@ TrainResult run_train(const TrainOptions& opt) {
     for (const auto& n : names) model.params.set(n, model.params.at(n).to(dev));
   }
   for (const auto& [n, t] : model.params) t.requires_grad_(true);
+  // The exit-gate-only final stage (a stream with exit gates, ouro): the run's last
+  // gate_stage_steps (the method's, or the preset's gate_stage_frac of the run) train only the
+  // gate; the other parameters keep their values and optimizer state.
+  const std::vector<std::string> gate_names = model.stream->gate_params();
+  const std::set<std::string> gate_set(gate_names.begin(), gate_names.end());
+  const int64_t gate_from = gate_stage_start(ms, r.cfg, P, steps);  // steps: no such stage
+  auto set_gate_stage = [&](Model& mm, bool on) {
+    mm.exit_gate_only = on;
+    for (const auto& [n, t] : mm.params)
+      if (!gate_set.count(n)) t.requires_grad_(!on);
+  };
   TrainHyper h = P.hyper;
   h.schedule.steps = steps;
   Optimizer optim(model, B * T, h);
 
   // a different micro-batching changes the rounding of the accumulated gradients: part of the run
   const std::string fp = fingerprint(r, steps, B, opt.seed, corpus.hash) + (MB == B ? "" : fmt::format("/mb{}", MB)) +
-                         (compute == at::kFloat ? "" : "/" + r.dtype);
+                         (compute == at::kFloat ? "" : "/" + r.dtype) +
+                         (gate_names.empty() ? "" : fmt::format("/gate{}", steps - gate_from));
   // what a run continuing from a snapshot must share with the run it was taken from (all but the length)
   const std::string branch_fp = fingerprint(r, 0, B, opt.seed, data) + (MB == B ? "" : fmt::format("/mb{}", MB)) +
                                 (compute == at::kFloat ? "" : "/" + r.dtype);
@@ -350,6 +374,7 @@ TrainResult run_train(const TrainOptions& opt) {
                    : dp                 ? "data parallel: the gradients are all-reduced from hooks during the backward"
                                         : "";
   auto step_dependent = [&](int64_t it) {
+    if (it == gate_from) return true;  // the switch to the gate-only stage runs eagerly, then is captured anew
     for (const Config& lc : model.layer_cfgs) {
       if (lc.has("full_attention_warmup_steps") && it < lc.i("full_attention_warmup_steps")) return true;
       if (lc.has("mean_loops")) return true;  // a loop depth sampled per step (no graph replays it)
@@ -428,9 +453,19 @@ TrainResult run_train(const TrainOptions& opt) {
     // after it run the model as this step trained it.
     model.step = it;
     cm.step = it;
+    const bool gate_stage = it >= gate_from;
+    if (gate_stage != model.exit_gate_only) {
+      set_gate_stage(model, gate_stage);
+      cm.exit_gate_only = gate_stage;
+    }
     at::Tensor lm_sum, aux_sum;
     bool replayed = false;
 #if defined(MIXBENCH_WITH_CUDA)
+    if (graph && it == gate_from) {  // the graph replays the first stage's step
+      graph.reset();
+      graph_lm = graph_aux = at::Tensor();
+      for (const auto& [n, p] : model.params) p.mutable_grad() = at::Tensor();
+    }
     if (graph_wanted && !graph && r.graph_reason.empty() && it > start && !step_dependent(it)) {
       capture_step(x, y);
       capture_step_at = it;
@@ -448,7 +483,7 @@ TrainResult run_train(const TrainOptions& opt) {
     if (reducer) reducer->finish();
     pending_lm.push_back(lm_sum);
     if (aux_sum.defined()) pending_aux.push_back(aux_sum);
-    optim.step(model, it);
+    optim.step(model, it, gate_stage ? &gate_set : nullptr);
     // Eager steps start from no gradients; a graph's gradients are its static buffers, overwritten by
     // every replay.
     if (!replayed)

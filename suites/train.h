@@ -95,6 +95,11 @@ struct TrainResult {
 };
 
 TrainResult run_train(const TrainOptions& opt);
+// The first step of a run's final exit-gate-only stage (a method whose residual stream has exit
+// gates, ResidualStream::gate_params; ouro): `steps` minus the method's gate_stage_steps, or minus
+// llround(preset gate_stage_frac · steps) when that is −1; `steps` for a method without exit
+// gates. UsageError when the stage would cover the whole run.
+int64_t gate_stage_start(const MethodSpec& m, const Config& cfg, const TrainPreset& p, int64_t steps);
 // The run's parameters with their optimizer groups and hyper-parameters at the first step (what
 // `mixbench train --dry-run` prints): {method, preset, config, batch_tokens, steps, params: [{param,
 // shape, group, optimizer, lr, beta1, beta2, weight_decay}]}. Builds the model on the CPU; trains nothing.

@@ -48,6 +48,9 @@ TrainPreset train_preset_from_json(const std::string& name, const nlohmann::orde
   p.checkpoint_every = j.at("checkpoint_every").get<int64_t>();
   p.probe_sequences = j.at("probe_sequences").get<int64_t>();
   p.log_every = j.value("log_every", int64_t(1));
+  p.gate_stage_frac = j.value("gate_stage_frac", p.gate_stage_frac);
+  if (!(p.gate_stage_frac >= 0.0 && p.gate_stage_frac < 1.0))
+    throw std::logic_error("preset " + name + ": gate_stage_frac must be in [0, 1)");
   p.micro_batch = j.value("micro_batch", int64_t(0));
   p.seeds = j.at("seeds").get<int64_t>();
   if (p.seeds < 1) throw std::logic_error("preset " + name + ": seeds must be >= 1");

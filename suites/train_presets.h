@@ -33,6 +33,10 @@ struct TrainPreset {
   int cpu_threads = 0;            // intra-op threads on the CPU during the run (0 = LibTorch's default)
   int64_t log_every = 1;          // steps between loss read-backs / progress lines (each one synchronises)
   int64_t micro_batch = 0;        // rows per forward/backward for every method (0 = the whole batch)
+  // The share of a run's steps that a method with exit gates (ouro) trains at the end with only
+  // its gate (llround(gate_stage_frac · steps); the method's gate_stage_steps overrides it). Seed
+  // 001: the last 1,024 of 46,875 updates.
+  double gate_stage_frac = 1024.0 / 46875.0;
   std::map<std::string, std::string> method_config;  // per-method overrides after `config`
   std::map<std::string, int64_t> method_micro_batch;  // rows per forward/backward where memory needs it
   TrainHyper hyper;

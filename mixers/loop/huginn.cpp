@@ -24,6 +24,7 @@
 #include "harness/residual.h"
 #include "mixers/common/layers.h"
 #include "mixers/loop/act_loop.h"
+#include "mixers/loop/loop_ref.h"
 
 namespace mixbench {
 namespace huginn {
@@ -94,16 +95,6 @@ namespace {
 // The FP64 reference of the stream's own arithmetic, position by position.
 namespace ref {
 
-at::Tensor rms_norm(const at::Tensor& x) {
-  const int64_t B = x.size(0), T = x.size(1), d = x.size(2);
-  std::vector<at::Tensor> rows;
-  for (int64_t i = 0; i < B; ++i)
-    for (int64_t t = 0; t < T; ++t) {
-      rows.push_back(x[i][t] / at::sqrt(at::dot(x[i][t], x[i][t]) / double(d) + kRmsEps));
-    }
-  return at::stack(rows).view(x.sizes());
-}
-
 // A[s; e] per position.
 at::Tensor adapt(const at::Tensor& A, const at::Tensor& s, const at::Tensor& e) {
   const int64_t B = s.size(0), T = s.size(1);
@@ -160,7 +151,7 @@ class HuginnStream final : public ResidualStream {
 
   void write(TensorMap& st, const Sublayer& s, const at::Tensor& y, const TensorMap& P) const override {
     inner_->write(st, s, y, P);
-    auto norm = [&](const at::Tensor& x) { return s.backend == Backend::Reference ? ref::rms_norm(x) : layers::rms_norm(x); };
+    auto norm = [&](const at::Tensor& x) { return s.backend == Backend::Reference ? loop_ref::rms_norm(x) : layers::rms_norm(x); };
     st.set("x", norm(st.at("x")));  // sandwich: n₂ after the mixer, n₄ after the MLP
     if (s.kind != Sublayer::Kind::Mlp) return;
     if (s.step == split_.prelude - 1) {  // e, and the backout state: the prelude's output
