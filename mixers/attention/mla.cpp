@@ -296,7 +296,7 @@ MethodSpec mla_method(const std::string& name, const MlaVariant& v, const std::s
 }
 
 MIXBENCH_REGISTER(mla_method("mla", {},
-                             "multi-head latent attention: low-rank q and KV latents, decoupled RoPE key shared by heads"));
+                             "multi-head latent attention: q and KV latents (d/2, d/6), decoupled RoPE key shared by heads"));
 MIXBENCH_REGISTER(mla_method("mla_qknorm", {true, false},
                              "MLA with QK-norm on the reconstructed heads (rotary dims included), no output gate"));
 MIXBENCH_REGISTER(mla_method("mla_nope_qknorm", {true, true},

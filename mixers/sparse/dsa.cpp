@@ -226,7 +226,7 @@ std::vector<CaseDef> cases(const ConfigSpec& spec) {
 MethodSpec make_spec() {
   SparseMethodDesc d;
   d.name = "dsa";
-  d.summary = "DSA: lightning indexer (ReLU heads, signed weights, LayerNorm'd key, partial RoPE) picks top-256 keys; KL aux loss";
+  d.summary = "DSA: lightning indexer (H/2 ReLU heads of head_dim, signed weights, LayerNorm'd key, partial RoPE) picks top-256 keys; KL aux loss";
   d.citation = "DeepSeek-V3.2-Exp inference/model.py Indexer (arXiv 2512.02556); nanochat attention layer";
   d.warmup = true;
   d.knobs = [](ConfigSpec& s) {
