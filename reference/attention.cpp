@@ -88,9 +88,10 @@ at::Tensor nanochat_attention_layer(const at::Tensor& x, const at::Tensor& ve, c
 }
 
 at::Tensor mla_layer(const at::Tensor& x, const MlaWeights& w, int64_t n_head, int64_t head_dim, int64_t rope_dim,
-                     double rope_base) {
+                     double rope_base, bool qk_norm) {
   const int64_t B = x.size(0), T = x.size(1);
-  const at::Tensor cq = rms(project(x, w.w_dq)), ckv = rms(project(x, w.w_dkv));
+  auto gain = [](const at::Tensor& t, const at::Tensor& g) { return g.defined() ? t * g : t; };
+  const at::Tensor cq = gain(rms(project(x, w.w_dq)), w.q_norm), ckv = gain(rms(project(x, w.w_dkv)), w.kv_norm);
   at::Tensor q = project(cq, w.w_uq).view({B, T, n_head, head_dim});
   at::Tensor k = project(ckv, w.w_uk).view({B, T, n_head, head_dim});
   const at::Tensor v = project(ckv, w.w_uv).view({B, T, n_head, head_dim});
@@ -99,6 +100,10 @@ at::Tensor mla_layer(const at::Tensor& x, const MlaWeights& w, int64_t n_head, i
     const at::Tensor kr = rope(project(x, w.w_kr).view({B, T, 1, rope_dim}), rope_base);
     q = at::cat({q, qr}, -1);
     k = at::cat({k, kr.expand({B, T, n_head, rope_dim})}, -1);
+  }
+  if (qk_norm) {
+    q = rms(q) * 1.2;
+    k = rms(k) * 1.2;
   }
   const at::Tensor o = attention(q, k, v, 1.0 / std::sqrt(double(head_dim + rope_dim)), 0, 0.0);
   return project(o.reshape({B, T, n_head * head_dim}), w.c_proj);

@@ -32,14 +32,15 @@ at::Tensor nanochat_attention_layer(const at::Tensor& x, const at::Tensor& ve, c
                                     int64_t n_head, int64_t n_kv_head, int64_t head_dim, int64_t window,
                                     double rope_base, double logit_scale_a, bool rope = true);
 
-// Multi-head latent attention (DeepSeek-V2), one layer: c_Q = rms(W_DQ x), q = [W_UQ c_Q, RoPE(W_QR c_Q)],
-// c_KV = rms(W_DKV x), k = [W_UK c_KV, RoPE(W_KR x) shared by the heads], v = W_UV c_KV, causal
-// softmax attention with scale (dh + dr)^-0.5, y = c_proj(o). dr = 0: no rotary part (w_qr, w_kr
-// undefined).
+// Multi-head latent attention (DeepSeek-V2), one layer: c_Q = rms(W_DQ x)·g_Q, q = [W_UQ c_Q, RoPE(W_QR c_Q)],
+// c_KV = rms(W_DKV x)·g_KV, k = [W_UK c_KV, RoPE(W_KR x) shared by the heads], v = W_UV c_KV; with
+// qk_norm, q ← rms(q)·1.2 and k ← rms(k)·1.2 per head over all dh + dr dims (nanochat's QK-norm);
+// causal softmax attention with scale (dh + dr)^-0.5, y = c_proj(o). dr = 0: no rotary part (w_qr,
+// w_kr undefined); an undefined latent gain (q_norm, kv_norm) is 1.
 struct MlaWeights {
-  at::Tensor w_dq, w_uq, w_qr, w_dkv, w_uk, w_uv, w_kr, c_proj;
+  at::Tensor w_dq, w_uq, w_qr, w_dkv, w_uk, w_uv, w_kr, c_proj, q_norm, kv_norm;
 };
 at::Tensor mla_layer(const at::Tensor& x, const MlaWeights& w, int64_t n_head, int64_t head_dim, int64_t rope_dim,
-                     double rope_base);
+                     double rope_base, bool qk_norm = false);
 
 }  // namespace mixbench::reference

@@ -4,9 +4,11 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "harness/cost_parts.h"
 #include "harness/flop_counter.h"
 
 namespace mixbench {
@@ -18,6 +20,8 @@ Json param_json(const ParamCount& p) {
           {"transformer_matrices", p.transformer_matrices}, {"scalars", p.scalars},
           {"total", p.total()},   {"matmul", p.matmul}};
 }
+
+double layer_train_flops(const LayerCost& lc) { return 6.0 * double(lc.params.matmul) + lc.nanochat_core_flops; }
 
 bool AccountResult::audit_passed() const {
   return !(row.contains("audit") &&
@@ -53,19 +57,31 @@ AccountResult run_account(const AccountOptions& opt) {
             {"dtype_bytes", q.dtype_bytes}};
   Json layers = Json::array();
   const std::vector<LayerMethod> lm = layer_methods(m, cfg);
+  double indexer_share = -1;
   // one row per plan step: "layer" is the step's parameter block; a looped plan adds the step and
-  // the block's application ("iteration")
+  // the block's application ("iteration"); a layer with an indexer adds its training FLOPs and share
   for (size_t i = 0; i < mc.layers.size(); ++i) {
     const PlanStep& st = mc.steps[i];
+    const LayerCost& lc = mc.layers[i];
     layers.push_back({{"layer", st.block}, {"method", lm[size_t(st.block)].method->name},
-                      {"params", mc.layers[i].params.total()}, {"fwd_flops", mc.layers[i].fwd_flops},
-                      {"nanochat_core_flops", mc.layers[i].nanochat_core_flops}, {"formula", mc.layers[i].formula}});
+                      {"params", lc.params.total()}, {"fwd_flops", lc.fwd_flops},
+                      {"nanochat_core_flops", lc.nanochat_core_flops}, {"formula", lc.formula}});
     if (m.plan) {
       layers.back()["step"] = i;
       layers.back()["iteration"] = st.iteration;
     }
+    const LayerMethod& l = lm[size_t(st.block)];
+    if (const LayerCostPart* part = layer_cost_part(l.method->name, "indexer")) {
+      const LayerCtx ctx{st.block, d.n_layer, -1, st.iteration, st.n_iterations, int64_t(i), int64_t(mc.layers.size())};
+      const double flops = (*part)(l.cfg, ctx, q);
+      const double share = flops / layer_train_flops(lc);
+      layers.back()["indexer_train_flops"] = flops;
+      layers.back()["indexer_share"] = share;
+      indexer_share = std::max(indexer_share, share);
+    }
   }
   r["layers"] = layers;
+  if (indexer_share >= 0) r["indexer_share"] = indexer_share;
   if (opt.audit) {
     // Build the model and count what it holds and executes.
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(0);

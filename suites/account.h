@@ -32,7 +32,9 @@ struct AccountResult {
   CostQuery query;
   ModelCost cost;
   // The report's result row: status, method, config, shape, params, FLOPs, bytes, layers and,
-  // with an audit, `audit` (params_built, params_match, fwd_flops_counted_per_token, ...).
+  // with an audit, `audit` (params_built, params_match, fwd_flops_counted_per_token, ...). Where a
+  // layer has an indexer (DSA; harness/cost_parts.h), its row adds indexer_train_flops and
+  // indexer_share (of layer_train_flops), and the result `indexer_share`, the largest over the layers.
   nlohmann::json row;
   // False when an audit ran and the built parameters differ from the accountant's or the counted
   // forward FLOPs differ by more than 2%; true without an audit.
@@ -40,6 +42,10 @@ struct AccountResult {
 };
 
 AccountResult run_account(const AccountOptions& opt);
+
+// A mixer layer's training FLOPs per token in nanochat's convention: 6·matmul params + its core (the
+// block's MLP excluded). An indexer's share (harness/cost_parts.h, part "indexer") is of this.
+double layer_train_flops(const LayerCost& lc);
 
 // A ParamCount as the report writes it (the parts, total and matmul).
 nlohmann::json param_json(const ParamCount& p);

@@ -45,10 +45,9 @@ Calibration calibrate(const std::string& method, const std::string& preset, cons
     return double(std::abs(L - ad.n_layer)) + double(std::abs(D - ad.d_model)) / double(ad.head_dim) +
            (M == 0 ? 0.0 : double(std::abs(M - 4 * D)) / double(4 * ad.head_dim));
   };
-  // Candidates ordered: within ±2% first; among those the nearest shape, then the smallest residual;
-  // outside ±2% the smallest residual. Returns the FLOPs/token, or NaN for a shape the method refuses.
-  auto consider = [&](int64_t L, int64_t D, int64_t M) {
-    std::string shape = fmt::format("n_layer={},d_model={}", L, D);
+  // The FLOPs/token of a shape, or NaN for a shape the method refuses.
+  auto flops_of = [&](int64_t L, int64_t D, int64_t M, std::string& shape) {
+    shape = fmt::format("n_layer={},d_model={}", L, D);
     if (M != 0) shape += fmt::format(",mlp_hidden={}", M);
     Config c;
     try {
@@ -56,7 +55,14 @@ Calibration calibrate(const std::string& method, const std::string& preset, cons
     } catch (const InputError&) {
       return std::nan("");  // a shape this method cannot take
     }
-    const double f = account_model(ms, c, q).train_flops_nanochat;
+    return account_model(ms, c, q).train_flops_nanochat;
+  };
+  // Candidates ordered: within ±2% first; among those the nearest shape, then the smallest residual;
+  // outside ±2% the smallest residual. Returns the FLOPs/token, or NaN for a shape the method refuses.
+  auto consider = [&](int64_t L, int64_t D, int64_t M) {
+    std::string shape;
+    const double f = flops_of(L, D, M, shape);
+    if (std::isnan(f)) return f;
     const double res = f / F - 1.0;
     const bool within = std::abs(res) <= 0.02;
     bool better;
@@ -80,16 +86,28 @@ Calibration calibrate(const std::string& method, const std::string& preset, cons
   };
   // For each depth/width: nanochat's MLP, then the MLP widths (multiples of head_dim in [2d, 6d])
   // next to the one that would meet the anchor exactly — the MLP's 2·d·M matmul parameters per layer
-  // cost 6 FLOPs each per token, so the FLOPs are linear in M.
-  for (int64_t L = 1; L <= 2 * ad.n_layer; ++L)
-    for (int64_t D = ad.head_dim; D <= 2 * ad.d_model; D += ad.head_dim) {
-      const double f4 = consider(L, D, 0);
-      if (std::isnan(f4)) continue;
-      const double m_exact = 4.0 * double(D) + (F - f4) / (12.0 * double(L) * double(D));
-      const int64_t lo = int64_t(std::floor(m_exact / double(ad.head_dim))) * ad.head_dim;
-      for (int64_t M : {lo, lo + ad.head_dim})
-        if (M >= 2 * D && M <= 6 * D && M != 4 * D) consider(L, D, M);
-    }
+  // cost 6 FLOPs each per token, so the FLOPs are linear in M. A plan that applies its blocks
+  // several times bills each application: when no shape lands within ±2% with that slope, the grid
+  // is searched again with the slope read from one more width.
+  auto search = [&](bool measured_slope) {
+    for (int64_t L = 1; L <= 2 * ad.n_layer; ++L)
+      for (int64_t D = ad.head_dim; D <= 2 * ad.d_model; D += ad.head_dim) {
+        const double f4 = consider(L, D, 0);
+        if (std::isnan(f4)) continue;
+        double slope = 12.0 * double(L) * double(D);
+        if (measured_slope) {
+          std::string probe;
+          slope = (flops_of(L, D, 4 * D + ad.head_dim, probe) - f4) / double(ad.head_dim);
+          if (!(slope > 0)) continue;
+        }
+        const double m_exact = 4.0 * double(D) + (F - f4) / slope;
+        const int64_t lo = int64_t(std::floor(m_exact / double(ad.head_dim))) * ad.head_dim;
+        for (int64_t M : {lo, lo + ad.head_dim})
+          if (M >= 2 * D && M <= 6 * D && M != 4 * D) consider(L, D, M);
+      }
+  };
+  search(false);
+  if (have && !best.within) search(true);
   if (!have) throw InputError(fmt::format("no shape of the calibration grid is valid for method '{}'", method));
   return best;
 }

@@ -49,6 +49,9 @@ int run_account_command(const Args& a, const std::vector<std::string>& args) {
     std::cout << fmt::format("decode FLOPs/token at context {}:                    {:.4e}\n", q.context, mc.decode_flops);
     std::cout << fmt::format("activation bytes/token: {:.4g}   KV cache bytes/token: {:.4g}   fixed state bytes: {:.4g}\n",
                              mc.act_bytes, mc.cache_bytes_per_token, mc.state_bytes);
+    if (r.contains("indexer_share"))
+      std::cout << fmt::format("indexer share of its layer's training FLOPs (MLP excluded): {:.4f}\n",
+                               r["indexer_share"].get<double>());
     if (r.contains("audit"))
       std::cout << fmt::format("audit: built params {} ({}), counted fwd FLOPs/token {:.4e} (rel diff {:.2e})\n",
                                r["audit"]["params_built"]["total"].get<int64_t>(),

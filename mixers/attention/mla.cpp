@@ -1,15 +1,28 @@
 // Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434; V3.2-Exp inference/model.py `MLA`),
 // method-details.md "MLA", at layer level in the nanochat backbone:
-//   c_Q = RMSNorm(W_DQ x), q_C = W_UQ c_Q, q_R = RoPE(W_QR c_Q)        (per head: dh + dr dims)
-//   c_KV = RMSNorm(W_DKV x), k_C = W_UK c_KV, v = W_UV c_KV, k_R = RoPE(W_KR x) (one, shared by heads)
+//   c_Q = RMSNorm(W_DQ x)·g_Q, q_C = W_UQ c_Q, q_R = RoPE(W_QR c_Q)     (per head: dh + dr dims)
+//   c_KV = RMSNorm(W_DKV x)·g_KV, k_C = W_UK c_KV, v = W_UV c_KV, k_R = RoPE(W_KR x) (one, shared by heads)
 //   logits (q_C·k_C + q_R·k_R) / √(dh + dr), causal softmax, y = c_proj(o).
-// mla_rope_dim = dr = 0 drops the rotary part (the `nope` variant kda_hybrid uses). RMSNorms without
-// weights (as the backbone's), no value embeddings, c_proj zero-initialised as nanochat's.
+// The latent RMSNorms carry DeepSeek's learnable weights g_Q (q_norm) and g_KV (kv_norm), init 1.
+// Three registered variants (methods.md §1, seed 001):
+//   mla              as above; mla_rope_dim = dr = 0 drops the rotary part (the NoPE MLA kda_hybrid uses)
+//   mla_qknorm       QK-norm on the reconstructed heads: q ← RMSNorm(q)·1.2, k ← RMSNorm(k)·1.2 per
+//                    head over all dh + dr dims (nanochat's QK-norm, as dense.cpp's), no output gate
+//   mla_nope_qknorm  mla_qknorm without any rotary part (NoPE: no W_QR, W_KR, rope_base)
+// Latent widths (seed 001: query latent 768 and joint KV latent 256 at d_model 1536, i.e. d/2 and
+// d/6): mla_q_latent = 0 takes ⌈d/2⌉ and mla_kv_latent = 0 takes ⌈d/6⌉, each rounded up to a
+// multiple of 16 and at least 16 (d 768: 384 and 128; d 384: 192 and 64; d 128: 64 and 32).
+// No value embeddings, c_proj zero-initialised as nanochat's.
 // Decode caches the KV latent and the rotary key per token (kv_latent + dr numbers) and attends
 // in the absorbed form: the query is mapped into the latent space (W_UKᵀ q_C per head), scores
 // against the cached latents, the latent mix goes through W_UV — the cache never expands to K, V.
+// With QK-norm the cache also keeps each key head's normalising factor 1.2/rms(k_h) (H numbers per
+// token, from the token's reconstructed key when it enters the cache): a normalised key's score is
+// the unnormalised one times that factor.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+
+#include <limits>
 
 #include "harness/backbone.h"
 #include "harness/errors.h"
@@ -20,24 +33,38 @@
 namespace mixbench {
 namespace {
 
-struct MlaDims {
-  int64_t D, H, dh, dr, ql, kvl;
+// What distinguishes the registered variants.
+struct MlaVariant {
+  bool qk_norm = false;  // QK-norm on the reconstructed heads
+  bool nope = false;     // no rotary part at all (no mla_rope_dim / rope_base knobs)
 };
 
-MlaDims mla_dims(const Config& c) {
+struct MlaDims {
+  int64_t D, H, dh, dr, ql, kvl;
+  bool qk_norm;
+};
+
+// ⌈d/div⌉ rounded up to a multiple of 16, at least 16.
+int64_t default_latent(int64_t d, int64_t div) { return std::max<int64_t>(16, (d + 16 * div - 1) / (16 * div) * 16); }
+
+MlaDims mla_dims(const Config& c, const MlaVariant& v) {
   ModelDims m = model_dims(c);
-  const int64_t ql = c.i("mla_q_latent") > 0 ? c.i("mla_q_latent") : m.d_model;
-  const int64_t kvl = c.i("mla_kv_latent") > 0 ? c.i("mla_kv_latent") : std::max<int64_t>(16, (m.d_model / 3 + 15) / 16 * 16);
-  return {m.d_model, m.n_head, m.head_dim, c.i("mla_rope_dim"), ql, kvl};
+  const int64_t ql = c.i("mla_q_latent") > 0 ? c.i("mla_q_latent") : default_latent(m.d_model, 2);
+  const int64_t kvl = c.i("mla_kv_latent") > 0 ? c.i("mla_kv_latent") : default_latent(m.d_model, 6);
+  return {m.d_model, m.n_head, m.head_dim, v.nope ? 0 : c.i("mla_rope_dim"), ql, kvl, v.qk_norm};
 }
 
-std::vector<ParamDef> params(const Config& c, const LayerCtx&) {
-  const MlaDims d = mla_dims(c);
+double rope_base(const Config& c, const MlaDims& d) { return d.dr > 0 ? c.f("rope_base") : 0.0; }
+
+std::vector<ParamDef> params(const Config& c, const MlaVariant& v) {
+  const MlaDims d = mla_dims(c, v);
   auto u = [](int64_t fan_in) { return std::sqrt(3.0) / std::sqrt(double(fan_in)); };
   std::vector<ParamDef> p = {
       {"w_dq", {d.ql, d.D}, ParamGroup::TransformerMatrix, true, "uniform", -u(d.D), u(d.D)},
+      {"q_norm", {d.ql}, ParamGroup::Scalar, false, "const", 1.0, 0},
       {"w_uq", {d.H * d.dh, d.ql}, ParamGroup::TransformerMatrix, true, "uniform", -u(d.ql), u(d.ql)},
       {"w_dkv", {d.kvl, d.D}, ParamGroup::TransformerMatrix, true, "uniform", -u(d.D), u(d.D)},
+      {"kv_norm", {d.kvl}, ParamGroup::Scalar, false, "const", 1.0, 0},
       {"w_uk", {d.H * d.dh, d.kvl}, ParamGroup::TransformerMatrix, true, "uniform", -u(d.kvl), u(d.kvl)},
       {"w_uv", {d.H * d.dh, d.kvl}, ParamGroup::TransformerMatrix, true, "uniform", -u(d.kvl), u(d.kvl)},
       {"c_proj", {d.D, d.H * d.dh}, ParamGroup::TransformerMatrix, true, "const", 0.0, 0},
@@ -50,15 +77,23 @@ std::vector<ParamDef> params(const Config& c, const LayerCtx&) {
 }
 
 TensorMap make_inputs(const Config& c, const LayerCtx&, int64_t B, int64_t T, at::Generator& gen) {
-  return {{"x", at::randn({B, T, mla_dims(c).D}, gen, at::TensorOptions().dtype(at::kDouble))}};
+  return {{"x", at::randn({B, T, model_dims(c).d_model}, gen, at::TensorOptions().dtype(at::kDouble))}};
 }
 
-TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx&) {
-  const MlaDims d = mla_dims(c);
-  reference::MlaWeights w{in.at("w_dq"), in.at("w_uq"), in.get_or("w_qr", at::Tensor()), in.at("w_dkv"),
-                          in.at("w_uk"), in.at("w_uv"), in.get_or("w_kr", at::Tensor()), in.at("c_proj")};
-  return {{"y", reference::mla_layer(in.at("x"), w, d.H, d.dh, d.dr, c.f("rope_base"))}};
+TensorMap reference_fn(const TensorMap& in, const Config& c, const MlaVariant& v) {
+  const MlaDims d = mla_dims(c, v);
+  reference::MlaWeights w{in.at("w_dq"),  in.at("w_uq"), in.get_or("w_qr", at::Tensor()), in.at("w_dkv"),
+                          in.at("w_uk"),  in.at("w_uv"), in.get_or("w_kr", at::Tensor()), in.at("c_proj"),
+                          in.at("q_norm"), in.at("kv_norm")};
+  return {{"y", reference::mla_layer(in.at("x"), w, d.H, d.dh, d.dr, rope_base(c, d), d.qk_norm)}};
 }
+
+// RMSNorm (no weight) times a learnable gain, in the input's dtype.
+at::Tensor rms_gain(const at::Tensor& x, const at::Tensor& g) { return layers::rms_norm(x) * g.to(x.scalar_type()); }
+
+// nanochat's QK-norm of a head (dense.cpp's): RMSNorm over its dims, times 1.2.
+constexpr double kQkGain = 1.2;
+at::Tensor qk_normed(const at::Tensor& t) { return layers::rms_norm(t) * kQkGain; }
 
 // Latents and the rotary parts of one chunk of tokens starting at position `offset`.
 struct Latents {
@@ -68,10 +103,10 @@ struct Latents {
 Latents latents(const TensorMap& in, const Config& c, const MlaDims& d, int64_t offset) {
   const at::Tensor& x = in.at("x");
   Latents l;
-  l.cq = layers::rms_norm(at::linear(x, in.at("w_dq")));
-  l.ckv = layers::rms_norm(at::linear(x, in.at("w_dkv")));
+  l.cq = rms_gain(at::linear(x, in.at("w_dq")), in.at("q_norm"));
+  l.ckv = rms_gain(at::linear(x, in.at("w_dkv")), in.at("kv_norm"));
   if (d.dr > 0)
-    l.kr = layers::rope(at::linear(x, in.at("w_kr")).view({x.size(0), x.size(1), 1, d.dr}), c.f("rope_base"), offset);
+    l.kr = layers::rope(at::linear(x, in.at("w_kr")).view({x.size(0), x.size(1), 1, d.dr}), rope_base(c, d), offset);
   return l;
 }
 
@@ -80,22 +115,41 @@ std::pair<at::Tensor, at::Tensor> queries(const Latents& l, const TensorMap& in,
                                           int64_t offset) {
   const int64_t B = l.cq.size(0), T = l.cq.size(1);
   at::Tensor qc = at::linear(l.cq, in.at("w_uq")).view({B, T, d.H, d.dh}), qr;
-  if (d.dr > 0) qr = layers::rope(at::linear(l.cq, in.at("w_qr")).view({B, T, d.H, d.dr}), c.f("rope_base"), offset);
+  if (d.dr > 0) qr = layers::rope(at::linear(l.cq, in.at("w_qr")).view({B, T, d.H, d.dr}), rope_base(c, d), offset);
   return {qc, qr};
+}
+
+// Reconstructed key heads [B,T,H,dh+dr] (the shared rotary key appended to every head).
+at::Tensor keys(const TensorMap& in, const MlaDims& d, const Latents& l) {
+  const int64_t B = l.ckv.size(0), T = l.ckv.size(1);
+  at::Tensor k = at::linear(l.ckv, in.at("w_uk")).view({B, T, d.H, d.dh});
+  return d.dr > 0 ? at::cat({k, l.kr.expand({B, T, d.H, d.dr})}, -1) : k;
+}
+
+// QK-norm's factor per key head, [B,T,H]: 1.2/rms(k_h) with layers::rms_norm's eps (float32 epsilon),
+// in fp32 for half-precision keys.
+at::Tensor key_factor(const at::Tensor& k) {
+  const at::Tensor k32 = layers::is_half(k) ? layers::f32(k) : k;
+  const double eps = double(std::numeric_limits<float>::epsilon());
+  return (kQkGain * at::rsqrt(k32.pow(2).mean(-1) + eps)).to(k.scalar_type());
 }
 
 double scale_of(const MlaDims& d) { return 1.0 / std::sqrt(double(d.dh + d.dr)); }
 
-// The layer's output over a whole sequence from its latents.
-at::Tensor attend(const TensorMap& in, const Config& c, const MlaDims& d, const Latents& l, Backend backend) {
+// The layer's output over a whole sequence from its latents; `k_out` receives the reconstructed
+// keys before QK-norm when given.
+at::Tensor attend(const TensorMap& in, const Config& c, const MlaDims& d, const Latents& l, Backend backend,
+                  at::Tensor* k_out = nullptr) {
   const at::Tensor& x = in.at("x");
   const int64_t B = x.size(0), T = x.size(1);
   auto [q, qr] = queries(l, in, c, d, 0);
-  at::Tensor k = at::linear(l.ckv, in.at("w_uk")).view({B, T, d.H, d.dh});
+  at::Tensor k = keys(in, d, l);
+  if (k_out) *k_out = k;
   at::Tensor v = at::linear(l.ckv, in.at("w_uv")).view({B, T, d.H, d.dh});
-  if (d.dr > 0) {
-    q = at::cat({q, qr}, -1);
-    k = at::cat({k, l.kr.expand({B, T, d.H, d.dr})}, -1);
+  if (d.dr > 0) q = at::cat({q, qr}, -1);
+  if (d.qk_norm) {
+    q = qk_normed(q);
+    k = qk_normed(k);
   }
   Config op;
   op.set("scale", scale_of(d));
@@ -105,116 +159,148 @@ at::Tensor attend(const TensorMap& in, const Config& c, const MlaDims& d, const 
   return at::linear(o.reshape({B, T, d.H * d.dh}), in.at("c_proj"));
 }
 
-TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx&, Backend backend) {
-  const MlaDims d = mla_dims(c);
+TensorMap forward(const TensorMap& in, const Config& c, const MlaVariant& v, Backend backend) {
+  const MlaDims d = mla_dims(c, v);
   return {{"y", attend(in, c, d, latents(in, c, d, 0), backend)}};
 }
 
-// Decode cache: "pos", "ckv" [B,Tc,kvl] and, with RoPE, "kr" [B,Tc,dr].
-TensorMap prefill(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx&, Backend backend) {
-  const MlaDims d = mla_dims(c);
+// Decode cache: "pos", "ckv" [B,Tc,kvl], with RoPE "kr" [B,Tc,dr], with QK-norm "kf" [B,Tc,H] (key factors).
+TensorMap prefill(const TensorMap& in, TensorMap& cache, const Config& c, const MlaVariant& v, Backend backend) {
+  const MlaDims d = mla_dims(c, v);
   const Latents l = latents(in, c, d, 0);
   cache = TensorMap();
   set_cache_pos(cache, in.at("x").size(1));
   cache.set("ckv", l.ckv.contiguous());
   if (d.dr > 0) cache.set("kr", l.kr.squeeze(2).contiguous());
-  return {{"y", attend(in, c, d, l, backend)}};
+  at::Tensor k;
+  at::Tensor y = attend(in, c, d, l, backend, &k);
+  if (d.qk_norm) cache.set("kf", key_factor(k).contiguous());
+  return {{"y", y}};
+}
+
+// Appends `t` along the tokens to cache[name] (or starts it) and returns the whole.
+at::Tensor append(TensorMap& cache, const std::string& name, const at::Tensor& t) {
+  at::Tensor all = cache.has(name) ? at::cat({cache.at(name), t}, 1) : t;
+  cache.set(name, all);
+  return all;
 }
 
 // One token in the absorbed form (fp32 for half-precision inputs):
-//   s_j = (W_UK,hᵀ q_C,h)·c_KV,j + q_R,h·k_R,j,  o_h = W_UV,h Σ_j softmax(s·scale)_j c_KV,j.
-TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx&, Backend) {
-  const MlaDims d = mla_dims(c);
+//   s_j = (W_UK,hᵀ q_C,h)·c_KV,j + q_R,h·k_R,j,  o_h = W_UV,h Σ_j softmax(s·scale)_j c_KV,j;
+// with QK-norm q_h is normalised first and s_j,h multiplied by key j's cached factor.
+TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const MlaVariant& v, Backend) {
+  const MlaDims d = mla_dims(c, v);
   const at::Tensor& x = in.at("x");
   if (x.dim() != 3 || x.size(1) != 1) throw InputError("mla decode takes x [B,1,d]");
   const int64_t B = x.size(0), pos = cache_pos(cache);
   Latents l = latents(in, c, d, pos);
   auto [qc, qr] = queries(l, in, c, d, pos);
-  at::Tensor ckv = cache.has("ckv") ? at::cat({cache.at("ckv"), l.ckv}, 1) : l.ckv;
-  cache.set("ckv", ckv);
-  at::Tensor kr;
-  if (d.dr > 0) {
-    kr = cache.has("kr") ? at::cat({cache.at("kr"), l.kr.squeeze(2)}, 1) : l.kr.squeeze(2);
-    cache.set("kr", kr);
+  at::Tensor ckv = append(cache, "ckv", l.ckv), kr, kf;
+  if (d.dr > 0) kr = append(cache, "kr", l.kr.squeeze(2));
+  if (d.qk_norm) {
+    kf = append(cache, "kf", key_factor(keys(in, d, l)));
+    at::Tensor q = qk_normed(d.dr > 0 ? at::cat({qc, qr}, -1) : qc);
+    qc = q.narrow(-1, 0, d.dh);
+    if (d.dr > 0) qr = q.narrow(-1, d.dh, d.dr);
   }
   set_cache_pos(cache, pos + 1);
   const bool half = layers::is_half(x);
   auto f = [&](const at::Tensor& t) { return half ? layers::f32(t) : t; };
   at::Tensor wuk = f(in.at("w_uk")).view({d.H, d.dh, d.kvl}), wuv = f(in.at("w_uv")).view({d.H, d.dh, d.kvl});
-  at::Tensor qa = at::einsum("bhd,hdl->bhl", {f(qc).view({B, d.H, d.dh}), wuk});              // [B,H,kvl]
+  at::Tensor qa = at::einsum("bhd,hdl->bhl", {f(qc).reshape({B, d.H, d.dh}), wuk});           // [B,H,kvl]
   at::Tensor s = at::matmul(qa, f(ckv).transpose(1, 2));                                   // [B,H,Tc]
-  if (d.dr > 0) s = s + at::matmul(f(qr).view({B, d.H, d.dr}), f(kr).transpose(1, 2));
+  if (d.dr > 0) s = s + at::matmul(f(qr).reshape({B, d.H, d.dr}), f(kr).transpose(1, 2));
+  if (d.qk_norm) s = s * f(kf).transpose(1, 2);
   at::Tensor mix = at::matmul(at::softmax(s * scale_of(d), -1), f(ckv));                    // [B,H,kvl]
   at::Tensor o = at::einsum("bhl,hdl->bhd", {mix, wuv}).reshape({B, 1, d.H * d.dh}).to(x.scalar_type());
   return {{"y", at::linear(o, in.at("c_proj"))}};
 }
 
 // Per-token cost (see LayerCost): matmul params N_l = ql·d + H·dh·ql + H·dr·ql + kvl·d + dr·d +
-// 2·H·dh·kvl + d·H·dh; forward 2·N_l + 2·H·(2·dh + dr)·v̄ (scores over dh + dr, values over dh);
-// nanochat's training core 6·H·(2·dh + dr)·T; decode (absorbed) 2·N_l + 2·H·dh·kvl (the query into
-// the latent space; W_UV then counts in N_l as in the forward) + c·H·(4·kvl + 2·dr); cache
-// (kvl + dr) numbers per token.
-LayerCost account(const Config& c, const LayerCtx&, const CostQuery& q) {
-  const MlaDims d = mla_dims(c);
+// 2·H·dh·kvl + d·H·dh, scalars ql + kvl (the latent norms' weights); forward 2·N_l + 2·H·(2·dh + dr)·v̄
+// (scores over dh + dr, values over dh); nanochat's training core 6·H·(2·dh + dr)·T; decode
+// (absorbed) 2·N_l + 2·H·dh·kvl (the query into the latent space; W_UV then counts in N_l as in the
+// forward) + c·H·(4·kvl + 2·dr), with QK-norm + 2·H·dh·kvl (the new token's key, for its factor);
+// cache (kvl + dr) numbers per token, with QK-norm + H (the key factors).
+LayerCost account(const Config& c, const MlaVariant& v, const CostQuery& q) {
+  const MlaDims d = mla_dims(c, v);
   LayerCost lc;
   const int64_t n = d.ql * d.D + d.H * d.dh * d.ql + d.H * d.dr * d.ql + d.kvl * d.D + d.dr * d.D +
                     2 * d.H * d.dh * d.kvl + d.D * d.H * d.dh;
   lc.params.transformer_matrices = n;
   lc.params.matmul = n;
+  lc.params.scalars = d.ql + d.kvl;
   const double core = 2.0 * double(d.H * (2 * d.dh + d.dr));
   lc.fwd_flops = 2.0 * double(n) + core * layers::mean_visible(q.T, 0);
   lc.nanochat_core_flops = 3.0 * core * double(q.T);
-  lc.decode_flops = 2.0 * double(n) + 2.0 * double(d.H * d.dh * d.kvl) +
+  const double key_rebuild = d.qk_norm ? 2.0 * double(d.H * d.dh * d.kvl) : 0.0;
+  lc.decode_flops = 2.0 * double(n) + 2.0 * double(d.H * d.dh * d.kvl) + key_rebuild +
                     double(q.context) * double(d.H) * double(4 * d.kvl + 2 * d.dr);
-  lc.cache_bytes_per_token = double(d.kvl + d.dr) * double(q.dtype_bytes);
-  // saved for backward: x, the two latents, q, k (with rope parts), v, o, softmax stats
-  lc.act_bytes = double(q.dtype_bytes) * double(d.D + d.ql + d.kvl + 2 * d.H * (d.dh + d.dr) + 2 * d.H * d.dh) +
-                 4.0 * double(d.H);
-  lc.formula = fmt::format("MLA q latent {}, kv latent {}, rope {}: fwd 2N + 2·H·(2·dh+dr)·(T+1)/2; cache {} per token",
-                           d.ql, d.kvl, d.dr, d.kvl + d.dr);
+  const int64_t cached = d.kvl + d.dr + (d.qk_norm ? d.H : 0);
+  lc.cache_bytes_per_token = double(cached) * double(q.dtype_bytes);
+  // saved for backward: x, the two latents (before and after their norms), q, k (with rope parts;
+  // with QK-norm also before it), v, o, softmax stats
+  const int64_t qk = 2 * d.H * (d.dh + d.dr) * (d.qk_norm ? 2 : 1);
+  lc.act_bytes = double(q.dtype_bytes) * double(d.D + 2 * (d.ql + d.kvl) + qk + 2 * d.H * d.dh) + 4.0 * double(d.H);
+  lc.formula = fmt::format(
+      "MLA{} q latent {}, kv latent {}, rope {}: fwd 2N + 2·H·(2·dh+dr)·(T+1)/2; cache {} per token",
+      d.qk_norm ? " with QK-norm" : "", d.ql, d.kvl, d.dr, cached);
   return lc;
 }
 
-MethodSpec mla_method() {
+MethodSpec mla_method(const std::string& name, const MlaVariant& v, const std::string& summary) {
   MethodSpec m;
-  m.name = "mla";
+  m.name = name;
   m.family = "attention";
-  m.summary = "multi-head latent attention: low-rank q and KV latents, decoupled RoPE key shared by heads";
-  m.citation = "DeepSeek-V2 (arXiv 2405.04434); deepseek-ai/DeepSeek-V3.2-Exp inference/model.py (MLA)";
+  m.summary = summary;
+  m.citation = "DeepSeek-V2 (arXiv 2405.04434); deepseek-ai/DeepSeek-V3.2-Exp inference/model.py (MLA); methods.md §1";
   m.config = backbone_config();
-  m.config.i("mla_q_latent", 0, "query latent width; 0 = d_model", 0)
-      .i("mla_kv_latent", 0, "KV latent width; 0 = d_model/3 rounded up to 16", 0)
-      .i("mla_rope_dim", 64, "decoupled RoPE dims per head (one rotary key shared by the heads); 0 = NoPE", 0)
-      .f("rope_base", 100000.0, "RoPE base", 1.0)
-      .rule([](const Config& c) {
-        if (c.i("mla_rope_dim") % 2 != 0) throw InputError(fmt::format("mla_rope_dim {} must be even", c.i("mla_rope_dim")));
-      });
+  m.config.i("mla_q_latent", 0, "query latent width; 0 = d_model/2 rounded up to a multiple of 16, at least 16", 0)
+      .i("mla_kv_latent", 0, "KV latent width; 0 = d_model/6 rounded up to a multiple of 16, at least 16", 0);
+  if (!v.nope)
+    m.config.i("mla_rope_dim", 64, "decoupled RoPE dims per head (one rotary key shared by the heads); 0 = NoPE", 0)
+        .f("rope_base", 100000.0, "RoPE base", 1.0)
+        .rule([](const Config& c) {
+          if (c.i("mla_rope_dim") % 2 != 0)
+            throw InputError(fmt::format("mla_rope_dim {} must be even", c.i("mla_rope_dim")));
+        });
   m.ops = {"attention"};
-  m.params = params;
+  m.params = [v](const Config& c, const LayerCtx&) { return params(c, v); };
   m.make_inputs = make_inputs;
-  m.reference = reference_fn;
-  m.forward = forward;
-  m.prefill = prefill;
-  m.decode = decode;
+  m.reference = [v](const TensorMap& in, const Config& c, const LayerCtx&) { return reference_fn(in, c, v); };
+  m.forward = [v](const TensorMap& in, const Config& c, const LayerCtx&, Backend b) { return forward(in, c, v, b); };
+  m.prefill = [v](const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx&, Backend b) {
+    return prefill(in, cache, c, v, b);
+  };
+  m.decode = [v](const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx&, Backend b) {
+    return decode(in, cache, c, v, b);
+  };
 #if defined(MIXBENCH_WITH_CUDA)
   m.has_cuda = true;
 #endif
   ConfigSpec spec = m.config;
-  m.cases = [spec]() {
-    Config base = spec.parse("n_layer=4,d_model=64,head_dim=16,seq_len=64,vocab=64,mla_q_latent=48,mla_kv_latent=24,mla_rope_dim=8");
-    return std::vector<CaseDef>{
+  m.cases = [spec, v]() {
+    const std::string rope = v.nope ? "" : ",mla_rope_dim=8";
+    Config base = spec.parse("n_layer=4,d_model=64,head_dim=16,seq_len=64,vocab=64,mla_q_latent=48,mla_kv_latent=24" + rope);
+    std::vector<CaseDef> cases = {
         {"T1", base, 1, 1, 0},
         {"B2_T37", base, 2, 37, 1},
         {"T70_default_latents", base.with("mla_q_latent", int64_t(0)).with("mla_kv_latent", int64_t(0)), 1, 70, 2},
-        {"nope_B2_T29", base.with("mla_rope_dim", int64_t(0)), 2, 29, 3},
     };
+    if (!v.nope) cases.push_back({"nope_B2_T29", base.with("mla_rope_dim", int64_t(0)), 2, 29, 3});
+    return cases;
   };
-  m.account = account;
+  m.account = [v](const Config& c, const LayerCtx&, const CostQuery& q) { return account(c, v, q); };
   m.ve_dim = [](const Config&, const LayerCtx&) -> int64_t { return 0; };
   return m;
 }
 
-MIXBENCH_REGISTER(mla_method());
+MIXBENCH_REGISTER(mla_method("mla", {},
+                             "multi-head latent attention: q and KV latents (d/2, d/6), decoupled RoPE key shared by heads"));
+MIXBENCH_REGISTER(mla_method("mla_qknorm", {true, false},
+                             "MLA with QK-norm on the reconstructed heads (rotary dims included), no output gate"));
+MIXBENCH_REGISTER(mla_method("mla_nope_qknorm", {true, true},
+                             "MLA without RoPE, QK-norm on the reconstructed heads, no output gate"));
 
 }  // namespace
 }  // namespace mixbench

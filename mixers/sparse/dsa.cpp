@@ -16,6 +16,12 @@
 // summed over layers. The layer always computes aux_loss (its cost is in the accountant).
 // Full-attention warm-up (sparse_method.h): during the first full_attention_warmup_steps training steps
 // S_t = every key s ≤ t (dense causal attention) and the KL's teacher covers the full history.
+// Indexer size (idx_heads = 0, idx_dim = 0, idx_rope_dim = -1, the defaults): V3.2's indexer (64
+// heads of 128, 64 of them rotary) is half as wide as the attention it selects for (128 heads of
+// 128) and has the main heads' head dim; carried over, H_I = max(1, ⌊H/2⌋), d_I = dh and the rotary
+// dims ⌊d_I/2⌋ rounded down to even — H_I·d_I ≈ d_model/2 in the backbone's H·dh = d_model (d12:
+// 3 heads of 128; V3.2's own 64 × 128 would cost more than the whole layer it selects for). The
+// accountant reports the indexer's share of the layer's training FLOPs (cost part "indexer").
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
@@ -23,6 +29,7 @@
 #include <limits>
 
 #include "harness/backbone.h"
+#include "harness/cost_parts.h"
 #include "harness/errors.h"
 #include "mixers/common/layers.h"
 #include "mixers/sparse/sparse.h"
@@ -37,9 +44,23 @@ using namespace sparse_layer;
 constexpr double kIndexerLnEps = 1e-6;
 constexpr int64_t kIndexerQueryBlock = 256;  // dsa_indexer's CPU path scores 256-query blocks
 
+// The indexer's heads, head dim and rotary dims: the config's, or the size rule (header) for 0 / -1.
+struct IndexerDims {
+  int64_t HI, DI, R;
+};
+
+IndexerDims indexer_dims(const Config& c) {
+  const Dims d = dims(c);
+  IndexerDims x;
+  x.HI = c.i("idx_heads") > 0 ? c.i("idx_heads") : std::max<int64_t>(1, d.H / 2);
+  x.DI = c.i("idx_dim") > 0 ? c.i("idx_dim") : d.dh;
+  x.R = c.i("idx_rope_dim") >= 0 ? c.i("idx_rope_dim") : x.DI / 2 / 2 * 2;
+  return x;
+}
+
 std::vector<ParamDef> params(const Config& c, const LayerCtx& ctx) {
   Dims d = dims(c);
-  const int64_t HI = c.i("idx_heads"), DI = c.i("idx_dim");
+  const auto [HI, DI, R] = indexer_dims(c);
   const double s = std::sqrt(3.0) / std::sqrt(double(d.D));
   std::vector<ParamDef> p = attention_params(c, ctx);
   p.push_back({"idx_wq", {HI * DI, d.D}, ParamGroup::TransformerMatrix, true, "uniform", -s, s});
@@ -58,9 +79,9 @@ TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx&) {
   w.idx_w = in.at("idx_w");
   w.idx_kn_w = in.at("idx_k_norm_w");
   w.idx_kn_b = in.at("idx_k_norm_b");
+  const IndexerDims x = indexer_dims(c);
   reference::DsaOut o = reference::dsa_layer(in.at("x"), in.get_or("ve", at::Tensor()), w, d.H, d.Hkv, d.dh,
-                                             c.f("rope_base"), c.i("idx_heads"), c.i("idx_dim"),
-                                             c.i("idx_rope_dim"), c.i("dsa_topk"));
+                                             c.f("rope_base"), x.HI, x.DI, x.R, c.i("dsa_topk"));
   return {{"y", o.y}, {"aux_loss", o.aux_loss}};
 }
 
@@ -81,7 +102,7 @@ TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Bac
   Dims d = dims(c);
   const at::Tensor& x = in.at("x");
   const int64_t B = x.size(0), T = x.size(1), G = d.H / d.Hkv;
-  const int64_t HI = c.i("idx_heads"), DI = c.i("idx_dim"), R = c.i("idx_rope_dim");
+  const auto [HI, DI, R] = indexer_dims(c);
   const double scale = 1.0 / std::sqrt(double(d.dh));
   QKV a = qkv(in, c);
   // Lightning indexer on the detached input.
@@ -151,9 +172,20 @@ double indexer_pairs(int64_t T) {
 //       halving) + 2·H·dh·K + 6·(H_I·d_I + H_I)·K (teacher forward; student forward and backward)
 //   decode at context c = 2N + 2·(H_I·d_I + H_I)·c + 4·H·dh·min(k, c)
 //   cache per token = main KV (2·Hkv·dh) + the indexer key (d_I) elements
+//   indexer's training FLOPs (its share of the layer's 6N + core) = 6·N_I + 2·(H_I·d_I + H_I)·T
+//       + 6·(H_I·d_I + H_I)·K, N_I = H_I·d_I·d + d_I·d + H_I·d its matmul params
+// The indexer's part of the layer's training FLOPs per token (see account).
+double indexer_train_flops(const Config& c, const LayerCtx&, const CostQuery& q) {
+  const Dims d = dims(c);
+  const auto [HI, DI, R] = indexer_dims(c);
+  const double ix = double(HI * DI + HI), K = double(std::min(c.i("dsa_topk"), q.T));
+  return 6.0 * double(HI * DI * d.D + DI * d.D + HI * d.D) + 2.0 * ix * double(q.T) + 6.0 * ix * K;
+}
+
 LayerCost account(const Config& c, const LayerCtx& ctx, const CostQuery& q) {
   Dims d = dims(c);
-  const int64_t HI = c.i("idx_heads"), DI = c.i("idx_dim"), topk = c.i("dsa_topk");
+  const auto [HI, DI, R] = indexer_dims(c);
+  const int64_t topk = c.i("dsa_topk");
   const int64_t K = std::min(topk, q.T);
   LayerCost lc;
   const int64_t N = attention_matmul_params(c, ctx) + HI * DI * d.D + DI * d.D + HI * d.D;
@@ -168,8 +200,8 @@ LayerCost account(const Config& c, const LayerCtx& ctx, const CostQuery& q) {
   lc.cache_bytes_per_token = double(2 * d.Hkv * d.dh + DI) * double(q.dtype_bytes);
   lc.act_bytes = double(q.dtype_bytes) * double(d.D + 2 * d.H * d.dh + 4 * d.Hkv * d.dh + d.H * d.dh + HI * DI + DI) +
                  4.0 * double(d.H);
-  lc.formula = fmt::format("DSA top-{} (H_I={}, d_I={}): fwd 2N + 2·(H_I·d_I+H_I)·(P(T)+K) + 6·H·dh·K, K = min({},T)",
-                           topk, HI, DI, topk);
+  lc.formula = fmt::format("DSA top-{} (H_I={}, d_I={}, rope {}): fwd 2N + 2·(H_I·d_I+H_I)·(P(T)+K) + 6·H·dh·K, K = min({},T)",
+                           topk, HI, DI, R, topk);
   return lc;
 }
 
@@ -185,24 +217,28 @@ std::vector<CaseDef> cases(const ConfigSpec& spec) {
       {"layer3_last_ve_gqa_T29", base.with("kv_ratio", int64_t(2)), 1, 29, 3},
       {"layer2_mqa_T33", base.with("kv_ratio", int64_t(0)), 1, 33, 2},
       {"layer2_top20_full_rope_T70", base.with("dsa_topk", int64_t(20)).with("idx_rope_dim", int64_t(8)), 1, 70, 2},
+      // the size rule: 4 heads of 16 give an indexer of 2 heads of 16 with 8 rotary dims
+      {"layer1_rule_sized_indexer_T33",
+       base.with("idx_heads", int64_t(0)).with("idx_dim", int64_t(0)).with("idx_rope_dim", int64_t(-1)), 2, 33, 1},
   };
 }
 
 MethodSpec make_spec() {
   SparseMethodDesc d;
   d.name = "dsa";
-  d.summary = "DSA: lightning indexer (ReLU heads, signed weights, LayerNorm'd key, partial RoPE) picks top-256 keys; KL aux loss";
+  d.summary = "DSA: lightning indexer (H/2 ReLU heads of head_dim, signed weights, LayerNorm'd key, partial RoPE) picks top-256 keys; KL aux loss";
   d.citation = "DeepSeek-V3.2-Exp inference/model.py Indexer (arXiv 2512.02556); nanochat attention layer";
   d.warmup = true;
   d.knobs = [](ConfigSpec& s) {
     s.i("dsa_topk", 256, "keys selected per query", 1)
-        .i("idx_heads", 64, "indexer heads H_I", 1)
-        .i("idx_dim", 128, "indexer head dim d_I", 2)
-        .i("idx_rope_dim", 64, "rotary dims of the indexer heads (first ones, NeoX style)", 0)
+        .i("idx_heads", 0, "indexer heads H_I; 0 = max(1, n_head/2) (V3.2: 64 for 128 attention heads)", 0)
+        .i("idx_dim", 0, "indexer head dim d_I; 0 = head_dim (V3.2: 128, its attention's head dim)", 0)
+        .i("idx_rope_dim", -1, "rotary dims of the indexer heads (first ones, NeoX style); -1 = d_I/2 rounded down to even", -1)
         .rule([](const Config& c) {
-          const int64_t R = c.i("idx_rope_dim");
-          if (R % 2 != 0 || R > c.i("idx_dim"))
-            throw InputError(fmt::format("idx_rope_dim {} must be even and at most idx_dim {}", R, c.i("idx_dim")));
+          if (c.i("idx_dim") == 1) throw InputError("idx_dim 1 is too small: use 0 (head_dim) or at least 2");
+          const IndexerDims x = indexer_dims(c);
+          if (x.R % 2 != 0 || x.R > x.DI)
+            throw InputError(fmt::format("idx_rope_dim {} must be even and at most the indexer head dim {}", x.R, x.DI));
         });
   };
   d.ops = {"dsa_indexer", "sparse_attention"};
@@ -213,11 +249,10 @@ MethodSpec make_spec() {
   d.cases = cases;
   MethodSpec m = sparse_method(d);
   // Training presets: the dense warm-up (512 steps by default) would cover all of small's 40 steps:
-  // a quarter of them.
-  // The indexer (64 heads × 128) would cost more than the whole tiny model: 4 heads × 32, and 32 of
-  // the 128 keys per query; at small scaled to the width, and a quarter of the 512 keys per query.
-  m.presets["tiny"].config = "dsa_topk=32,idx_heads=4,idx_dim=32,idx_rope_dim=16";
-  m.presets["small"].config = "full_attention_warmup_frac=0.25,dsa_topk=128,idx_heads=4,idx_dim=64,idx_rope_dim=32";
+  // a quarter of them. 32 of tiny's 128 keys per query, a quarter of small's 512; the indexer
+  // follows the size rule (tiny: 2 heads of 32, small: 3 of 64, gpu-d12: 3 of 128).
+  m.presets["tiny"].config = "dsa_topk=32";
+  m.presets["small"].config = "full_attention_warmup_frac=0.25,dsa_topk=128";
   // gpu-d12: the warm-up a quarter of the run; with no CUDA kernel, the LibTorch path's index scores
   // for 32 rows × 2048² need more than an H200's memory: micro-batches of 4 rows.
   m.presets["gpu-d12"] = {"full_attention_warmup_frac=0.25", 4};
@@ -225,6 +260,7 @@ MethodSpec make_spec() {
 }
 
 MIXBENCH_REGISTER(make_spec());
+MIXBENCH_REGISTER_COST_PART("dsa", "indexer", indexer_train_flops);
 
 }  // namespace
 }  // namespace mixbench
