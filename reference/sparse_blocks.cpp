@@ -20,11 +20,13 @@ at::Tensor project(const at::Tensor& x, const at::Tensor& w) { return (x.unsquee
 
 const at::Tensor& get(const BlockLayerWeights& w, const char* name) { return w.t.at(name); }
 
-NanochatQKV layer_qkv(const at::Tensor& x, const at::Tensor& ve, const BlockLayerWeights& w, const BlockLayerShape& s) {
+// rope = false: the layer's q and k before their rotation (QK-normed, ×1.2).
+NanochatQKV layer_qkv(const at::Tensor& x, const at::Tensor& ve, const BlockLayerWeights& w, const BlockLayerShape& s,
+                      bool rope = true) {
   auto it = w.t.find("ve_gate");
   AttnLayerWeights aw{get(w, "c_q"), get(w, "c_k"), get(w, "c_v"), get(w, "c_proj"),
                       it == w.t.end() ? at::Tensor() : it->second};
-  return nanochat_qkv(x, ve, aw, s.n_head, s.n_kv_head, s.head_dim, s.rope_base);
+  return nanochat_qkv(x, ve, aw, s.n_head, s.n_kv_head, s.head_dim, s.rope_base, rope);
 }
 
 // NeoX rotation by +θ at position `pos` on the first R dims of v [..., D].
@@ -90,6 +92,26 @@ void allow_blocks(std::vector<uint8_t>& row, int64_t t, int64_t block, int64_t o
 }
 
 }  // namespace
+
+at::Tensor block_topk(const at::Tensor& scores, int64_t block, int64_t topk, bool counted) {
+  const int64_t B = scores.size(0), S = scores.size(1), T = scores.size(2), N = scores.size(3);
+  const int64_t K = counted ? std::min(topk, N) : std::min(topk, N) + 1;
+  std::vector<double> sc = values(scores);
+  std::vector<int64_t> out;
+  for (int64_t r = 0; r < B * S; ++r)
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t c = t / block;
+      const auto row = sc.begin() + (r * T + t) * N;
+      std::vector<double> hist(row, row + std::min(c, N));  // candidates i < c
+      std::vector<int64_t> sel = top(hist, K - 1);
+      if (counted) sel.insert(sel.begin(), c);
+      else sel.push_back(c);
+      // −1 for the missing candidates, before the own block when it is appended
+      while (int64_t(sel.size()) < K) sel.insert(counted ? sel.end() : sel.end() - 1, -1);
+      out.insert(out.end(), sel.begin(), sel.end());
+    }
+  return long_tensor(out).view({B, S, T, K});
+}
 
 BlockOut qsa_layer(const at::Tensor& x, const at::Tensor& ve, const BlockLayerWeights& w, const BlockLayerShape& s,
                    int64_t idx_heads, int64_t idx_dim, int64_t group, int64_t rope_dim, int64_t block, int64_t topk) {
@@ -196,10 +218,11 @@ at::Tensor nsa_layer(const at::Tensor& x, const at::Tensor& ve, const BlockLayer
 }
 
 BlockOut seer_layer(const at::Tensor& x, const at::Tensor& ve, const BlockLayerWeights& w, const BlockLayerShape& s,
-                    int64_t block, int64_t topk) {
+                    int64_t block, int64_t topk, bool pooled_rope) {
   const int64_t B = x.size(0), T = x.size(1), H = s.n_head, Hkv = s.n_kv_head, G = H / Hkv, dh = s.head_dim;
   const double scale = 1.0 / std::sqrt(double(dh));
   NanochatQKV a = layer_qkv(x, ve, w, s);
+  const at::Tensor gate_k = pooled_rope ? layer_qkv(x, ve, w, s, /*rope=*/false).k.detach() : a.k.detach();
   at::Tensor ke = a.k.repeat_interleave(G, 2), vv = a.v.repeat_interleave(G, 2);  // [B,T,H,dh]
   at::Tensor qd = a.q.detach(), kd = ke.detach();
   const at::Tensor &wq = get(w, "seer_wq"), &wk = get(w, "seer_wk");
@@ -210,9 +233,12 @@ BlockOut seer_layer(const at::Tensor& x, const at::Tensor& ve, const BlockLayerW
   for (int64_t b = 0; b < B; ++b) {
     std::vector<at::Tensor> kgl;  // per complete block: [H, d_g] (KV head's gate key repeated per query head)
     for (int64_t i = 0; i < NC; ++i) {
-      at::Tensor blk = a.k[b].detach().narrow(0, i * block, block);  // [block,Hkv,dh]
+      at::Tensor blk = gate_k[b].narrow(0, i * block, block);  // [block,Hkv,dh]
       at::Tensor pooled = at::cat({std::get<0>(blk.max(0)), std::get<0>(blk.min(0)), blk.mean(0)}, -1);  // [Hkv,3dh]
-      kgl.push_back((pooled.unsqueeze(1) * wk).sum(-1).repeat_interleave(G, 0));
+      at::Tensor kgi = (pooled.unsqueeze(1) * wk).sum(-1);  // [Hkv,d_g]
+      // nanochat's rotation (by −θ in rope_at's NeoX terms) at the block's first position
+      if (pooled_rope) kgi = rope_at(kgi, -double(i * block), kgi.size(-1), s.rope_base);
+      kgl.push_back(kgi.repeat_interleave(G, 0));
     }
     at::Tensor kg = NC > 0 ? at::stack(kgl, 0) : at::Tensor();  // [NC,H,d_g]
     std::vector<at::Tensor> out_t;

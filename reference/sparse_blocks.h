@@ -26,6 +26,12 @@ struct BlockOut {
 // block and of the `topk` best complete history blocks i < c (descending score, ties to the lower
 // block). Attention scale head_dim^-½.
 
+// Op block_topk: per row (b, s, t) of scores [B,S,T,N] with own block c = t / block: appended
+// (counted = false) the min(topk, N) best blocks i < c (descending score, ties to the lower block, −1
+// where there are fewer) then c; counted the block c first, then the min(topk, N) − 1 best blocks
+// i < c, −1 padded. Returns [B,S,T,K] int64.
+at::Tensor block_topk(const at::Tensor& scores, int64_t block, int64_t topk, bool counted);
+
 // QSA: indexer on the detached input x (H_I = idx_heads of d_I = idx_dim, group query heads per
 // pooled key head), q^I_t RoPE'd at t, k^I_i = RoPE(RMSNorm(mean of W^I_k x over block i)) at
 // i·block (partial NeoX RoPE on the first rope_dim dims), I_{t,i} = Σ_j ReLU(q^I_{t,j}·k^I_{i,j/group}/√d_I).
@@ -41,10 +47,14 @@ BlockOut qsa_layer(const at::Tensor& x, const at::Tensor& ve, const BlockLayerWe
 at::Tensor nsa_layer(const at::Tensor& x, const at::Tensor& ve, const BlockLayerWeights& w, const BlockLayerShape& s,
                      int64_t block, int64_t topk, int64_t window);
 
-// Seer: gate logits S_{t,h,i} = (W^G_q[h] q_{t,h})·(W^G_k[h'] [max; min; mean of k_{h'} over block i])/√d_g
-// on the layer's detached q and k; per-head selection; aux_loss = mean over (token, head) rows of
-// KL(block-max of full causal attention renormalised over the history blocks ‖ softmax(S)).
+// Seer: gate logits S_{t,h,i} = (W^G_q[h] q_{t,h})·K̃_{i,h'}/√d_g on the layer's detached q (after
+// RoPE and QK-norm) with, pooled_rope (the original AttnGate's key side), K̃_{i,h'} = the layer's
+// rotation at position i·block (block i's first position) over all d_g dims of W^G_k[h'] [max; min;
+// mean over block i of the layer's unrotated QK-normed keys k⁰_{h'}]; otherwise (rotated) K̃_{i,h'} =
+// W^G_k[h'] [max; min; mean of k_{h'} over block i] on the keys after RoPE and QK-norm, not rotated
+// again. Per-head selection; aux_loss = mean over (token, head) rows of KL(block-max of full
+// causal attention renormalised over the history blocks ‖ softmax(S)).
 BlockOut seer_layer(const at::Tensor& x, const at::Tensor& ve, const BlockLayerWeights& w, const BlockLayerShape& s,
-                    int64_t block, int64_t topk);
+                    int64_t block, int64_t topk, bool pooled_rope);
 
 }  // namespace mixbench::reference

@@ -143,13 +143,14 @@ SelectionComparison compare_selection_ties(const at::Tensor& ref_in, const at::T
   at::Tensor sorted = std::get<0>(sc.sort(-1, /*descending=*/true));
   at::Tensor kth = sorted.gather(-1, (k_row - 1).clamp(0, n - 1)).masked_fill(k_row == 0, inf);
   // A top-k selection: k distinct candidates, every one scoring at least the boundary (− tol) and
-  // every candidate above it (+ tol) among them.
+  // every candidate above it (+ tol) among them; a forced candidate (+inf) is never left out, a
+  // non-candidate (−inf, NaN) never taken.
   auto top_k = [&](const at::Tensor& sel, const at::Tensor& cnt) {
     at::Tensor in = cnt > 0;
     at::Tensor well_formed =
         ~(cnt > 1).any(-1) & ~((sel >= n) | (sel < -1)).any(-1) & ((sel >= 0).sum(-1, true) == k_row).squeeze(-1);
-    at::Tensor below = (in & (~finite | (sc < kth - tol))).any(-1);
-    at::Tensor left_out = (~in & finite & (sc > kth + tol)).any(-1);
+    at::Tensor below = (in & (at::isneginf(sc) | at::isnan(sc) | (sc < kth - tol))).any(-1);
+    at::Tensor left_out = (~in & (at::isposinf(sc) | (finite & (sc > kth + tol)))).any(-1);
     return well_formed & ~below & ~left_out;
   };
   at::Tensor cr = counts(ref), cx = counts(x);

@@ -66,7 +66,9 @@ Json check_json(const std::string& tensor, const char* kind, const Comparison& c
 // top-k implementations keep different tied keys (torch.topk any of them, the reference's stable
 // sort the lowest indices). Either selection missing a key strictly above the boundary, holding a
 // non-candidate (−inf), repeated or out-of-range key, or a different number of keys fails the row.
-// scores: [rows..., n] over the candidates, rows as ref's. rel_rms = fraction of failing rows,
+// scores: [rows..., n] over the candidates, rows as ref's; −inf marks a non-candidate, +inf a forced
+// candidate (a block every selection must hold, e.g. the query's own block), which is never a tie:
+// both selections must hold it and it is no boundary to exchange. rel_rms = fraction of failing rows,
 // max_abs = the most keys a failing row misses (at least 1), tie_swaps = the keys exchanged in
 // accepted rows.
 struct SelectionComparison {

@@ -6,14 +6,13 @@
 //   blocks after the query's block are excluded, the query's own block is always chosen and
 //   counts toward the moba_topk blocks (seed 001: block 128, budget 256 tokens = 2 blocks);
 //   attention (scale dh^-½) over the chosen blocks' keys, token-causal inside the own block.
-// Ties between gate scores go to the lower block (stable sort). The selection carries no
+// Ties between gate scores go to the lower block (op block_topk, own block counted). The selection carries no
 // gradient and MoBA adds no parameters. With GQA each query head selects its own blocks
 // (the KV heads are expanded to the query heads before the block-sparse op).
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
 
-#include <limits>
 
 #include "harness/backbone.h"
 #include "harness/errors.h"
@@ -33,8 +32,9 @@ TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx&) {
                                       d.dh, c.f("rope_base"), c.i("moba_block"), c.i("moba_topk"))}};
 }
 
-// Block indices [B,H,T,nsel] of the MoBA gate (no gradient), nsel = min(topk, #blocks).
-at::Tensor moba_select(const at::Tensor& q, const at::Tensor& k, int64_t bs, int64_t topk) {
+// Block indices [B,H,T,nsel] of the MoBA gate (no gradient), nsel = min(topk, #blocks): the gate
+// scores s_t,i = q_t·k̄_i of every block, selected by op block_topk with the own block counted.
+at::Tensor moba_select(const at::Tensor& q, const at::Tensor& k, int64_t bs, int64_t topk, Backend backend) {
   c10::NoGradGuard ng;
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), dh = q.size(3), Hkv = k.size(2), G = H / Hkv;
   const int64_t NB = (T + bs - 1) / bs;
@@ -47,15 +47,7 @@ at::Tensor moba_select(const at::Tensor& q, const at::Tensor& k, int64_t bs, int
   at::Tensor kh = kbar.permute({0, 2, 3, 1});                                // [B,Hkv,dh,NB]
   at::Tensor qh = qf.reshape({B, T, Hkv, G, dh}).permute({0, 2, 1, 3, 4}).reshape({B, Hkv, T * G, dh});
   at::Tensor s = at::matmul(qh, kh).view({B, Hkv, T, G, NB}).permute({0, 1, 3, 2, 4}).reshape({B, H, T, NB});
-  auto lo = at::TensorOptions().dtype(at::kLong).device(q.device());
-  at::Tensor blk = at::arange(NB, lo).view({1, NB});
-  at::Tensor cur = at::div(at::arange(T, lo), bs, "floor").view({T, 1});  // the query's block
-  s = s.masked_fill(blk > cur, -std::numeric_limits<double>::infinity());
-  s = s.masked_fill(blk == cur, std::numeric_limits<double>::infinity());
-  auto [vals, order] = at::sort(s, /*stable=*/true, /*dim=*/-1, /*descending=*/true);
-  const int64_t nsel = std::min(topk, NB);
-  at::Tensor sel = order.slice(3, 0, nsel);
-  return sel.masked_fill(sel > cur.view({1, 1, T, 1}), -1).contiguous();  // fewer blocks than topk: pad
+  return select_blocks(s, bs, topk, /*own_counted=*/true, backend);
 }
 
 TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx&, Backend backend) {
@@ -63,7 +55,7 @@ TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx&, Backend
   const at::Tensor& x = in.at("x");
   const int64_t B = x.size(0), T = x.size(1), G = d.H / d.Hkv, bs = c.i("moba_block");
   QKV a = qkv(in, c);
-  at::Tensor idx = moba_select(a.q, a.k, bs, c.i("moba_topk"));
+  at::Tensor idx = moba_select(a.q, a.k, bs, c.i("moba_topk"), backend);
   at::Tensor k = G > 1 ? a.k.repeat_interleave(G, 2) : a.k;  // per-query-head selections
   at::Tensor v = G > 1 ? a.v.repeat_interleave(G, 2) : a.v;
   Config op = Registry::get().op("block_sparse_attention").params.defaults();
@@ -126,7 +118,7 @@ MethodSpec make_spec() {
     s.i("moba_block", 128, "tokens per key block", 1)
         .i("moba_topk", 2, "blocks per query and head, the own block included (budget = topk·block tokens)", 1);
   };
-  d.ops = {"block_sparse_attention"};
+  d.ops = {"block_topk", "block_sparse_attention"};
   d.params = attention_params;
   d.reference = reference_fn;
   d.forward = forward;

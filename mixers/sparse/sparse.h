@@ -27,6 +27,11 @@ at::Tensor block_sparse_attention_cpu(const at::Tensor& q, const at::Tensor& k, 
                                       const at::Tensor& block_indices, int64_t block_size, int64_t q_block,
                                       double scale);
 
+// Op block_topk (block_topk_op.cpp): scores [B,S,T,N] -> block_indices [B,S,T,K]; counted = the own
+// block t / bs forced and counted among topk (moba), else appended after the min(topk, N) best
+// complete history blocks (nsa, seer, qsa). Descending score, ties to the lower block, −1 padded.
+at::Tensor block_topk_cpu(const at::Tensor& scores, int64_t block_size, int64_t topk, bool counted);
+
 // CUDA path of the sparse ops: the same device-agnostic LibTorch code, with bf16 / fp16 inputs
 // computed in fp32 (cast back on the way out). Top-k selections and gathered sums in half precision
 // would flip near-tied keys and round the index_add accumulations.

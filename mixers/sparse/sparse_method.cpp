@@ -60,11 +60,17 @@ QKV qkv(const TensorMap& in, const Config& c) {
   const at::Tensor& x = in.at("x");
   const int64_t B = x.size(0), T = x.size(1);
   at::Tensor q = at::linear(x, in.at("c_q")).view({B, T, d.H, d.dh});
-  at::Tensor k = at::linear(x, in.at("c_k")).view({B, T, d.Hkv, d.dh});
+  at::Tensor k_raw = at::linear(x, in.at("c_k")).view({B, T, d.Hkv, d.dh});
   at::Tensor v = layers::add_value_embed(at::linear(x, in.at("c_v")).view({B, T, d.Hkv, d.dh}), in);
   q = layers::rms_norm(layers::rope(q, c.f("rope_base"))) * 1.2;
-  k = layers::rms_norm(layers::rope(k, c.f("rope_base"))) * 1.2;
-  return {q, k, v};
+  at::Tensor k = layers::rms_norm(layers::rope(k_raw, c.f("rope_base"))) * 1.2;
+  return {q, k, v, k_raw};
+}
+
+at::Tensor select_blocks(const at::Tensor& scores, int64_t block, int64_t topk, bool own_counted, Backend backend) {
+  Config op = Registry::get().op("block_topk").params.defaults();
+  op = op.with("block_size", block).with("topk", topk).with("own", std::string(own_counted ? "counted" : "appended"));
+  return call_op("block_topk", backend, {{"scores", scores.detach()}}, op).at("block_indices");
 }
 
 ConfigSpec layer_config() {

@@ -29,8 +29,13 @@ reference::SparseLayerWeights attention_weights(const TensorMap& in);
 TensorMap make_layer_inputs(const Config& c, const LayerCtx& ctx, int64_t B, int64_t T, at::Generator& gen);
 struct QKV {
   at::Tensor q, k, v;  // q [B,T,H,dh] and k [B,T,Hkv,dh] after RoPE and QK-norm; v [B,T,Hkv,dh]
+  at::Tensor k_raw;    // the key projection before RoPE and QK-norm [B,T,Hkv,dh]
 };
 QKV qkv(const TensorMap& in, const Config& c);
+// The block selection of block scores [B,S,T,N] through op block_topk (mixers/sparse/block_topk_op.cpp;
+// no gradient): own_counted = the own block forced and counted among topk (moba), else appended after
+// the topk best complete history blocks (nsa, seer, qsa). Returns block_indices [B,S,T,K].
+at::Tensor select_blocks(const at::Tensor& scores, int64_t block, int64_t topk, bool own_counted, Backend backend);
 // Backbone config plus kv_ratio and rope_base (the attention layer's own knobs).
 ConfigSpec layer_config();
 // Full-attention warm-up of the methods trained with an indexer / gate KL (dsa, qsa, seer; seed
