@@ -263,12 +263,13 @@ void Optimizer::step(Model& m, int64_t it) {
   };
   // On a GPU the Muon matrices of one group and matrix shape (whole parameters and the heads of
   // per-head stacks alike) are updated as one stack (batched matmuls, a few dozen launches instead
-  // of a few thousand); on the CPU one parameter at a time, a per-head stack as one batch.
+  // of a few thousand); on the CPU one parameter at a time, a per-head stack as one batch (unless
+  // muon_batch_on_cpu).
   std::map<std::pair<size_t, std::vector<int64_t>>, std::vector<std::string>> stacks;
   for (const auto& [name, t] : m.params) {
     const size_t gi = group_of_.at(name);
     const Group& g = groups_[gi];
-    if (g.muon && t.is_cuda()) {
+    if (g.muon && (t.is_cuda() || h_.muon_batch_on_cpu)) {
       stacks[{gi, {t.size(-2), t.size(-1)}}].push_back(name);
     } else if (g.muon) {
       at::Tensor p = as_matrices(t), b1 = as_matrices(m1_.at(name)), b2 = as_matrices(m2_.at(name));

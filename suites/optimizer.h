@@ -65,6 +65,9 @@ struct TrainHyper {
   double batch_tokens_ref = 524288;  // B_ref: AdamW/Muon lrs scale by √(B/B_ref) (nanochat 2^19)
   double muon_wd = 0.28;             // before the cosine schedule (nanochat's scaled value at its horizon)
   bool muon_bf16 = true;             // Polar Express in bf16 (nanochat on bf16 hardware)
+  // Muon matrices of one group and shape as one batch (whole parameters and heads of per-head
+  // stacks together): always on a GPU; on the CPU only when set (one parameter at a time otherwise)
+  bool muon_batch_on_cpu = false;
   Schedule schedule;
 };
 

@@ -107,6 +107,37 @@ TEST(OptimizerGroups, EachHeadIsOrthogonalisedAsItsOwnMatrix) {
   }
 }
 
+// The GPU's batching (every Muon matrix of one shape in one stack, the heads of per-head stacks
+// among them) gives the same parameters and optimizer state as one parameter at a time, here on the
+// CPU: seer's two layers batch their [128, 32] query-gate heads (2 × 4), their [128, 96] key-gate
+// heads and their attention and MLP matrices by shape.
+TEST(OptimizerGroups, BatchedMatricesEqualOneParameterAtATime) {
+  Model a = tiny_model("seer", at::kDouble, ",n_layer=2");
+  Model b = tiny_model("seer", at::kDouble, ",n_layer=2");
+  for (auto* m : {&a, &b})
+    for (const auto& [n, t] : m->params) t.requires_grad_(true);
+  TrainHyper h;
+  h.muon_bf16 = false;
+  h.schedule.steps = 10;
+  h.schedule.warmup = 1;
+  Optimizer one(a, 1024, h);
+  h.muon_batch_on_cpu = true;
+  Optimizer batched(b, 1024, h);
+  at::Generator ga = at::make_generator<at::CPUGeneratorImpl>(3), gb = at::make_generator<at::CPUGeneratorImpl>(3);
+  for (int64_t it = 0; it < 2; ++it) {
+    random_grads(a, ga);
+    random_grads(b, gb);
+    one.step(a, it);
+    batched.step(b, it);
+  }
+  for (const auto& [n, t] : a.params) {
+    if (one.group_of(n) != "muon") continue;
+    EXPECT_LT(rel(b.params.at(n).detach(), t.detach()), 1e-12) << n;
+  }
+  const TensorMap sa = one.state(), sb = batched.state();
+  for (const auto& [k, t] : sa) EXPECT_LT((sb.at(k).to(at::kDouble) - t.to(at::kDouble)).abs().max().item<double>(), 1e-12) << k;
+}
+
 // gdn and kda: A_log and dt_bias in the no-decay group at flame's lr 3e-4·√(B/B_ref), betas
 // (0.9, 0.95), eps 1e-15; conv taps AdamW with decay 0.1; the output norm's gain without decay.
 TEST(OptimizerGroups, DecayParamsConvTapsAndNormsFollowFla) {
