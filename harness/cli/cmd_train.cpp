@@ -120,7 +120,7 @@ int run_train_command(const Args& a, const std::vector<std::string>& args) {
     std::cout << fmt::format("{} at preset {}: {} steps, {} tokens per step\n", s["method"].get<std::string>(),
                              s["preset"].get<std::string>(), s["steps"].get<int64_t>(), s["batch_tokens"].get<int64_t>());
     // Muon rows: eps "-", and how each matrix is updated: "H×rows×cols @ lr" (lr with the shape factor)
-    std::cout << fmt::format("{:<36} {:<16} {:<14} {:<6} {:>10} {:>7} {:>7} {:>7} {:>7}  {}\n", "parameter", "shape",
+    std::cout << fmt::format("{:<36} {:<16} {:<15} {:<6} {:>10} {:>7} {:>7} {:>7} {:>7}  {}\n", "parameter", "shape",
                              "group", "optim", "lr", "beta1", "beta2", "eps", "wd", "muon matrices");
     auto dims = [](const Json& v) {
       std::string out;
@@ -130,7 +130,7 @@ int run_train_command(const Args& a, const std::vector<std::string>& args) {
     for (const auto& r : s["params"]) {
       const bool muon = r["optimizer"] == "muon";
       std::cout << fmt::format(
-          "{:<36} {:<16} {:<14} {:<6} {:>10.4g} {:>7.3g} {:>7.3g} {:>7} {:>7.3g}  {}\n", r["param"].get<std::string>(),
+          "{:<36} {:<16} {:<15} {:<6} {:>10.4g} {:>7.3g} {:>7.3g} {:>7} {:>7.3g}  {}\n", r["param"].get<std::string>(),
           dims(r["shape"]), r["group"].get<std::string>(), r["optimizer"].get<std::string>(), r["lr"].get<double>(),
           r["beta1"].get<double>(), r["beta2"].get<double>(),
           muon ? std::string("-") : fmt::format("{:.3g}", r["eps"].get<double>()), r["weight_decay"].get<double>(),
