@@ -77,9 +77,11 @@ enum class ParamGroup { TransformerMatrix, Wte, ValueEmbed, LmHead, Scalar };
 // How the trainer updates a parameter (nanochat's optimizer table): Muon for block matrices, AdamW
 // groups for the rest. Every parameter of a group shares its hyper-parameters (the trainer refuses
 // two different rules under one group name); the group name is what reports and checkpoints say.
+// docs/optimizer-groups.md gives every group's values and their sources.
 enum class OptimKind { Auto, Muon, AdamW };
 struct OptimRule {
-  // Auto: muon_rule() for a 2-D matmul parameter, else mixer_other_rule() (a mixer's default).
+  // Auto: the trainer decides from the parameter's name and shape (suites/optimizer.h,
+  // resolve_optim_rule): Muon for linear maps, a mixer_vector_rule() for the rest.
   OptimKind kind = OptimKind::Auto;
   std::string group;
   double lr = 0;              // base lr before the scalings below and the schedule
@@ -87,21 +89,36 @@ struct OptimRule {
   double wd = 0;              // AdamW decay (Muon's follows the trainer's cosine schedule)
   bool width_scaled = false;  // lr × (d_model/768)^−½
   bool batch_scaled = false;  // lr × √(B/B_ref)
+  double eps = 1e-10;         // AdamW's epsilon (nanochat's 1e-10)
   bool operator==(const OptimRule& o) const {
     return kind == o.kind && group == o.group && lr == o.lr && beta1 == o.beta1 && beta2 == o.beta2 && wd == o.wd &&
-           width_scaled == o.width_scaled && batch_scaled == o.batch_scaled;
+           width_scaled == o.width_scaled && batch_scaled == o.batch_scaled && eps == o.eps;
   }
   bool operator!=(const OptimRule& o) const { return !(*this == o); }
 };
 inline OptimRule adamw_rule(std::string group, double lr, double beta1, double beta2, double wd, bool width_scaled,
-                            bool batch_scaled) {
-  return {OptimKind::AdamW, std::move(group), lr, beta1, beta2, wd, width_scaled, batch_scaled};
+                            bool batch_scaled, double eps = 1e-10) {
+  return {OptimKind::AdamW, std::move(group), lr, beta1, beta2, wd, width_scaled, batch_scaled, eps};
 }
-// Block matrices: Muon at 0.02·√(B/B_ref), NorMuon β2 0.9 (nanochat).
+// Linear maps: Muon at 0.02·√(B/B_ref), NorMuon β2 0.9 (nanochat). A 2-D parameter is one matrix
+// [out, in]; a parameter of rank ≥ 3 is a stack of them [heads…, out, in], each trailing 2-D slice
+// orthogonalised as its own matrix.
 inline OptimRule muon_rule() { return {OptimKind::Muon, "muon", 0.02, 0, 0.9, 0, false, true}; }
-// Mixer parameters that are not matrices (gains, decay parameters, conv taps): nanochat has none;
-// mixbench trains them with AdamW at the Muon base lr, no decay.
-inline OptimRule mixer_other_rule() { return adamw_rule("mixer_other", 0.02, 0.8, 0.95, 0.0, false, true); }
+// Mixer parameters that are not linear maps, by what they are to the mixer. nanochat has none; they
+// take flash-linear-attention's recipe (flame's AdamW: lr 3e-4 at 2^19 tokens a step, scaled by
+// √(B/B_ref), betas (0.9, 0.95), eps 1e-15, decay 0.1) with no decay where FLA marks a parameter
+// _no_weight_decay (A_log, dt_bias, D) or where its trainers' grouping skips it (biases, norm gains).
+enum class MixerVector { Decay, Bias, Norm, ConvTaps, Other };
+inline OptimRule mixer_vector_rule(MixerVector v) {
+  switch (v) {
+    case MixerVector::Decay: return adamw_rule("mixer_decay", 3e-4, 0.9, 0.95, 0.0, false, true, 1e-15);
+    case MixerVector::Bias: return adamw_rule("mixer_bias", 3e-4, 0.9, 0.95, 0.0, false, true, 1e-15);
+    case MixerVector::Norm: return adamw_rule("mixer_norm", 3e-4, 0.9, 0.95, 0.0, false, true, 1e-15);
+    case MixerVector::ConvTaps: return adamw_rule("mixer_conv", 3e-4, 0.9, 0.95, 0.1, false, true, 1e-15);
+    case MixerVector::Other: break;
+  }
+  return adamw_rule("mixer_vector", 3e-4, 0.9, 0.95, 0.1, false, true, 1e-15);
+}
 
 struct ParamDef {
   std::string name;
@@ -115,12 +132,9 @@ struct ParamDef {
   // (init_a the Xavier gain).
   std::string init = "uniform";
   double init_a = 0, init_b = 0;
-  OptimRule optim = {};   // how training updates it (Auto: by shape, see OptimRule)
-  // The rule with Auto resolved.
-  OptimRule optim_rule() const {
-    if (optim.kind != OptimKind::Auto) return optim;
-    return matmul && shape.size() == 2 ? muon_rule() : mixer_other_rule();
-  }
+  OptimRule optim = {};   // how training updates it (Auto: the trainer decides, see OptimRule)
+  // The declared rule (kind Auto when the trainer decides: suites/optimizer.h resolve_optim_rule).
+  const OptimRule& optim_rule() const { return optim; }
 };
 
 // Where a layer sits in its model: needed for window patterns and value-embedding placement.

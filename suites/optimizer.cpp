@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <stdexcept>
 
 #include "harness/errors.h"
@@ -146,35 +147,77 @@ void muon_update(at::Tensor& p, const at::Tensor& grad, at::Tensor& buf, at::Ten
   p.sub_(lr_eff * g + lr_eff * wd * p * mask);
 }
 
+// ------------------------------------------------------------------ parameter rules
+namespace {
+// Linear maps whose ParamDef says `matmul` false because they act once per block of keys/values,
+// not per token (the accountant counts their FLOPs apart): NSA's compression maps φ and Seer's key gate.
+const char* const kBlockLinearMaps[] = {"nsa_cmp_k", "nsa_cmp_v", "seer_wk"};
+// flash-linear-attention's `_no_weight_decay` parameters (fla/layers/gated_deltanet.py, kda.py, mamba2.py)
+const char* const kDecayParams[] = {"A_log", "dt_bias", "D"};
+
+bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
+bool ends_with(const std::string& s, const std::string& p) {
+  return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
+}
+bool listed(const std::string& leaf, const char* const* begin, const char* const* end) {
+  return std::any_of(begin, end, [&](const char* n) { return leaf == n; });
+}
+
+MixerVector mixer_vector_kind(const std::string& leaf) {
+  if (listed(leaf, std::begin(kDecayParams), std::end(kDecayParams))) return MixerVector::Decay;
+  if (ends_with(leaf, "_bias") || ends_with(leaf, "_b") || starts_with(leaf, "b_")) return MixerVector::Bias;
+  if (leaf.find("norm") != std::string::npos) return MixerVector::Norm;
+  if (ends_with(leaf, "_conv")) return MixerVector::ConvTaps;
+  return MixerVector::Other;
+}
+
+// A Muon parameter as a [N, rows, cols] stack of its matrices (a view of its storage), or itself when 2-D.
+at::Tensor as_matrices(const at::Tensor& t) { return t.dim() == 2 ? t : t.view({-1, t.size(-2), t.size(-1)}); }
+}  // namespace
+
+OptimRule resolve_optim_rule(const ParamDef& def) {
+  if (def.optim.kind != OptimKind::Auto) return def.optim;
+  const size_t dot = def.name.rfind('.');
+  const std::string leaf = dot == std::string::npos ? def.name : def.name.substr(dot + 1);
+  const bool block_map = listed(leaf, std::begin(kBlockLinearMaps), std::end(kBlockLinearMaps));
+  if (def.shape.size() >= 2 && (def.matmul || block_map)) return muon_rule();
+  return mixer_vector_rule(mixer_vector_kind(leaf));
+}
+
 // ------------------------------------------------------------------ Optimizer
 Optimizer::Optimizer(const Model& m, int64_t batch_tokens, const TrainHyper& h) : h_(h) {
   const double bs = std::sqrt(double(batch_tokens) / h.batch_tokens_ref);
   const double ds = std::pow(double(m.dims.d_model) / 768.0, -0.5);
   std::map<std::string, std::pair<OptimRule, std::string>> declared;  // group -> (rule, first parameter)
   for (const auto& [name, t] : m.params) {
-    const OptimRule rule = m.defs.at(name).optim_rule();
+    const OptimRule rule = resolve_optim_rule(m.defs.at(name));
     auto [it, fresh] = declared.emplace(rule.group, std::make_pair(rule, name));
     if (!fresh && it->second.first != rule)
       throw std::logic_error(fmt::format("parameters {} and {} share optimizer group '{}' with different hyper-parameters",
                                          it->second.second, name, rule.group));
     const bool muon = rule.kind == OptimKind::Muon;
-    if (muon && t.dim() != 2)
-      throw std::logic_error(fmt::format("parameter {} is in a Muon group but is not a matrix", name));
+    if (muon && t.dim() < 2)
+      throw std::logic_error(fmt::format("parameter {} is in a Muon group but is not a matrix or a stack of matrices", name));
     if (fresh) {
       double lr = rule.lr;
       if (rule.batch_scaled) lr = lr * bs;
       if (rule.width_scaled) lr = lr * ds;
-      groups_.push_back({rule.group, muon, lr, rule.beta1, rule.beta2, rule.wd});
+      groups_.push_back({rule.group, muon, lr, rule.beta1, rule.beta2, rule.wd, rule.eps});
       group_index_[rule.group] = groups_.size() - 1;
     }
     group_of_[name] = group_index_.at(rule.group);
     auto o = t.options().requires_grad(false);
     if (muon) {
+      // NorMuon's factored second moment: one column (rows ≥ cols) or one row per matrix
+      std::vector<int64_t> second = t.sizes().vec();
+      second[second.size() - (t.size(-2) >= t.size(-1) ? 1 : 2)] = 1;
       m1_[name] = at::zeros(t.sizes(), o);
-      m2_[name] = t.size(0) >= t.size(1) ? at::zeros({t.size(0), 1}, o) : at::zeros({1, t.size(1)}, o);
+      m2_[name] = at::zeros(second, o);
     } else {
-      m1_[name] = at::zeros(t.sizes(), o.dtype(at::kFloat));
-      m2_[name] = at::zeros(t.sizes(), o.dtype(at::kFloat));
+      // fp32 moments at least, as adamw_update computes (an fp64 model keeps fp64)
+      const auto st = at::promote_types(t.scalar_type(), at::kFloat);
+      m1_[name] = at::zeros(t.sizes(), o.dtype(st));
+      m2_[name] = at::zeros(t.sizes(), o.dtype(st));
     }
   }
 }
@@ -195,6 +238,14 @@ std::vector<Optimizer::ParamSetting> Optimizer::settings(const Model& m) const {
     s.beta1 = g.muon ? muon_momentum(h_.schedule, 0) : g.beta1;
     s.beta2 = g.beta2;
     s.weight_decay = g.muon ? h_.muon_wd : g.wd;
+    if (g.muon) {
+      const int64_t rows = t.size(-2), cols = t.size(-1);
+      s.matrix = {rows, cols};
+      s.matrices = t.numel() / (rows * cols);
+      s.matrix_lr = g.lr * std::sqrt(std::max(1.0, double(rows) / double(cols)));
+    } else {
+      s.eps = g.eps;
+    }
     out.push_back(std::move(s));
   }
   return out;
@@ -210,33 +261,45 @@ void Optimizer::step(Model& m, int64_t it, const std::set<std::string>* only) {
     at::Tensor grad = t.grad();
     return grad.defined() ? grad : at::zeros_like(t);
   };
-  // On a GPU the Muon matrices of one group and shape are updated as one stack (batched matmuls,
-  // a few dozen launches instead of a few thousand); on the CPU one at a time.
+  // On a GPU the Muon matrices of one group and matrix shape (whole parameters and the heads of
+  // per-head stacks alike) are updated as one stack (batched matmuls, a few dozen launches instead
+  // of a few thousand); on the CPU one parameter at a time, a per-head stack as one batch (unless
+  // muon_batch_on_cpu).
   std::map<std::pair<size_t, std::vector<int64_t>>, std::vector<std::string>> stacks;
   for (const auto& [name, t] : m.params) {
     if (only && !only->count(name)) continue;
     const size_t gi = group_of_.at(name);
     const Group& g = groups_[gi];
-    at::Tensor p = t;
-    if (g.muon && t.is_cuda()) stacks[{gi, t.sizes().vec()}].push_back(name);
-    else if (g.muon) muon_update(p, grad_of(t), m1_.at(name), m2_.at(name), mom, g.lr * lrm, wd, g.beta2, h_.muon_bf16);
-    else adamw_update(p, grad_of(t), m1_.at(name), m2_.at(name), adam_step_, g.lr * lrm, g.beta1, g.beta2, 1e-10, g.wd);
+    if (g.muon && (t.is_cuda() || h_.muon_batch_on_cpu)) {
+      stacks[{gi, {t.size(-2), t.size(-1)}}].push_back(name);
+    } else if (g.muon) {
+      at::Tensor p = as_matrices(t), b1 = as_matrices(m1_.at(name)), b2 = as_matrices(m2_.at(name));
+      muon_update(p, as_matrices(grad_of(t)), b1, b2, mom, g.lr * lrm, wd, g.beta2, h_.muon_bf16);
+    } else {
+      at::Tensor p = t;
+      adamw_update(p, grad_of(t), m1_.at(name), m2_.at(name), adam_step_, g.lr * lrm, g.beta1, g.beta2, g.eps, g.wd);
+    }
   }
   for (const auto& [key, names] : stacks) {
     const Group& g = groups_[key.first];
+    const int64_t rows = key.second[0], cols = key.second[1];
     std::vector<at::Tensor> ps, gs, b1, b2;
     for (const auto& n : names) {
-      ps.push_back(m.params.at(n));
-      gs.push_back(grad_of(m.params.at(n)));
-      b1.push_back(m1_.at(n));
-      b2.push_back(m2_.at(n));
+      const at::Tensor& t = m.params.at(n);
+      ps.push_back(t.detach().reshape({-1, rows, cols}));
+      gs.push_back(grad_of(t).reshape({-1, rows, cols}));
+      b1.push_back(m1_.at(n).reshape({-1, rows, cols}));
+      b2.push_back(m2_.at(n).reshape({ps.back().size(0), m2_.at(n).size(-2), m2_.at(n).size(-1)}));
     }
-    at::Tensor P = at::stack(ps), G = at::stack(gs), B1 = at::stack(b1), B2 = at::stack(b2);
+    at::Tensor P = at::cat(ps), G = at::cat(gs), B1 = at::cat(b1), B2 = at::cat(b2);
     muon_update(P, G, B1, B2, mom, g.lr * lrm, wd, g.beta2, h_.muon_bf16);
+    int64_t k0 = 0;
     for (size_t k = 0; k < names.size(); ++k) {
-      ps[k].detach().copy_(P[int64_t(k)]);
-      b1[k].copy_(B1[int64_t(k)]);
-      b2[k].copy_(B2[int64_t(k)]);
+      const int64_t n = ps[k].size(0);
+      m.params.at(names[k]).detach().view_as(ps[k]).copy_(P.narrow(0, k0, n));
+      m1_.at(names[k]).view_as(b1[k]).copy_(B1.narrow(0, k0, n));
+      m2_.at(names[k]).view_as(b2[k]).copy_(B2.narrow(0, k0, n));
+      k0 += n;
     }
   }
 }

@@ -1,6 +1,8 @@
 // nanochat's optimizers and schedules (scripts/base_train.py, nanochat/optim.py): Muon with Polar
-// Express and NorMuon variance reduction for the block matrices, AdamW groups for embeddings, head
-// and scalars, each parameter in the group its ParamDef declares.
+// Express and NorMuon variance reduction for the block matrices and per-head stacks of them, AdamW
+// groups for embeddings, head, scalars and mixer vectors, each parameter in the group its ParamDef
+// declares or, where it leaves that to the trainer, the group resolve_optim_rule gives it
+// (docs/optimizer-groups.md).
 #pragma once
 #include <ATen/core/Tensor.h>
 
@@ -43,17 +45,30 @@ at::Tensor polar_express(const at::Tensor& X, int steps = 5);
 // One fused AdamW step in place (fp32 math): p *= 1 − lr·wd; m, v lerps; bias-corrected update.
 void adamw_update(at::Tensor& p, const at::Tensor& g, at::Tensor& exp_avg, at::Tensor& exp_avg_sq, int64_t step,
                   double lr, double beta1, double beta2, double eps, double wd);
-// One Muon step in place for a 2-D parameter, or for a [N, rows, cols] stack of same-shape parameters
-// (each matrix its own norms, as if updated alone): Nesterov, row equilibration, Polar Express (bf16 when
+// One Muon step in place for a 2-D parameter, or for a [N, rows, cols] stack of same-shape matrices
+// (a per-head parameter or same-shape parameters stacked; each matrix its own norms, as if updated alone): Nesterov, row equilibration, Polar Express (bf16 when
 // `bf16`), Frobenius renormalisation, NorMuon variance reduction, cautious decay; `lr` is the
 // group lr (the max(1, rows/cols)^½ factor is applied here).
 void muon_update(at::Tensor& p, const at::Tensor& g, at::Tensor& momentum_buffer, at::Tensor& second_buffer,
                  double momentum, double lr, double wd, double beta2, bool bf16);
 
+// The rule the trainer applies to a parameter: its ParamDef's rule, or for OptimKind::Auto, by the
+// parameter's leaf name (after the last '.') and shape:
+//  - a linear map gets muon_rule(): a ParamDef with `matmul` of rank ≥ 2, or a block-level linear map
+//    whose FLOPs are not per token (`matmul` false: nsa_cmp_k, nsa_cmp_v, seer_wk); rank ≥ 3 is a
+//    stack of [out, in] matrices over its leading (head) dimensions;
+//  - anything else a mixer_vector_rule(): A_log, dt_bias, D → Decay; names ending "_bias" or "_b"
+//    or starting "b_" → Bias; names containing "norm" → Norm; names ending "_conv" → ConvTaps;
+//    the rest → Other.
+OptimRule resolve_optim_rule(const ParamDef& def);
+
 struct TrainHyper {
   double batch_tokens_ref = 524288;  // B_ref: AdamW/Muon lrs scale by √(B/B_ref) (nanochat 2^19)
   double muon_wd = 0.28;             // before the cosine schedule (nanochat's scaled value at its horizon)
   bool muon_bf16 = true;             // Polar Express in bf16 (nanochat on bf16 hardware)
+  // Muon matrices of one group and shape as one batch (whole parameters and heads of per-head
+  // stacks together): always on a GPU; on the CPU only when set (one parameter at a time otherwise)
+  bool muon_batch_on_cpu = false;
   Schedule schedule;
 };
 
@@ -71,12 +86,17 @@ class Optimizer {
   std::string group_of(const std::string& param) const;
   double base_lr(const std::string& param) const;
   // Every parameter with its group and hyper-parameters at the first step: Muon rows give the
-  // group lr, the Muon momentum at step 0 (as beta1), NorMuon's beta2 and the Muon weight decay
-  // before its schedule; AdamW rows their lr, betas and decoupled weight decay.
+  // group lr, the Muon momentum at step 0 (as beta1), NorMuon's beta2, the Muon weight decay
+  // before its schedule, the shape of each matrix it orthogonalises, how many, and the lr each
+  // gets (lr·max(1, rows/cols)^½); AdamW rows their lr, betas, eps and decoupled weight decay.
   struct ParamSetting {
     std::string param, group, optimizer;
     std::vector<int64_t> shape;
     double lr = 0, beta1 = 0, beta2 = 0, weight_decay = 0;
+    double eps = 0;                   // AdamW only
+    std::vector<int64_t> matrix;      // Muon only: [rows, cols] of each matrix
+    int64_t matrices = 0;             // Muon only: matrices in the parameter (its heads)
+    double matrix_lr = 0;             // Muon only
   };
   std::vector<ParamSetting> settings(const Model& m) const;
   TensorMap state() const;                // "<kind>.<param>" tensors + "adam_step"
@@ -86,7 +106,7 @@ class Optimizer {
   struct Group {
     std::string name;
     bool muon = false;
-    double lr = 0, beta1 = 0, beta2 = 0, wd = 0;
+    double lr = 0, beta1 = 0, beta2 = 0, wd = 0, eps = 0;
   };
   std::vector<Group> groups_;
   std::map<std::string, size_t> group_index_;  // group name -> groups_ index

@@ -104,9 +104,19 @@ nlohmann::json optimizer_settings(const TrainOptions& opt) {
   h.schedule.steps = steps;
   const Optimizer optim(model, B * model_dims(cfg).seq_len, h);
   nlohmann::json rows = nlohmann::json::array();
-  for (const auto& s : optim.settings(model))
-    rows.push_back({{"param", s.param}, {"shape", s.shape}, {"group", s.group}, {"optimizer", s.optimizer}, {"lr", s.lr},
-                    {"beta1", s.beta1}, {"beta2", s.beta2}, {"weight_decay", s.weight_decay}});
+  for (const auto& s : optim.settings(model)) {
+    nlohmann::json row = {{"param", s.param},   {"shape", s.shape}, {"group", s.group},
+                          {"optimizer", s.optimizer}, {"lr", s.lr},    {"beta1", s.beta1},
+                          {"beta2", s.beta2},   {"eps", nullptr},   {"weight_decay", s.weight_decay}};
+    if (s.optimizer == "muon") {
+      row["matrix"] = s.matrix;
+      row["matrices"] = s.matrices;
+      row["matrix_lr"] = s.matrix_lr;
+    } else {
+      row["eps"] = s.eps;
+    }
+    rows.push_back(std::move(row));
+  }
   return {{"method", ms.name}, {"preset", opt.preset}, {"config", cfg.to_json()}, {"batch_tokens", B * model_dims(cfg).seq_len},
           {"steps", steps}, {"params", rows}};
 }

@@ -102,7 +102,9 @@ TrainResult run_train(const TrainOptions& opt);
 int64_t gate_stage_start(const MethodSpec& m, const Config& cfg, const TrainPreset& p, int64_t steps);
 // The run's parameters with their optimizer groups and hyper-parameters at the first step (what
 // `mixbench train --dry-run` prints): {method, preset, config, batch_tokens, steps, params: [{param,
-// shape, group, optimizer, lr, beta1, beta2, weight_decay}]}. Builds the model on the CPU; trains nothing.
+// shape, group, optimizer, lr, beta1, beta2, eps, weight_decay}]}; eps is null on Muon rows, which
+// add matrix ([rows, cols] of each matrix), matrices (how many: a per-head stack's heads) and
+// matrix_lr (lr·max(1, rows/cols)^½). Builds the model on the CPU; trains nothing.
 nlohmann::json optimizer_settings(const TrainOptions& opt);
 nlohmann::json train_result_json(const TrainResult& r);
 

@@ -34,7 +34,12 @@ std::pair<std::string, double> pinned_group(const std::string& name, const Param
   if (name == "x0_lambdas") return {"x0_lambdas", 0.5 * bs};
   if (name == "smear_gate" || name == "smear_lambda" || name == "backout_lambda") return {"smear", 0.2};
   if (d.matmul && d.shape.size() == 2) return {"muon", 0.02 * bs};
-  return {"mixer_other", 0.02 * bs};
+  // mixer vectors: flash-linear-attention's AdamW lr (3e-4 at 2^19 tokens), by kind
+  const std::string leaf = name.substr(name.rfind('.') + 1);
+  if (leaf == "A_log" || leaf == "dt_bias") return {"mixer_decay", 3e-4 * bs};
+  if (leaf == "q_conv" || leaf == "k_conv" || leaf == "v_conv") return {"mixer_conv", 3e-4 * bs};
+  if (leaf == "o_norm") return {"mixer_norm", 3e-4 * bs};
+  return {"unexpected parameter " + name, 0.0};
 }
 
 TEST(TrainOptimRules, GroupsAndLrsOfEveryParameterArePinned) {
@@ -53,7 +58,8 @@ TEST(TrainOptimRules, GroupsAndLrsOfEveryParameterArePinned) {
       groups.insert(g);
     }
     EXPECT_TRUE(groups.count("muon") && groups.count("smear") && groups.count("value_embeds")) << method;
-    if (std::string(method) == "gdn") EXPECT_TRUE(groups.count("mixer_other"));
+    if (std::string(method) == "gdn")
+      EXPECT_TRUE(groups.count("mixer_decay") && groups.count("mixer_conv") && groups.count("mixer_norm"));
   }
 }
 

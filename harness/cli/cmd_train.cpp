@@ -119,15 +119,23 @@ int run_train_command(const Args& a, const std::vector<std::string>& args) {
     }
     std::cout << fmt::format("{} at preset {}: {} steps, {} tokens per step\n", s["method"].get<std::string>(),
                              s["preset"].get<std::string>(), s["steps"].get<int64_t>(), s["batch_tokens"].get<int64_t>());
-    std::cout << fmt::format("{:<36} {:<16} {:<18} {:<6} {:>10} {:>7} {:>7} {:>7}\n", "parameter", "shape", "group",
-                             "optim", "lr", "beta1", "beta2", "wd");
+    // Muon rows: eps "-", and how each matrix is updated: "H×rows×cols @ lr" (lr with the shape factor)
+    std::cout << fmt::format("{:<36} {:<16} {:<15} {:<6} {:>10} {:>7} {:>7} {:>7} {:>7}  {}\n", "parameter", "shape",
+                             "group", "optim", "lr", "beta1", "beta2", "eps", "wd", "muon matrices");
+    auto dims = [](const Json& v) {
+      std::string out;
+      for (const auto& x : v) out += (out.empty() ? "" : "x") + std::to_string(x.get<int64_t>());
+      return out;
+    };
     for (const auto& r : s["params"]) {
-      std::string shape;
-      for (const auto& x : r["shape"]) shape += (shape.empty() ? "" : "x") + std::to_string(x.get<int64_t>());
-      std::cout << fmt::format("{:<36} {:<16} {:<18} {:<6} {:>10.4g} {:>7.3g} {:>7.3g} {:>7.3g}\n",
-                               r["param"].get<std::string>(), shape, r["group"].get<std::string>(),
-                               r["optimizer"].get<std::string>(), r["lr"].get<double>(), r["beta1"].get<double>(),
-                               r["beta2"].get<double>(), r["weight_decay"].get<double>());
+      const bool muon = r["optimizer"] == "muon";
+      std::cout << fmt::format(
+          "{:<36} {:<16} {:<15} {:<6} {:>10.4g} {:>7.3g} {:>7.3g} {:>7} {:>7.3g}  {}\n", r["param"].get<std::string>(),
+          dims(r["shape"]), r["group"].get<std::string>(), r["optimizer"].get<std::string>(), r["lr"].get<double>(),
+          r["beta1"].get<double>(), r["beta2"].get<double>(),
+          muon ? std::string("-") : fmt::format("{:.3g}", r["eps"].get<double>()), r["weight_decay"].get<double>(),
+          muon ? fmt::format("{}x{} @ {:.4g}", r["matrices"].get<int64_t>(), dims(r["matrix"]), r["matrix_lr"].get<double>())
+               : std::string());
     }
     return 0;
   }
@@ -266,7 +274,7 @@ Command train_command() {
            {"config", OptionKind::Value, "k=v,...", "overrides of the method's config"},
            {"out", OptionKind::Value, "DIR", "folder of the checkpoint and train.json"},
            {"resume", OptionKind::Flag, "", "continue from DIR/checkpoint.safetensors"},
-           {"dry-run", OptionKind::Flag, "", "print every parameter with its optimizer group, lr, betas and weight decay; train nothing"},
+           {"dry-run", OptionKind::Flag, "", "print every parameter with its optimizer group, lr, betas, eps and weight decay; train nothing"},
            {"json", OptionKind::Flag, "", "with --dry-run: the table as JSON"},
            {"eval-every", OptionKind::Value, "N", "steps between validation evaluations (default: the preset's)"},
            {"eval-batches", OptionKind::Value, "N", "batches per validation evaluation (default: the preset's)"},
