@@ -75,6 +75,10 @@ class ResidualStream {
   // May change the training initialisation of the model's parameters (every definition of the
   // model, blocks and backbone alike), e.g. depth-dependent init gains; the default keeps them.
   virtual void adjust_init(std::vector<ParamDef>& defs, const ModelDims& d, const ExecPlan& plan) const {}
+  // May change the inputs of sublayer `s`'s mixer after the backbone built them ("x", "ve", the
+  // block's parameters), e.g. a stream that runs a step on a subset of the tokens gathers their
+  // value embeddings and adds their positions ("positions" [B,T'] int64). The default keeps them.
+  virtual void mixer_inputs(const TensorMap& state, const Sublayer& s, TensorMap& in) const {}
 };
 
 // nanochat's stream: before step i's mixer x ← resid_lambdas[i]·x + x0_lambdas[i]·x0 (x0 the
