@@ -8,7 +8,8 @@
 // Options for HypeNet's attention layers (off by default): rope=false (NoPE), out_gate (the
 // attention output times sigmoid(x W_gᵀ), W_g [H·dh, d], before c_proj), and the logit scale
 // s_t = log_a(t + a) at inference only (logit_scale_train=false: applied when the layer is not
-// training, LayerCtx::step < 0).
+// training, LayerCtx::step < 0). An input "positions" [B,T] (int64) gives each token's RoPE
+// position, for a layer run on a subset of the tokens (mor's recursions); causality is by order.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 

@@ -297,8 +297,8 @@ void finish(MethodSpec& m) {
         mor::capacities(c);
         const LoopSplit s = mor_split(c);
         if (s.prelude < 1 || s.coda < 1)
-          throw InputError(fmt::format("mor keeps the first and last blocks unique: n_prelude {} and n_coda {} must be "
-                                       "at least 1 (n_layer ≥ 3)",
+          throw InputError(fmt::format("mor keeps its first and last blocks unique around the core: n_prelude {} and "
+                                       "n_coda {} must be at least 1 (n_layer ≥ 3)",
                                        s.prelude, s.coda));
       });
   m.prefill = nullptr;
