@@ -15,6 +15,7 @@
 #include "harness/errors.h"
 #include "harness/registry.h"
 #include "harness/residual.h"
+#include "mixers/common/layers.h"
 #include "mixers/loop/act_loop.h"
 #include "mixers/loop/mor.h"
 #include "suites/account.h"
@@ -65,6 +66,29 @@ TEST(MorRouting, SelectionTieRule) {
   EXPECT_EQ(top3[0][2].item<int64_t>(), 4);
   EXPECT_EQ(top3[1][0].item<int64_t>(), 1) << "row 2: the first three of four equal logits";
   EXPECT_EQ(top3[1][2].item<int64_t>(), 3);
+}
+
+// A layer run on a subset of the tokens rotates each at its own position ("positions"): rope_at at
+// p, p+1, … is rope from offset p; dense_full's fast path and its reference agree at scattered
+// positions, and differ from the same tokens taken at 0 … k−1.
+TEST(MorRouting, LayerOnATokenSubsetRotatesAtTheTokensPositions) {
+  at::Generator g = gen_of(21);
+  const at::TensorOptions i64 = at::TensorOptions().dtype(at::kLong);
+  const at::Tensor q = at::randn({2, 5, 2, 8}, g, kF64);
+  EXPECT_TRUE(layers::rope_at(q, 100000.0, at::arange(3, 8, i64).expand({2, 5})).equal(layers::rope(q, 100000.0, 3)));
+  const MethodSpec& m = Registry::get().method("dense_full");
+  const Config c = m.config.parse("n_layer=2,d_model=32,head_dim=16,seq_len=16,vocab=32");
+  const LayerCtx ctx{1, 2};  // the last layer: with a value embedding
+  TensorMap in = m.make_inputs(c, ctx, 2, 6, g);
+  for (const auto& d : m.params(c, ctx)) in.set(d.name, random_param(d, g, kF64));
+  TensorMap plain = in;
+  in.set("positions", at::tensor({0, 2, 3, 7, 9, 12, 1, 4, 5, 6, 10, 15}, i64).view({2, 6}));
+  const at::Tensor fast = m.forward(in, c, ctx, Backend::CPU).at("y");
+  EXPECT_LT(max_diff(fast, m.reference(in, c, ctx).at("y")), 1e-12);
+  EXPECT_GT(max_diff(fast, m.forward(plain, c, ctx, Backend::CPU).at("y")), 1e-6);
+  in.set("positions", at::arange(6, i64).expand({2, 6}));
+  EXPECT_LT(max_diff(m.forward(in, c, ctx, Backend::CPU).at("y"), m.forward(plain, c, ctx, Backend::CPU).at("y")), 1e-14);
+  EXPECT_LT(max_diff(m.reference(in, c, ctx).at("y"), m.reference(plain, c, ctx).at("y")), 1e-14);
 }
 
 // A copy of mor whose core layer records the token count and positions of every call.
