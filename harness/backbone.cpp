@@ -264,6 +264,7 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
     std::string prefix = fmt::format("layers.{}.mixer.", i);
     for (const auto& [name, t] : P)
       if (name.rfind(prefix, 0) == 0) in.set(name.substr(prefix.size()), t);
+    stream.mixer_inputs(state, mix, in);
     TensorMap out;
     {
       NvtxRange r(nvtx_name({mixer.name,

@@ -101,6 +101,10 @@ class ResidualStream {
   // The exit-gate parameters a final gate-only stage of a training run trains alone (the others
   // keep their values and optimizer state); empty: the run has no such stage.
   virtual std::vector<std::string> gate_params() const { return {}; }
+  // May change the inputs of sublayer `s`'s mixer after the backbone built them ("x", "ve", the
+  // block's parameters), e.g. a stream that runs a step on a subset of the tokens gathers their
+  // value embeddings and adds their positions ("positions" [B,T'] int64). The default keeps them.
+  virtual void mixer_inputs(const TensorMap& state, const Sublayer& s, TensorMap& in) const {}
 };
 
 // nanochat's stream: before step i's mixer x ← resid_lambdas[i]·x + x0_lambdas[i]·x0 (x0 the

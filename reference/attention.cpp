@@ -36,19 +36,24 @@ at::Tensor rms(const at::Tensor& x) {
   return x / (x.pow(2).mean(-1, true) + eps).sqrt();
 }
 
-// nanochat's rotation: y1 = x1 cos + x2 sin, y2 = -x1 sin + x2 cos, angle t·base^(-2i/D).
-at::Tensor rope(const at::Tensor& x, double base) {
-  const int64_t T = x.size(1), D = x.size(3), half = D / 2;
+// nanochat's rotation: y1 = x1 cos + x2 sin, y2 = -x1 sin + x2 cos, angle p·base^(-2i/D) at the
+// token's position p (t, or positions[b][t] when given).
+at::Tensor rope(const at::Tensor& x, double base, const at::Tensor& positions = at::Tensor()) {
+  const int64_t B = x.size(0), T = x.size(1), D = x.size(3), half = D / 2;
+  const at::Tensor pos = positions.defined() ? positions.to(at::kLong).cpu() : at::Tensor();
   std::vector<at::Tensor> rows;
   for (int64_t t = 0; t < T; ++t) {
-    std::vector<double> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
-    for (int64_t i = 0; i < half; ++i) {
-      const double ang = double(t) * std::pow(base, -double(2 * i) / double(D));
-      c[size_t(i)] = std::cos(ang);
-      s[size_t(i)] = std::sin(ang);
-    }
-    at::Tensor cos = at::tensor(c, x.options().requires_grad(false));
-    at::Tensor sin = at::tensor(s, x.options().requires_grad(false));
+    const int64_t nb = pos.defined() ? B : 1;  // one row of angles per batch row, or one for all
+    std::vector<double> c(static_cast<size_t>(nb * half)), s(static_cast<size_t>(nb * half));
+    for (int64_t b = 0; b < nb; ++b)
+      for (int64_t i = 0; i < half; ++i) {
+        const double p = pos.defined() ? double(pos[b][t].item<int64_t>()) : double(t);
+        const double ang = p * std::pow(base, -double(2 * i) / double(D));
+        c[size_t(b * half + i)] = std::cos(ang);
+        s[size_t(b * half + i)] = std::sin(ang);
+      }
+    at::Tensor cos = at::tensor(c, x.options().requires_grad(false)).view({nb, 1, half});
+    at::Tensor sin = at::tensor(s, x.options().requires_grad(false)).view({nb, 1, half});
     at::Tensor xt = x.select(1, t);
     at::Tensor x1 = xt.slice(-1, 0, half), x2 = xt.slice(-1, half);
     rows.push_back(at::cat({x1 * cos + x2 * sin, -x1 * sin + x2 * cos}, -1));
@@ -60,7 +65,8 @@ at::Tensor project(const at::Tensor& x, const at::Tensor& w) { return (x.unsquee
 }  // namespace
 
 NanochatQKV nanochat_qkv(const at::Tensor& x, const at::Tensor& ve, const AttnLayerWeights& w, int64_t n_head,
-                         int64_t n_kv_head, int64_t head_dim, double rope_base, bool use_rope) {
+                         int64_t n_kv_head, int64_t head_dim, double rope_base, bool use_rope,
+                         const at::Tensor& positions) {
   const int64_t B = x.size(0), T = x.size(1);
   at::Tensor q = project(x, w.c_q).view({B, T, n_head, head_dim});
   at::Tensor k = project(x, w.c_k).view({B, T, n_kv_head, head_dim});
@@ -70,17 +76,18 @@ NanochatQKV nanochat_qkv(const at::Tensor& x, const at::Tensor& ve, const AttnLa
     v = v + gate.unsqueeze(-1) * ve.view({B, T, n_kv_head, head_dim});
   }
   if (use_rope) {
-    q = rope(q, rope_base);
-    k = rope(k, rope_base);
+    q = rope(q, rope_base, positions);
+    k = rope(k, rope_base, positions);
   }
   return {rms(q) * 1.2, rms(k) * 1.2, v};
 }
 
 at::Tensor nanochat_attention_layer(const at::Tensor& x, const at::Tensor& ve, const AttnLayerWeights& w,
                                     int64_t n_head, int64_t n_kv_head, int64_t head_dim, int64_t window,
-                                    double rope_base, double logit_scale_a, bool use_rope) {
+                                    double rope_base, double logit_scale_a, bool use_rope,
+                                    const at::Tensor& positions) {
   const int64_t B = x.size(0), T = x.size(1);
-  NanochatQKV qkv = nanochat_qkv(x, ve, w, n_head, n_kv_head, head_dim, rope_base, use_rope);
+  NanochatQKV qkv = nanochat_qkv(x, ve, w, n_head, n_kv_head, head_dim, rope_base, use_rope, positions);
   at::Tensor y = attention(qkv.q, qkv.k, qkv.v, 1.0 / std::sqrt(double(head_dim)), window, logit_scale_a)
                      .reshape({B, T, n_head * head_dim});
   if (w.c_gate.defined()) y = y * at::sigmoid(project(x, w.c_gate));

@@ -24,13 +24,16 @@ struct AttnLayerWeights {
 struct NanochatQKV {
   at::Tensor q, k, v;
 };
-// rope = false: NoPE (HypeNet's attention layers).
+// rope = false: NoPE (HypeNet's attention layers). `positions` [B,T] (int64): each token's RoPE
+// position (a layer run on a subset of the tokens); undefined = 0 … T−1.
 NanochatQKV nanochat_qkv(const at::Tensor& x, const at::Tensor& ve, const AttnLayerWeights& w, int64_t n_head,
-                         int64_t n_kv_head, int64_t head_dim, double rope_base, bool rope = true);
+                         int64_t n_kv_head, int64_t head_dim, double rope_base, bool rope = true,
+                         const at::Tensor& positions = at::Tensor());
 // The whole layer; with w.c_gate the attention output is multiplied by sigmoid(x c_gateᵀ) before c_proj.
 at::Tensor nanochat_attention_layer(const at::Tensor& x, const at::Tensor& ve, const AttnLayerWeights& w,
                                     int64_t n_head, int64_t n_kv_head, int64_t head_dim, int64_t window,
-                                    double rope_base, double logit_scale_a, bool rope = true);
+                                    double rope_base, double logit_scale_a, bool rope = true,
+                                    const at::Tensor& positions = at::Tensor());
 
 // Multi-head latent attention (DeepSeek-V2), one layer: c_Q = rms(W_DQ x)·g_Q, q = [W_UQ c_Q, RoPE(W_QR c_Q)],
 // c_KV = rms(W_DKV x)·g_KV, k = [W_UK c_KV, RoPE(W_KR x) shared by the heads], v = W_UV c_KV; with

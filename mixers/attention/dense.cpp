@@ -8,7 +8,8 @@
 // Options for HypeNet's attention layers (off by default): rope=false (NoPE), out_gate (the
 // attention output times sigmoid(x W_gᵀ), W_g [H·dh, d], before c_proj), and the logit scale
 // s_t = log_a(t + a) at inference only (logit_scale_train=false: applied when the layer is not
-// training, LayerCtx::step < 0).
+// training, LayerCtx::step < 0). An input "positions" [B,T] (int64) gives each token's RoPE
+// position, for a layer run on a subset of the tokens (mor's recursions); causality is by order.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
@@ -80,11 +81,13 @@ TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx& ctx
                                 in.get_or("ve_gate", at::Tensor()), in.get_or("c_gate", at::Tensor())};
   return {{"y", reference::nanochat_attention_layer(in.at("x"), in.get_or("ve", at::Tensor()), w, d.m.n_head,
                                                      d.n_kv_head, d.m.head_dim, layer_window(c, ctx),
-                                                     c.f("rope_base"), logit_scale_in_effect(c, ctx), c.b("rope"))}};
+                                                     c.f("rope_base"), logit_scale_in_effect(c, ctx), c.b("rope"),
+                                                     in.get_or("positions", at::Tensor()))}};
 }
 
 struct Qkv {
-  at::Tensor q, k, v;  // [B,T,H,dh], [B,T,Hkv,dh] ×2, after RoPE (from position `offset`), QK norm and ×1.2
+  at::Tensor q, k, v;  // [B,T,H,dh], [B,T,Hkv,dh] ×2, after RoPE (from position `offset`, or at the
+                       // input "positions" [B,T] when given), QK norm and ×1.2
 };
 
 Qkv project(const TensorMap& in, const Config& c, const AttnDims& d, int64_t offset) {
@@ -93,7 +96,10 @@ Qkv project(const TensorMap& in, const Config& c, const AttnDims& d, int64_t off
   at::Tensor q = at::linear(x, in.at("c_q")).view({B, T, H, dh});
   at::Tensor k = at::linear(x, in.at("c_k")).view({B, T, Hkv, dh});
   at::Tensor v = layers::add_value_embed(at::linear(x, in.at("c_v")).view({B, T, Hkv, dh}), in);
-  if (c.b("rope")) {
+  if (c.b("rope") && in.has("positions")) {  // a layer run on a subset of the tokens
+    q = layers::rope_at(q, c.f("rope_base"), in.at("positions"));
+    k = layers::rope_at(k, c.f("rope_base"), in.at("positions"));
+  } else if (c.b("rope")) {
     q = layers::rope(q, c.f("rope_base"), offset);
     k = layers::rope(k, c.f("rope_base"), offset);
   }

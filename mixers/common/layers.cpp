@@ -63,6 +63,20 @@ struct RopeFn : public torch::autograd::Function<RopeFn> {
 }  // namespace
 #endif
 
+namespace {
+// x [B,T,H,D] rotated at positions `pos` ([1,T] or [B,T], FP64 on x's device).
+at::Tensor rotate(const at::Tensor& x, const at::Tensor& pos, double base) {
+  const int64_t D = x.size(3), half = D / 2;
+  auto opts = at::TensorOptions().dtype(at::kDouble).device(pos.device());
+  at::Tensor inv = at::pow(base, -at::arange(0, half, opts) * (2.0 / double(D)));
+  at::Tensor ang = pos.unsqueeze(-1) * inv;  // [·, T, half]
+  at::Tensor cos = ang.cos().to(x.options()).view({pos.size(0), pos.size(1), 1, half});
+  at::Tensor sin = ang.sin().to(x.options()).view({pos.size(0), pos.size(1), 1, half});
+  at::Tensor x1 = x.slice(-1, 0, half), x2 = x.slice(-1, half);
+  return at::cat({x1 * cos + x2 * sin, x2 * cos - x1 * sin}, -1);
+}
+}  // namespace
+
 at::Tensor rope(const at::Tensor& x, double base, int64_t offset) {
 #if defined(MIXBENCH_WITH_CUDA)
   // One fused pass on a GPU (fp32 math, one rounding): the same values as the path below.
@@ -74,15 +88,13 @@ at::Tensor rope(const at::Tensor& x, double base, int64_t offset) {
   }
 #endif
   if (is_half(x)) return rope(f32(x), base, offset).to(x.scalar_type());  // one rounding, not three
-  const int64_t T = x.size(1), D = x.size(3), half = D / 2;
-  auto opts = at::TensorOptions().dtype(at::kDouble);
-  at::Tensor pos = at::arange(offset, offset + T, opts);
-  at::Tensor inv = at::pow(base, -at::arange(0, half, opts) * (2.0 / double(D)));
-  at::Tensor ang = at::outer(pos, inv);  // [T, half]
-  at::Tensor cos = ang.cos().to(x.options()).view({1, T, 1, half});
-  at::Tensor sin = ang.sin().to(x.options()).view({1, T, 1, half});
-  at::Tensor x1 = x.slice(-1, 0, half), x2 = x.slice(-1, half);
-  return at::cat({x1 * cos + x2 * sin, x2 * cos - x1 * sin}, -1);
+  const int64_t T = x.size(1);
+  return rotate(x, at::arange(offset, offset + T, at::TensorOptions().dtype(at::kDouble)).view({1, T}), base);
+}
+
+at::Tensor rope_at(const at::Tensor& x, double base, const at::Tensor& positions) {
+  if (is_half(x)) return rope_at(f32(x), base, positions).to(x.scalar_type());
+  return rotate(x, positions.to(at::kDouble), base);
 }
 
 at::Tensor device_constant(const std::string& key, const at::TensorOptions& opts, const std::function<at::Tensor()>& make) {

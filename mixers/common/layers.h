@@ -25,6 +25,8 @@ at::Tensor rms_norm(const at::Tensor& x);
 // (y1 = x1 cos + x2 sin, y2 = −x1 sin + x2 cos), angles t·base^(−2i/D) computed in FP64 and cast
 // to x's dtype. `offset` is the position of the first token (decode).
 at::Tensor rope(const at::Tensor& x, double base, int64_t offset = 0);
+// The same rotation at given positions: `positions` [B,T] (int64) holds each token's position.
+at::Tensor rope_at(const at::Tensor& x, double base, const at::Tensor& positions);
 // A constant computed on the host by `make` and moved to `opts`. On a GPU it is made once per key,
 // device and dtype and kept, so that a training step replayed from a CUDA graph copies nothing from
 // the host (a capture refuses host-to-device copies from pageable memory). On the CPU: make().to(opts).
