@@ -482,7 +482,7 @@ TEST(Sweep, ResidualStreamShareBesideItsControl) {
                 1.0 - s["control_timing"]["median_s"].get<double>() / x["timing"]["median_s"].get<double>(), 1e-12);
     // the FLOP share from the stream's own arithmetic and its matmul parameters
     const MethodSpec& spec = Registry::get().method(m);
-    const Config cfg = sweep_method_config(spec, sweep_args({"--config", "d_model=32,head_dim=16,vocab=64"}), 32);
+    const Config cfg = sweep_method_config(spec, sweep_args({"--mode", "train", "--config", "d_model=32,head_dim=16,vocab=64"}), 32);
     const auto stream = model_stream(spec, cfg);
     const ModelDims d = model_dims(cfg);
     const ExecPlan plan = model_plan(spec, cfg);
@@ -504,7 +504,7 @@ TEST(Sweep, ResidualStreamShareBesideItsControl) {
 // method's stream parameters do not reach its loss, while they change the method's own.
 TEST(Sweep, StreamControlModelIgnoresTheStreamParameters) {
   const MethodSpec& hc = Registry::get().method("hc");
-  const Config cfg = sweep_method_config(hc, sweep_args({"--config", "d_model=32,head_dim=16,vocab=64"}), 16);
+  const Config cfg = sweep_method_config(hc, sweep_args({"--mode", "train", "--config", "d_model=32,head_dim=16,vocab=64"}), 16);
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);
   Model m = build_model(hc, cfg, gen, at::TensorOptions().dtype(at::kDouble), /*random_nonzero=*/true);
   std::optional<Model> c = sweep_detail::control_model(m);

@@ -186,6 +186,7 @@ void complete(MethodSpec& self) {
   m.summary = self.summary;
   m.citation = self.citation;
   m.residual = self.residual;
+  m.control = self.control;
   m.config
       .i("attnres_block", 0,
          "attention-residual block size in sublayers (attention and MLP count one each); 0 = 2·ceil(n_layer/8), "
