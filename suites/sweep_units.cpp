@@ -37,10 +37,6 @@ void drop_grads(TensorMap& params) {
     if (p.defined() && p.grad().defined()) p.mutable_grad().reset();
 }
 
-at::ScalarType dt_of(const Model& m) {
-  return m.params.empty() ? at::kFloat : m.params.begin()->second.scalar_type();
-}
-
 }  // namespace
 
 std::optional<Model> control_model(const Model& m) {
@@ -121,7 +117,7 @@ Unit model_unit(const MethodSpec& method, const SweepOptions& opt) {
     m.params = std::move(moved);
     st->model = std::move(m);
   };
-  u.prepare = [&method, opt, st, train](int64_t B, int64_t T) {
+  u.prepare = [&method, opt, st, train, eb](int64_t B, int64_t T) {
     Config cfg = sweep_method_config(method, opt, T);
     const at::Device dev = device_of(opt.device);
     const Backend backend = opt.device == "cuda" ? Backend::CUDA : Backend::CPU;
@@ -158,7 +154,7 @@ Unit model_unit(const MethodSpec& method, const SweepOptions& opt) {
       auto cm = std::make_shared<Model>(std::move(*c));
       pt.control = [cm, run](const std::string& nv) { run(*cm, nv); };
       pt.control_info = {{"stream", m.stream->name()}, {"control_stream", cm->stream->name()},
-                         {"flop_share", stream_flop_share(method, cfg, T, int64_t(c10::elementSize(dt_of(m))))}};
+                         {"flop_share", stream_flop_share(method, cfg, T, eb)}};
     }
     return pt;
   };
