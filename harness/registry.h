@@ -15,6 +15,7 @@
 
 #include "harness/accountant.h"
 #include "harness/config.h"
+#include "harness/param_alias.h"
 #include "harness/plan.h"
 #include "harness/tensor_map.h"
 
@@ -215,6 +216,9 @@ struct MethodSpec {
   std::function<ExecPlan(const Config&)> plan;
   // The residual stream around the sublayers (harness/residual.h); unset = nanochat's.
   std::function<std::shared_ptr<const ResidualStream>(const Config&)> residual;
+  // The names other implementations give this layer's parameters, by scheme ("fla":
+  // flash-linear-attention's layer the method follows), harness/param_alias.h. Empty: none.
+  std::map<std::string, std::function<ParamAliases(const Config&)>> foreign_names;
   // Checked as a whole model rather than one layer: hybrids, looped plans and residual streams.
   bool model_level() const { return is_hybrid() || bool(plan) || bool(residual); }
   // Runs once, after every static registration and before the first lookup (a hybrid builds its
