@@ -5,6 +5,10 @@
 
 namespace mixbench::reference {
 
+at::Tensor from_doubles(const std::vector<double>& v, const at::TensorOptions& opts) {
+  return at::tensor(v, at::TensorOptions().dtype(at::kDouble)).to(opts.requires_grad(false));
+}
+
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                      int64_t window, double logit_scale_a) {
   const int64_t T = q.size(1), H = q.size(2), Hkv = k.size(2);
@@ -52,8 +56,8 @@ at::Tensor rope(const at::Tensor& x, double base, const at::Tensor& positions = 
         c[size_t(b * half + i)] = std::cos(ang);
         s[size_t(b * half + i)] = std::sin(ang);
       }
-    at::Tensor cos = at::tensor(c, x.options().requires_grad(false)).view({nb, 1, half});
-    at::Tensor sin = at::tensor(s, x.options().requires_grad(false)).view({nb, 1, half});
+    at::Tensor cos = from_doubles(c, x.options().requires_grad(false)).view({nb, 1, half});
+    at::Tensor sin = from_doubles(s, x.options().requires_grad(false)).view({nb, 1, half});
     at::Tensor xt = x.select(1, t);
     at::Tensor x1 = xt.slice(-1, 0, half), x2 = xt.slice(-1, half);
     rows.push_back(at::cat({x1 * cos + x2 * sin, -x1 * sin + x2 * cos}, -1));

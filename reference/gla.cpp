@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "harness/errors.h"
+#include "reference/reference.h"
 
 namespace mixbench::reference {
 
@@ -74,8 +75,8 @@ at::Tensor rope(const at::Tensor& x, double base) {
       c[size_t(i)] = std::cos(ang);
       s[size_t(i)] = std::sin(ang);
     }
-    at::Tensor cs = at::tensor(c, x.options().requires_grad(false));
-    at::Tensor sn = at::tensor(s, x.options().requires_grad(false));
+    at::Tensor cs = from_doubles(c, x.options().requires_grad(false));
+    at::Tensor sn = from_doubles(s, x.options().requires_grad(false));
     at::Tensor xt = x.select(1, t);
     at::Tensor x1 = xt.slice(-1, 0, half), x2 = xt.slice(-1, half);
     rows.push_back(at::cat({x1 * cs + x2 * sn, -x1 * sn + x2 * cs}, -1));
@@ -129,7 +130,7 @@ at::Tensor gla_family_layer(const at::Tensor& x, const at::Tensor& ve, const Gla
       if (s.decay == GlaDecay::Retnet) gh[size_t(h)] = std::log(1.0 - std::pow(2.0, -5.0 - double(h)));
       else if (s.decay == GlaDecay::Lightning) gh[size_t(h)] = -std::pow(2.0, -8.0 * double(h + 1) / double(H));
     }
-    at::Tensor g = at::tensor(gh, opts).view({1, 1, H}).expand({B, T, H});
+    at::Tensor g = from_doubles(gh, opts).view({1, 1, H}).expand({B, T, H});
     o = simple_gla(q, k, v, g, s.scale, at::Tensor()).first;
   }
   o = rms(o);

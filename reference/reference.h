@@ -4,7 +4,13 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <vector>
+
 namespace mixbench::reference {
+
+// Values computed in double (RoPE angles, decays, teachers) as a tensor of opts' dtype, rounded once
+// from FP64: the references then also run in another dtype (a baseline at that precision).
+at::Tensor from_doubles(const std::vector<double>& v, const at::TensorOptions& opts);
 
 // Causal attention, GQA by head groups (query head h reads KV head h / (H/Hkv)).
 // q [B,T,H,D], k [B,T,Hkv,D], v [B,T,Hkv,Dv]. window = visible keys including self (0 = all).

@@ -58,7 +58,7 @@ at::Tensor dsa_indexer(const at::Tensor& q_idx, const at::Tensor& k_idx, const a
       at::Tensor sim = (ks.unsqueeze(1) * qt.unsqueeze(0)).sum(-1) * scale;         // [S,HI]
       if (relu) sim = sim.clamp_min(0.0);
       at::Tensor w = wd.defined() ? wd[b][t] : at::ones({HI}, sim.options());       // [HI]
-      at::Tensor score = (sim * w.unsqueeze(0)).sum(-1).contiguous();               // [S]
+      at::Tensor score = (sim * w.unsqueeze(0)).sum(-1).to(at::kDouble).contiguous();  // [S]
       const double* sp = score.data_ptr<double>();
       std::vector<std::pair<double, int64_t>> scored;
       for (int64_t s = 0; s <= t; ++s) scored.emplace_back(sp[s], s);

@@ -39,7 +39,7 @@ at::Tensor rope_at(const at::Tensor& v, double pos, int64_t R, double base) {
     c[size_t(i)] = std::cos(a);
     sn[size_t(i)] = std::sin(a);
   }
-  at::Tensor ct = at::tensor(c, v.options().requires_grad(false)), st = at::tensor(sn, v.options().requires_grad(false));
+  at::Tensor ct = from_doubles(c, v.options().requires_grad(false)), st = from_doubles(sn, v.options().requires_grad(false));
   at::Tensor x1 = v.narrow(-1, 0, half), x2 = v.narrow(-1, half, half), rest = v.narrow(-1, R, v.size(-1) - R);
   return at::cat({x1 * ct - x2 * st, x2 * ct + x1 * st, rest}, -1);
 }
@@ -156,7 +156,7 @@ BlockOut qsa_layer(const at::Tensor& x, const at::Tensor& ve, const BlockLayerWe
         for (int64_t u = i * block; u < (i + 1) * block; ++u) mx = std::max(mx, pv[size_t(u)]);
         teacher.push_back(mx);
       }
-      at::Tensor pt = at::tensor(teacher, x.options().requires_grad(false));
+      at::Tensor pt = from_doubles(teacher, x.options().requires_grad(false));
       total = total + kl((pt / pt.sum()).unsqueeze(0), I.index_select(0, long_tensor(sel)).unsqueeze(0));
     }
     out_b.push_back(at::stack(out_t, 0));
@@ -278,7 +278,7 @@ BlockOut seer_layer(const at::Tensor& x, const at::Tensor& ve, const BlockLayerW
         }
         for (double v : r) gt.push_back(v / sum);
       }
-      total = total + kl(at::tensor(gt, x.options().requires_grad(false)).view({H, cur}), S);
+      total = total + kl(from_doubles(gt, x.options().requires_grad(false)).view({H, cur}), S);
     }
     out_b.push_back(at::stack(out_t, 0));
   }

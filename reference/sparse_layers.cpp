@@ -38,7 +38,7 @@ at::Tensor rope_neox_partial(const at::Tensor& x, int64_t R, double base) {
       c[size_t(i)] = std::cos(a);
       s[size_t(i)] = std::sin(a);
     }
-    at::Tensor cs = at::tensor(c, x.options().requires_grad(false)), sn = at::tensor(s, x.options().requires_grad(false));
+    at::Tensor cs = from_doubles(c, x.options().requires_grad(false)), sn = from_doubles(s, x.options().requires_grad(false));
     at::Tensor x1 = xt.narrow(-1, 0, half), x2 = xt.narrow(-1, half, half), rest = xt.narrow(-1, R, xt.size(-1) - R);
     rows.push_back(at::cat({x1 * cs - x2 * sn, x2 * cs + x1 * sn, rest}, -1));
   }
@@ -106,7 +106,7 @@ at::Tensor moba_layer(const at::Tensor& x, const at::Tensor& ve, const SparseLay
     std::vector<at::Tensor> out_t;
     for (int64_t t = 0; t < T; ++t) {
       const int64_t cur = t / block;
-      at::Tensor gate = (qd[b][t].unsqueeze(0) * kb[b].narrow(0, 0, cur + 1)).sum(-1).contiguous();  // [cur+1,H]
+      at::Tensor gate = (qd[b][t].unsqueeze(0) * kb[b].narrow(0, 0, cur + 1)).sum(-1).to(at::kDouble).contiguous();  // [cur+1,H]
       auto g = gate.accessor<double, 2>();
       at::Tensor mask = at::zeros({H, t + 1}, at::TensorOptions().dtype(at::kBool));
       for (int64_t h = 0; h < H; ++h) {

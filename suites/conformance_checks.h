@@ -59,6 +59,24 @@ double check_threshold(const std::string& dtype, TensorKind kind, const std::str
 // One check of the report: the comparison against threshold thr.
 Json check_json(const std::string& tensor, const char* kind, const Comparison& c, double thr);
 
+// Whole models below fp64 chain every layer's roundings with the backbone's and their gradients
+// flow back through all of them, so how far a correct low-precision computation lands from the FP64
+// reference depends on how well the model at the case's parameters is conditioned: a gradient that
+// is a small difference of large terms (e.g. a residual-stream map whose streams are nearly
+// parallel) carries the terms' rounding error, relative to its own small size. The model checks
+// therefore also run the FP64 reference's own code in the compute dtype on the CPU (the baseline:
+// a plain implementation at that precision, every operation rounding its result) and accept a
+// tensor whose error is within the model threshold, or at most kBaselineFactor times the
+// baseline's error — flash-attention's test rule (the fast path no worse than twice a plain
+// implementation in the same dtype). A check records `baseline_rel_rms` and the `criterion` it
+// passed (or failed) by.
+constexpr double kBaselineFactor = 2.0;
+// Whether a case at `level` in `dtype` runs the baseline: whole models below fp64.
+bool uses_baseline(const std::string& dtype, const std::string& level);
+// A check that passes by the threshold or by the baseline (error ≤ kBaselineFactor · base.rel_rms).
+Json baseline_check_json(const std::string& tensor, const char* kind, const Comparison& c, double thr,
+                         const Comparison& base);
+
 // Selections compared as sets per row (compare_selection), accepting a row whose two selections
 // differ only among keys tied with the row's k-th score (k = the keys `ref` selects): both must be
 // top-k selections of `scores` — k distinct candidates, none scoring below the k-th score − tol,

@@ -5,6 +5,7 @@
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -58,14 +59,15 @@ Run run_model_golden(const Model& proto, const TensorMap& params, const at::Tens
   return r;
 }
 
-double rel_rms(const at::Tensor& expected, const at::Tensor& got) {
+// RMS(expected − got) over the larger of RMS(expected) and `floor`.
+double rel_rms(const at::Tensor& expected, const at::Tensor& got, double floor = 0.0) {
   at::Tensor e = expected.to(at::kDouble), g = got.to(at::kDouble);
   if (e.sizes() != g.sizes()) return INFINITY;
   if (e.numel() == 0) return 0;
   const double num = (e - g).pow(2).mean().sqrt().item<double>();
   const double den = e.pow(2).mean().sqrt().item<double>();
   if (!std::isfinite(num)) return INFINITY;
-  return num / (den + 1e-300);
+  return num / (std::max(den, floor) + 1e-300);
 }
 
 }  // namespace
@@ -180,7 +182,28 @@ std::vector<GoldenDiff> check_model_golden(const std::string& path, double tol) 
       else
         cmp("aux_loss." + s, r.aux_loss);
     }
-    for (const auto& [n, g] : r.grads) cmp(fmt::format("grad.{}.{}", s, n), g);
+    // A gradient is compared relative to the larger of its own RMS and the RMS of all the model's
+    // gradients at this length: some are rounding noise in FP64 (the query and key maps at T = 1,
+    // zero in exact arithmetic; a backout gain's cancelling sum ~1e-8 of the others), which another
+    // CPU's BLAS rounds differently, while a change of the model moves them far above 1e-12 of
+    // that scale.
+    double sq = 0, count = 0;
+    for (const auto& [n, g] : r.grads) {
+      const std::string name = fmt::format("grad.{}.{}", s, n);
+      if (!f.tensors.has(name)) continue;
+      sq += f.tensors.at(name).to(at::kDouble).pow(2).sum().item<double>();
+      count += double(f.tensors.at(name).numel());
+    }
+    const double scale = count > 0 ? std::sqrt(sq / count) : 0.0;
+    for (const auto& [n, g] : r.grads) {
+      const std::string name = fmt::format("grad.{}.{}", s, n);
+      if (!f.tensors.has(name)) {
+        diffs.push_back({name + " (missing from the file)", INFINITY, false});
+        continue;
+      }
+      const double rel = rel_rms(f.tensors.at(name), g, scale);
+      diffs.push_back({name, rel, rel <= tol});
+    }
   }
   return diffs;
 }

@@ -232,7 +232,9 @@ TEST(AttnRes, AccountantBillsTheMixes) {
   const auto s = model_stream(attnres(), cfg);
   // sources before sublayers 0…5 and at the read-out: 1,2,2,2,3,3,3
   EXPECT_DOUBLE_EQ(s->fwd_flops(d, plan), 6.0 * 32 * 16);
-  EXPECT_DOUBLE_EQ(s->act_bytes(d, plan, 2), 16 * (32.0 * 2 + 4));
+  // the stacked sources in at least FP32 and the FP32 weights of each of the 16 source reads
+  EXPECT_DOUBLE_EQ(s->act_bytes(d, plan, 2), 16 * (32.0 * 4 + 4));
+  EXPECT_DOUBLE_EQ(s->act_bytes(d, plan, 8), 16 * (32.0 * 8 + 4));
   CostQuery q;
   q.T = 16;
   at::Generator g = gen_of(3);

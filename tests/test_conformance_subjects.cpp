@@ -123,7 +123,8 @@ TEST(ConformanceDriver, AFaultOrAnErrorShowsInTheCaseAndSkipsTheFollowUps) {
 }
 
 TEST(ConformanceSubjects, RegisteredSubjectsInReportOrderWithTheirSkips) {
-  // ops first, then methods; at fp32 a hybrid's cases are skipped and its layer methods follow it
+  // ops first, then methods; at fp32 a hybrid is a model subject (checked against the model
+  // thresholds or its baseline) and its layer methods follow it at layer level
   ConformanceOptions opt;
   opt.dtype = "fp32";
   opt.ops = {"attention"};
@@ -137,7 +138,15 @@ TEST(ConformanceSubjects, RegisteredSubjectsInReportOrderWithTheirSkips) {
   const SubjectCase model = subjects[1].make(subjects[1].cases.at(0));
   EXPECT_EQ(model.base["level"], "model");
   EXPECT_EQ(model.base["method"], "hypenet");
-  EXPECT_NE(model.skip_reason.find("model-level checks run at fp64"), std::string::npos) << model.skip_reason;
+  EXPECT_TRUE(model.skip_reason.empty()) << model.skip_reason;
+  EXPECT_EQ(model.unit.level, "model");
+  EXPECT_TRUE(uses_baseline(opt.dtype, model.unit.level));
+  // in bf16 the hybrid's model case is skipped, naming where its layers are checked
+  ConformanceOptions half = opt;
+  half.dtype = "bf16";
+  const std::vector<Subject> hs = conformance_subjects(half);
+  const SubjectCase hm = hs[1].make(hs[1].cases.at(0));
+  EXPECT_NE(hm.skip_reason.find("layer methods are checked at layer level"), std::string::npos) << hm.skip_reason;
   std::set<std::string> layer_methods_seen;
   for (size_t i = 2; i < subjects.size(); ++i) {
     const SubjectCase l = subjects[i].make(subjects[i].cases.at(0));
@@ -168,4 +177,98 @@ TEST(ConformanceSubjects, RegisteredSubjectsInReportOrderWithTheirSkips) {
     with_decode += decode;
   }
   EXPECT_GT(with_decode, 0);
+}
+
+namespace {
+
+// A model-level toy whose every computation loses precision the same way: y = (x + 32) − 32, exact
+// in FP64, rounded to a spacing of 2⁻² near 32 in bf16 (an RMS error of ~0.07 against x ~ N(0,1),
+// above the model output threshold 3e-2). The optimized path does the same arithmetic, times
+// (1 + err).
+Subject shifted_subject(double err) {
+  Subject s;
+  CaseDef c;
+  c.label = "shifted";
+  c.B = 4;
+  c.T = 64;
+  s.cases = {c};
+  s.make = [err](const CaseDef& c) {
+    SubjectCase k;
+    k.unit.method = "toy";
+    k.unit.name = "model";
+    k.unit.level = "model";
+    k.unit.reference = [](const TensorMap& in) { return TensorMap{{"y", (in.at("x") + 32.0) - 32.0}}; };
+    k.unit.optimized = [err](const TensorMap& in, Backend) {
+      return TensorMap{{"y", ((in.at("x") + 32.0) - 32.0) * (1.0 + err)}};
+    };
+    k.seed = 7;
+    at::Generator gen = make_gen(k.seed);
+    k.inputs.set("x", at::randn({c.B, c.T, 8}, gen, at::TensorOptions().dtype(at::kDouble)));
+    k.base = {{"method", "toy"}, {"case", c.label}, {"level", "model"}};
+    return k;
+  };
+  return s;
+}
+
+Json only_case(const Subject& s, const std::string& dtype) {
+  ConformanceOptions opt;
+  opt.dtype = dtype;
+  opt.finite_differences = false;
+  ConformanceSummary sum;
+  Json rows = run_subjects({s}, opt, sum);
+  EXPECT_EQ(rows.size(), 1u) << rows.dump();
+  return rows.at(0);
+}
+
+}  // namespace
+
+TEST(ConformanceBaseline, ModelChecksBelowFp64AcceptWhatAPlainImplementationInTheDtypeGets) {
+  // bf16: the optimized path is as far from FP64 as the reference's code run in bf16: it passes by
+  // the baseline, which the check records
+  Json r = only_case(shifted_subject(0.0), "bf16");
+  ASSERT_EQ(r["status"], "pass") << r.dump();
+  const Json& y = r["checks"][0];
+  EXPECT_EQ(y["tensor"], "y");
+  EXPECT_GT(y["rel_rms"].get<double>(), y["threshold"].get<double>());  // the threshold alone fails it
+  EXPECT_EQ(y["criterion"], "baseline");
+  EXPECT_NEAR(y["baseline_rel_rms"].get<double>(), y["rel_rms"].get<double>(), 1e-12);
+  EXPECT_TRUE(r.contains("baseline"));
+  // a wrong optimized path (20 % off) is more than twice the baseline's error away and fails
+  Json bad = only_case(shifted_subject(0.2), "bf16");
+  EXPECT_EQ(bad["status"], "fail") << bad.dump();
+  EXPECT_EQ(bad["checks"][0]["criterion"], "baseline");
+  EXPECT_EQ(bad["checks"][1]["status"], "fail");  // grad_x: (1 + err) · dy
+  // fp32: the shift costs nothing that the threshold does not allow; the same fault fails there too
+  Json f32 = only_case(shifted_subject(0.0), "fp32");
+  EXPECT_EQ(f32["status"], "pass");
+  EXPECT_EQ(f32["checks"][0]["criterion"], "threshold");
+  EXPECT_EQ(only_case(shifted_subject(0.2), "fp32")["status"], "fail");
+  // fp64 runs no baseline
+  Json f64 = only_case(shifted_subject(0.0), "fp64");
+  EXPECT_EQ(f64["status"], "pass");
+  EXPECT_FALSE(f64["checks"][0].contains("criterion"));
+  EXPECT_FALSE(f64.contains("baseline"));
+}
+
+TEST(ConformanceBaseline, ACheckPassesByTheThresholdOrByTwiceTheBaselineOnly) {
+  auto cmp = [](double rel, bool finite = true) {
+    Comparison c;
+    c.rel_rms = rel;
+    c.finite = finite;
+    return c;
+  };
+  EXPECT_EQ(baseline_check_json("t", "gradient", cmp(0.05), 0.1, cmp(0.0))["criterion"], "threshold");
+  EXPECT_EQ(baseline_check_json("t", "gradient", cmp(0.05), 0.1, cmp(0.0))["status"], "pass");
+  EXPECT_EQ(baseline_check_json("t", "gradient", cmp(0.3), 0.1, cmp(0.2))["status"], "pass");
+  EXPECT_EQ(baseline_check_json("t", "gradient", cmp(0.3), 0.1, cmp(0.2))["criterion"], "baseline");
+  EXPECT_EQ(baseline_check_json("t", "gradient", cmp(0.5), 0.1, cmp(0.2))["status"], "fail");
+  // a non-finite result never passes; a non-finite baseline leaves the threshold alone
+  EXPECT_EQ(baseline_check_json("t", "gradient", cmp(0.01, false), 0.1, cmp(1.0))["status"], "fail");
+  Json nb = baseline_check_json("t", "gradient", cmp(0.3), 0.1, cmp(0.2, false));
+  EXPECT_EQ(nb["status"], "fail");
+  EXPECT_TRUE(nb["baseline_rel_rms"].is_null());
+  EXPECT_TRUE(uses_baseline("bf16", "model"));
+  EXPECT_TRUE(uses_baseline("fp32", "model"));
+  EXPECT_FALSE(uses_baseline("fp64", "model"));
+  EXPECT_FALSE(uses_baseline("bf16", "layer"));
 }

@@ -40,14 +40,16 @@ int64_t attnres_sources(int64_t j, int64_t block_size) { return 1 + (j + block_s
 at::Tensor attnres_mix(const at::Tensor& V, const at::Tensor& w, bool normalise_keys) {
   // w·v_n and Σ v_n² as products (the FLOP counter sees them), so the key RMSNorm folds into the
   // score: w·RMSNorm(v_n) = (w·v_n)·rsqrt(mean(v_n²) + eps)
-  at::Tensor logits = at::matmul(V, w.to(V.scalar_type()));  // [..., N]
-  if (layers::is_half(logits)) logits = logits.to(at::kFloat);
+  // scores and weights in at least FP32 (half-precision sources are read once as FP32): a score
+  // rounded to bf16 moves its softmax weight by ~|score|·2⁻⁹
+  const at::Tensor Vc = layers::is_half(V) ? V.to(at::kFloat) : V;
+  at::Tensor logits = at::matmul(Vc, w.to(Vc.scalar_type()));  // [..., N]
   if (normalise_keys) {
-    at::Tensor ss = at::matmul(V.unsqueeze(-2), V.unsqueeze(-1)).squeeze(-1).squeeze(-1);
-    logits = logits * at::rsqrt(ss.to(logits.scalar_type()) / double(V.size(-1)) + kRmsEps);
+    at::Tensor ss = at::matmul(Vc.unsqueeze(-2), Vc.unsqueeze(-1)).squeeze(-1).squeeze(-1);
+    logits = logits * at::rsqrt(ss / double(V.size(-1)) + kRmsEps);
   }
-  const at::Tensor a = at::softmax(logits, -1).to(V.scalar_type());
-  return at::matmul(a.unsqueeze(-2), V).squeeze(-2);
+  const at::Tensor a = at::softmax(logits, -1);
+  return at::matmul(a.unsqueeze(-2), Vc).squeeze(-2).to(V.scalar_type());
 }
 
 namespace {
@@ -86,10 +88,12 @@ class AttnResStream final : public ResidualStream {
   }
 
   // Fast path: "partial" (the embedding at first) and "blocks" [B,T,n,d], the sources completed
-  // so far. Reference: "emb" and every sublayer's output "out.<j>".
+  // so far, in at least FP32 (half-precision sublayer outputs are summed without a rounding per
+  // term; a sublayer reads its input rounded to the compute dtype, which "like" keeps). Reference:
+  // "emb" and every sublayer's output "out.<j>".
   TensorMap begin(const at::Tensor& x, const TensorMap&, Backend backend) const override {
     if (backend == Backend::Reference) return TensorMap{{"emb", x}};
-    return TensorMap{{"partial", x}};
+    return TensorMap{{"partial", x.to(at::promote_types(x.scalar_type(), at::kFloat))}, {"like", x.new_empty({0})}};
   }
 
   at::Tensor read(TensorMap& st, const Sublayer& s, const TensorMap& P) const override {
@@ -98,7 +102,7 @@ class AttnResStream final : public ResidualStream {
     if (s.backend == Backend::Reference) return reference_mix(reference_sources(st, j), w);
     const at::Tensor& partial = st.at("partial");
     const at::Tensor V = st.has("blocks") ? at::cat({st.at("blocks"), partial.unsqueeze(-2)}, -2) : partial.unsqueeze(-2);
-    at::Tensor h = attnres_mix(V, w, fault_ != AttnResFault::KeysNotNormalised);
+    at::Tensor h = attnres_mix(V, w, fault_ != AttnResFault::KeysNotNormalised).to(st.at("like").scalar_type());
     if (j % S_ == 0) {  // block boundary: the partial joins the sources and restarts
       st.set("blocks", V);
       if (fault_ != AttnResFault::NoReset) st.erase("partial");
@@ -111,7 +115,8 @@ class AttnResStream final : public ResidualStream {
       st.set(fmt::format("out.{}", s.index()), y);
       return;
     }
-    st.set("partial", st.has("partial") ? st.at("partial") + y : y);
+    const at::Tensor y32 = y.to(at::promote_types(y.scalar_type(), at::kFloat));
+    st.set("partial", st.has("partial") ? st.at("partial") + y32 : y32);
   }
 
   at::Tensor finish(TensorMap& st, const TensorMap& P, Backend backend) const override {
@@ -124,7 +129,8 @@ class AttnResStream final : public ResidualStream {
       return reference_mix(reference_sources(st, J), w);
     }
     return attnres_mix(at::cat({st.at("blocks"), st.at("partial").unsqueeze(-2)}, -2), w,
-                       fault_ != AttnResFault::KeysNotNormalised);
+                       fault_ != AttnResFault::KeysNotNormalised)
+        .to(st.at("like").scalar_type());
   }
 
   // 6·d FLOPs per source and mix (Σ v², w·v, the weighted sum), before each sublayer and at the
@@ -132,9 +138,9 @@ class AttnResStream final : public ResidualStream {
   double fwd_flops(const ModelDims& d, const ExecPlan& plan) const override {
     return 6.0 * double(d.d_model) * double(total_sources(plan));
   }
-  // Each mix keeps its stacked sources [N, d] and its FP32 weights for the backward.
+  // Each mix keeps its stacked sources [N, d] (at least FP32) and its FP32 weights for the backward.
   double act_bytes(const ModelDims& d, const ExecPlan& plan, int64_t dtype_bytes) const override {
-    return double(total_sources(plan)) * (double(d.d_model) * double(dtype_bytes) + 4.0);
+    return double(total_sources(plan)) * (double(d.d_model) * double(std::max<int64_t>(dtype_bytes, 4)) + 4.0);
   }
 
  private:

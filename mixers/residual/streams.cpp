@@ -46,6 +46,8 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include <vector>
 
 #include "harness/backbone.h"
@@ -99,12 +101,17 @@ class MultiStream : public ResidualStream {
  public:
   explicit MultiStream(int64_t n) : n_(n) {}
 
+  // Fast path: the streams and their combinations in the coefficients' dtype (at least FP32; a
+  // sublayer reads its input rounded to the compute dtype once), so that neither n-term
+  // combinations of nearly parallel streams nor the streams themselves carry a rounding per term
+  // in half precision. "like" keeps the compute dtype.
   TensorMap begin(const at::Tensor& x, const TensorMap&, Backend b) const override {
     TensorMap st;
     if (b == Backend::Reference) {
       for (int64_t i = 0; i < n_; ++i) st.set(key("H", i), x);
     } else {
-      st.set("H", x.unsqueeze(-2).expand({x.size(0), x.size(1), n_, x.size(2)}));
+      st.set("H", x.to(coef_dtype(x)).unsqueeze(-2).expand({x.size(0), x.size(1), n_, x.size(2)}));
+      st.set("like", x.new_empty({0}));
     }
     return st;
   }
@@ -112,28 +119,29 @@ class MultiStream : public ResidualStream {
   at::Tensor read(TensorMap& st, const Sublayer& s, const TensorMap& P) const override {
     if (s.backend == Backend::Reference) return read_reference(st, s, P);
     const at::Tensor H = st.at("H");  // a handle: read_fast adds entries to the state
-    return read_fast(st, H, s.index(), P);
+    return read_fast(st, H, s.index(), P).to(st.at("like").scalar_type());
   }
 
   void write(TensorMap& st, const Sublayer& s, const at::Tensor& y, const TensorMap&) const override {
     if (s.backend == Backend::Reference) {
       // H_i ← out_i·y + Σ_j mix[i,j]·H_j
       Tensors H(static_cast<size_t>(n_));
+      // coefficients in the streams' dtype (the Sinkhorn iterates may be wider)
       for (int64_t i = 0; i < n_; ++i) {
-        at::Tensor h = st.at(key("out", i)).unsqueeze(-1) * y;
-        for (int64_t j = 0; j < n_; ++j) h = h + st.at(key("mix", i, j)).unsqueeze(-1) * st.at(key("H", j));
+        at::Tensor h = st.at(key("out", i)).to(y.scalar_type()).unsqueeze(-1) * y;
+        for (int64_t j = 0; j < n_; ++j)
+          h = h + st.at(key("mix", i, j)).to(y.scalar_type()).unsqueeze(-1) * st.at(key("H", j));
         H[size_t(i)] = h;
       }
       for (int64_t i = 0; i < n_; ++i) st.set(key("H", i), H[size_t(i)]);
       return;
     }
     const at::Tensor H = st.at("H");
-    const at::Tensor mix = st.at("mix").to(H.scalar_type()), out = st.at("out").to(H.scalar_type());
-    st.set("H", at::matmul(mix, H) + at::matmul(out.unsqueeze(-1), y.unsqueeze(-2)));
+    st.set("H", at::matmul(st.at("mix"), H) + at::matmul(st.at("out").unsqueeze(-1), y.to(H.scalar_type()).unsqueeze(-2)));
   }
 
   at::Tensor finish(TensorMap& st, const TensorMap&, Backend b) const override {
-    if (b != Backend::Reference) return st.at("H").sum(-2) / double(n_);
+    if (b != Backend::Reference) return (st.at("H").sum(-2) / double(n_)).to(st.at("like").scalar_type());
     at::Tensor sum = st.at(key("H", 0));
     for (int64_t i = 1; i < n_; ++i) sum = sum + st.at(key("H", i));
     return sum / double(n_);
@@ -150,9 +158,10 @@ class MultiStream : public ResidualStream {
            double(n_ * d.d_model);
   }
   // Activations kept for backward per sublayer beyond the backbone's: the n streams and their
-  // normalised copy (2·n·d in the compute dtype) and `coef` coefficients in FP32.
+  // normalised copy (2·n·d in the coefficients' dtype, at least FP32) and `coef` coefficients.
   double stream_act_bytes(const ModelDims& d, const ExecPlan& plan, double coef, int64_t dtype_bytes) const {
-    return double(n_sublayers(plan)) * (2.0 * n_ * d.d_model * double(dtype_bytes) + 4.0 * coef);
+    const double cb = double(std::max<int64_t>(dtype_bytes, 4));
+    return double(n_sublayers(plan)) * (2.0 * n_ * d.d_model * cb + cb * coef);
   }
 
  protected:
@@ -213,15 +222,14 @@ class HcStream final : public MultiStream {
     const int64_t n = n_;
     const at::ScalarType cd = coef_dtype(H);
     const at::TensorOptions co = H.options().dtype(cd);
-    const at::Tensor Hn = layers::rms_norm(H.to(cd));
+    const at::Tensor Hn = layers::rms_norm(H);
     const at::Tensor dyn = at::tanh(at::linear(Hn, P.at(key("hc.dynamic", k)).to(cd)));
     const at::Tensor sc = P.at("hc.scale")[k].to(cd);
     const at::Tensor col_scale = at::cat({sc.slice(0, 0, 1), sc.slice(0, 1, 2).expand({n + 1})});
     const at::Tensor coef = dyn * col_scale + (hc_init(n, k, co) + P.at("hc.static")[k].to(cd));
     st.set("out", coef.select(-1, 0));                           // B
     st.set("mix", coef.narrow(-1, 2, n).transpose(-1, -2));      // A_rᵀ
-    const at::Tensor Am = coef.select(-1, 1).to(H.scalar_type());
-    return at::matmul(Am.unsqueeze(-2), H).squeeze(-2);  // A_mᵀH
+    return at::matmul(coef.select(-1, 1).unsqueeze(-2), H).squeeze(-2);  // A_mᵀH
   }
 
   at::Tensor read_reference(TensorMap& st, const Sublayer& s, const TensorMap& P) const override {
@@ -290,7 +298,7 @@ class MhcStream final : public MultiStream {
     const int64_t n = n_;
     const at::ScalarType cd = coef_dtype(H);
     const at::TensorOptions co = H.options().dtype(cd);
-    const at::Tensor xn = layers::rms_norm(H.to(cd).flatten(-2));  // [B,T,n·d]
+    const at::Tensor xn = layers::rms_norm(H.flatten(-2));  // [B,T,n·d]
     const at::Tensor logits = at::linear(xn, P.at(key("mhc.proj", k)).to(cd));
     const at::Tensor a = P.at("mhc.alpha")[k].to(cd);
     const at::Tensor col_scale = at::cat({a.slice(0, 0, 1).expand({n}), a.slice(0, 1, 2).expand({n}),
@@ -305,7 +313,7 @@ class MhcStream final : public MultiStream {
     shape.back() = n;
     shape.push_back(n);
     st.set("mix", sinkhorn(z.narrow(-1, 2 * n, n * n).reshape(shape), iters_));
-    return at::matmul(pre.to(H.scalar_type()).unsqueeze(-2), H).squeeze(-2);  // H_pre·x
+    return at::matmul(pre.unsqueeze(-2), H).squeeze(-2);  // H_pre·x
   }
 
   at::Tensor read_reference(TensorMap& st, const Sublayer& s, const TensorMap& P) const override {
