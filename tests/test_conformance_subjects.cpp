@@ -233,11 +233,15 @@ TEST(ConformanceBaseline, ModelChecksBelowFp64AcceptWhatAPlainImplementationInTh
   EXPECT_EQ(y["criterion"], "baseline");
   EXPECT_NEAR(y["baseline_rel_rms"].get<double>(), y["rel_rms"].get<double>(), 1e-12);
   EXPECT_TRUE(r.contains("baseline"));
+  EXPECT_EQ(r["baseline_samples"], 1);  // no check failed: the case's own inputs only
   // a wrong optimized path (20 % off) is more than twice the baseline's error away and fails
   Json bad = only_case(shifted_subject(0.2), "bf16");
   EXPECT_EQ(bad["status"], "fail") << bad.dump();
   EXPECT_EQ(bad["checks"][0]["criterion"], "baseline");
   EXPECT_EQ(bad["checks"][1]["status"], "fail");  // grad_x: (1 + err) · dy
+  // a failing case also ran the baseline on inputs moved by one rounding, which did not rescue it
+  EXPECT_EQ(bad["baseline_samples"], kBaselineSamples);
+  EXPECT_LT(bad["checks"][0]["baseline_rel_rms"].get<double>(), 0.1);
   // fp32: the shift costs nothing that the threshold does not allow; the same fault fails there too
   Json f32 = only_case(shifted_subject(0.0), "fp32");
   EXPECT_EQ(f32["status"], "pass");
