@@ -21,6 +21,7 @@
 #include "harness/report.h"
 #include "harness/safetensors.h"
 #include "suites/conformance.h"
+#include "suites/conformance_subject.h"
 #include "suites/train.h"
 
 namespace fs = std::filesystem;
@@ -545,9 +546,10 @@ TEST(Hybrid, DecodeOfAHybridWithoutDecodeNamesTheLayerMethod) {
   }
 }
 
-// Below fp64 the per-layer thresholds do not apply to a whole model: the hybrid's model cases are
-// skipped with the reason and its layer methods are checked at layer level instead.
-TEST(Hybrid, ReducedPrecisionChecksTheLayerMethods) {
+// Below fp64 a hybrid is checked as a whole model at fp32 (against the model thresholds or its
+// baseline) and its layer methods at layer level too; in bf16 only its layer methods are checked,
+// the model cases skipped with the reason.
+TEST(Hybrid, ReducedPrecisionChecksTheModelAtFp32AndTheLayerMethods) {
   ConformanceOptions opt;
   opt.methods = {"gdn_hybrid"};
   opt.dtype = "fp32";
@@ -557,16 +559,27 @@ TEST(Hybrid, ReducedPrecisionChecksTheLayerMethods) {
   EXPECT_EQ(s.failed, 0);
   EXPECT_EQ(s.errors, 0);
   std::set<std::string> layer_methods_seen;
-  int skipped = 0;
+  int model = 0;
   for (const auto& x : r) {
-    if (x["method"] == "gdn_hybrid") {
-      EXPECT_EQ(x["status"], "skipped") << x.dump();
-      EXPECT_NE(x["reason"].get<std::string>().find("fp64"), std::string::npos);
-      ++skipped;
+    if (x["method"] == "gdn_hybrid" && x["level"] == "model") {
+      EXPECT_EQ(x["status"], "pass") << x.dump();
+      EXPECT_GE(x["baseline_samples"].get<int>(), 1);
+      for (const auto& c : x["checks"]) EXPECT_TRUE(c.contains("criterion")) << c.dump();
+      ++model;
     } else if (x["level"] == "layer") {
       layer_methods_seen.insert(x["method"].get<std::string>());
     }
   }
-  EXPECT_EQ(skipped, 3);
+  EXPECT_EQ(model, 3);
   EXPECT_EQ(layer_methods_seen, (std::set<std::string>{"gdn", "dense_full"}));
+  opt.dtype = "bf16";
+  for (const conformance_detail::Subject& sub : conformance_detail::conformance_subjects(opt)) {
+    const conformance_detail::SubjectCase k = sub.make(sub.cases.at(0));
+    if (k.base["method"] == "gdn_hybrid") {
+      EXPECT_NE(k.skip_reason.find("fp64 and fp32"), std::string::npos) << k.skip_reason;
+    } else {
+      EXPECT_EQ(k.base["level"], "layer");
+      EXPECT_TRUE(k.skip_reason.empty()) << k.skip_reason;
+    }
+  }
 }
