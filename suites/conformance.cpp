@@ -51,7 +51,7 @@ Json conformance_detail::run_subjects(const std::vector<Subject>& subjects, cons
           fb["device"] = "cpu";
           fb["dtype"] = "fp64";
           fb["backend"] = "reference";
-          record(guarded(fb, [&] { return run_finite_differences(k.unit, k.inputs, k.seed); }));
+          record(guarded(fb, [&] { return run_finite_differences(k.unit, k.inputs, k.seed, opt.fd_directions); }));
           continue;
         }
         Json ib = k.base;

@@ -18,6 +18,7 @@ struct ConformanceOptions {
   std::vector<std::string> goldens;
   uint64_t seed = 1234;
   bool finite_differences = true;
+  int fd_directions = 2;  // random directions per input tensor in the finite-difference check
   // Test hook proving every check can fail: multiply the optimized path's first output
   // ("output") or first gradient ("gradient") by (1 + fault_scale) before comparing.
   std::string fault;

@@ -330,7 +330,7 @@ Json run_case(const Unit& u, const TensorMap& inputs64, const ConformanceOptions
   return out;
 }
 
-Json run_finite_differences(const Unit& u, const TensorMap& inputs64, uint64_t seed) {
+Json run_finite_differences(const Unit& u, const TensorMap& inputs64, uint64_t seed, int directions) {
   at::Generator gen = make_gen(seed + 7);
   TensorMap in;
   for (const auto& [n, t] : inputs64) {
@@ -366,7 +366,7 @@ Json run_finite_differences(const Unit& u, const TensorMap& inputs64, uint64_t s
   for (const auto& [n, t] : in) {
     if (!t.requires_grad()) continue;
     const at::Tensor& g = grads.at("grad_" + n);
-    for (int rep = 0; rep < 2; ++rep) {
+    for (int rep = 0; rep < directions; ++rep) {
       // Methods that select keys (top-k, block choice) are piecewise smooth: a step along u may
       // cross a selection boundary, where the loss jumps and no derivative exists. Central
       // differences at eps and eps/2 agree where the loss is smooth along u and disagree by

@@ -112,8 +112,9 @@ Json selection_check(const std::string& tensor, const at::Tensor& ref, const at:
 // One case: the optimized path (at opt's dtype and backend, outputs poisoned first) against the
 // FP64 reference on the same rounded inputs, outputs and gradients; opt.fault is injected here.
 Json run_case(const Unit& u, const TensorMap& inputs64, const ConformanceOptions& opt, uint64_t seed);
-// Reference gradients against central differences along random directions, FP64.
-Json run_finite_differences(const Unit& u, const TensorMap& inputs64, uint64_t seed);
+// Reference gradients against central differences along `directions` random directions per input
+// tensor, FP64.
+Json run_finite_differences(const Unit& u, const TensorMap& inputs64, uint64_t seed, int directions = 2);
 
 // {B, T, inputs: {name: sizes}}.
 Json shape_json(int64_t B, int64_t T, const TensorMap& in);

@@ -133,6 +133,8 @@ TEST(Conformance, AttentionMethodsPassFp64AndFp32) {
     opt.methods = {"dense_full", "dense", "mqa", "gqa"};
     opt.ops = {"attention"};
     opt.dtype = dtype;
+    opt.finite_differences = std::string(dtype) == "fp64";  // of the FP64 reference, once
+    opt.fd_directions = 1;
     ConformanceSummary s;
     Json r = run_conformance(opt, s);
     EXPECT_EQ(s.failed, 0) << dtype;

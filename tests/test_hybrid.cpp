@@ -167,6 +167,8 @@ TEST(Hybrid, MlaCachesLatentsAndKdaHybridUsesItWithoutRope) {
     ConformanceOptions opt;
     opt.methods = {"mla"};
     opt.dtype = dtype;
+    opt.finite_differences = std::string(dtype) == "fp64";  // of the FP64 reference, once
+    opt.fd_directions = 1;
     ConformanceSummary s;
     Json r = run_conformance(opt, s);
     EXPECT_EQ(s.failed, 0) << dtype;
@@ -348,6 +350,7 @@ TEST_P(HybridConformance, ModelMatchesTheFp64Reference) {
   ConformanceOptions opt;
   opt.methods = {GetParam()};
   opt.dtype = "fp64";
+  opt.fd_directions = 1;
   ConformanceSummary s;
   Json r = run_conformance(opt, s);
   EXPECT_EQ(s.failed, 0);

@@ -1,6 +1,6 @@
 // Tests of the delta-rule family: ops delta_rule, gated_delta_rule, kda and methods deltanet,
-// gdn, kda — conformance at fp64/fp32, mutation (the checks fail on a perturbed path),
-// invariants (chunked == recurrent, prefill + decode == prefill, split == one pass), and the
+// gdn, kda — conformance at fp64/fp32 (that a perturbed path fails is AllRegistered/Mutation's
+// test), invariants (chunked == recurrent, prefill + decode == prefill, split == one pass), and the
 // accountant audit (parameter counts exact, forward FLOPs within 2% of FlopCounter).
 #include <gtest/gtest.h>
 
@@ -32,7 +32,8 @@ ConformanceSummary run(const std::vector<std::string>& ops, const std::vector<st
   o.methods = methods;
   o.dtype = dtype;
   o.fault = fault;
-  o.finite_differences = fd;
+  o.finite_differences = fd && dtype == "fp64";  // of the FP64 reference, once
+  o.fd_directions = 1;
   ConformanceSummary s;
   nlohmann::json r = run_conformance(o, s);
   for (const auto& x : r)
@@ -57,15 +58,6 @@ TEST(LinearDeltaOps, ConformanceFp32) {
   EXPECT_GT(s.passed, 0);
   EXPECT_EQ(s.failed, 0);
   EXPECT_EQ(s.errors, 0);
-}
-
-TEST(LinearDeltaOps, MutationFails) {
-  for (const char* fault : {"output", "gradient"}) {
-    ConformanceSummary s = run(kOps, {}, "fp64", fault);
-    EXPECT_EQ(s.passed, 0) << fault;
-    EXPECT_GT(s.failed, 0) << fault;
-    EXPECT_EQ(s.errors, 0) << fault;
-  }
 }
 
 TEST(LinearDeltaOps, Invariants) {
@@ -124,14 +116,6 @@ TEST(LinearDeltaMethods, ConformanceFp32) {
   EXPECT_GT(s.passed, 0);
   EXPECT_EQ(s.failed, 0);
   EXPECT_EQ(s.errors, 0);
-}
-
-TEST(LinearDeltaMethods, MutationFails) {
-  for (const char* fault : {"output", "gradient"}) {
-    ConformanceSummary s = run({}, kMethods, "fp64", fault);
-    EXPECT_EQ(s.passed, 0) << fault;
-    EXPECT_GT(s.failed, 0) << fault;
-  }
 }
 
 // kda with the random parameters below has per-token decays of −3 or so: the CPU path's per-key

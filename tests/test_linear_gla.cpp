@@ -1,5 +1,5 @@
 // simple_gla / gla ops and the retnet, gla, elu_norm, elu_qknorm, lightning layers: conformance at
-// fp64 and fp32, mutation (the checks must fail on a perturbed output or gradient), op invariants,
+// fp64 and fp32 (that a perturbed output or gradient fails is AllRegistered/Mutation's test), op invariants,
 // and the accountant audit (parameter counts exact, FLOPs within 2% of FlopCounter).
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -30,7 +30,8 @@ ConformanceSummary run(const std::vector<std::string>& ops, const std::vector<st
   o.methods = methods;
   o.dtype = dtype;
   o.fault = fault;
-  o.finite_differences = fd;
+  o.finite_differences = fd && dtype == "fp64";  // of the FP64 reference, once
+  o.fd_directions = 1;
   ConformanceSummary s;
   nlohmann::json r = run_conformance(o, s);
   for (const auto& x : r) {
@@ -61,12 +62,6 @@ TEST_P(LinearGlaOp, ConformanceFp32) {
   auto s = run({GetParam()}, {}, "fp32");
   EXPECT_GT(s.passed, 0);
   EXPECT_EQ(s.failed + s.errors, 0);
-}
-TEST_P(LinearGlaOp, MutationIsCaught) {
-  for (const char* f : {"output", "gradient"}) {
-    auto s = run({GetParam()}, {}, "fp64", f, false);
-    EXPECT_GT(s.failed, 0) << f;
-  }
 }
 TEST_P(LinearGlaOp, Invariants) {
   const OpSpec& spec = Registry::get().op(GetParam());
@@ -113,12 +108,6 @@ TEST_P(LinearGlaMethod, ConformanceFp32) {
   auto s = run({}, {GetParam()}, "fp32");
   EXPECT_GT(s.passed, 0);
   EXPECT_EQ(s.failed + s.errors, 0);
-}
-TEST_P(LinearGlaMethod, MutationIsCaught) {
-  for (const char* f : {"output", "gradient"}) {
-    auto s = run({}, {GetParam()}, "fp64", f, false);
-    EXPECT_GT(s.failed, 0) << f;
-  }
 }
 TEST_P(LinearGlaMethod, AccountantAudit) {
   const MethodSpec& m = Registry::get().method(GetParam());

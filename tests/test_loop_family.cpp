@@ -249,6 +249,7 @@ TEST(LoopConformance, ModelsMatchTheFp64ReferenceWithFiniteDifferencesAndDecode)
   ConformanceOptions opt;
   opt.methods = {"fixed_recursive", "deeploop"};
   opt.dtype = "fp64";
+  opt.fd_directions = 1;
   ConformanceSummary s;
   nlohmann::json r;
   on_one_thread([&] { r = run_conformance(opt, s); });

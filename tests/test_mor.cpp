@@ -252,6 +252,7 @@ TEST(Mor, ConformanceAtModelLevel) {
     opt.methods = {"mor"};
     opt.dtype = dtype;
     opt.finite_differences = std::string(dtype) == "fp64";
+    opt.fd_directions = 1;
     ConformanceSummary s;
     const nlohmann::json r = run_conformance(opt, s);
     EXPECT_EQ(s.failed, 0) << dtype;

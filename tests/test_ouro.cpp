@@ -249,6 +249,7 @@ ConformanceSummary conformance(const std::string& dtype, const std::string& faul
   opt.dtype = dtype;
   opt.fault = fault;
   opt.finite_differences = dtype == "fp64" && fault.empty();
+  opt.fd_directions = 1;
   ConformanceSummary s;
   const int threads = at::get_num_threads();
   at::set_num_threads(1);

@@ -1,5 +1,5 @@
-// Block-selecting sparse-attention methods qsa, nsa and seer: conformance at fp64 and fp32,
-// mutations that must fail, equality with dense_full when every causal key is selected, the
+// Block-selecting sparse-attention methods qsa, nsa and seer: conformance at fp64 and fp32
+// (that a perturbed path fails every case is AllRegistered/Mutation's test), equality with dense_full when every causal key is selected, the
 // auxiliary losses reaching only the indexer / gate, bad knobs, and the accountant audit
 // (parameter counts exact, forward FLOPs within 2% of FlopCounter).
 #include <gtest/gtest.h>
@@ -42,6 +42,7 @@ ConformanceSummary run(const std::string& dtype, const std::string& fault, Json*
   opt.dtype = dtype;
   opt.fault = fault;
   opt.finite_differences = dtype == "fp64" && fault.empty();
+  opt.fd_directions = 1;
   ConformanceSummary s;
   Json r = run_conformance(opt, s);
   if (out) *out = r;
@@ -69,14 +70,6 @@ TEST(SparseBlocks, ConformanceFp64AndFp32) {
     }
     EXPECT_GE(aux_total, 14) << dtype;   // every qsa and seer case compares aux_loss
     EXPECT_GE(grad_total, 21) << dtype;  // and the indexer / gate / compression gradients
-  }
-}
-
-TEST(SparseBlocks, MutationsFail) {
-  for (const char* fault : {"output", "gradient"}) {
-    ConformanceSummary s = run("fp64", fault);
-    EXPECT_EQ(s.passed, 0) << fault;
-    EXPECT_GE(s.failed, 21) << fault;
   }
 }
 

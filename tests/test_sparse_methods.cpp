@@ -41,6 +41,7 @@ TEST(SparseMethods, ConformanceFp64AndFp32) {
     opt.methods = {"moba", "dsa"};
     opt.dtype = dtype;
     opt.finite_differences = std::string(dtype) == "fp64";
+    opt.fd_directions = 1;
     ConformanceSummary s;
     Json r = run_conformance(opt, s);
     EXPECT_EQ(s.failed, 0) << dtype;

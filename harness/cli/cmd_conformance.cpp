@@ -60,6 +60,8 @@ int run_conformance_command(const Args& a, const std::vector<std::string>& args)
   parse_dtype(opt.dtype);
   opt.seed = uint64_t(a.get_int("seed", 1234));
   opt.finite_differences = !a.flag("no-fd");
+  opt.fd_directions = int(a.get_int("fd-directions", 2));
+  if (opt.fd_directions < 1) throw UsageError("--fd-directions takes a positive count of directions");
   opt.goldens = a.list("golden");
   opt.fault = a.get_or("inject-fault", "");
   if (!opt.fault.empty() && opt.fault != "output" && opt.fault != "gradient")
@@ -89,7 +91,8 @@ int run_conformance_command(const Args& a, const std::vector<std::string>& args)
   Json results = run_conformance(opt, sum);
   RunInfo info = run_info("conformance", args);
   info.config = {{"methods", methods}, {"ops", ops}, {"device", a.get_or("device", "cpu")}, {"dtype", opt.dtype},
-                 {"goldens", opt.goldens}, {"finite_differences", opt.finite_differences}, {"fault", opt.fault}};
+                 {"goldens", opt.goldens}, {"finite_differences", opt.finite_differences},
+                 {"fd_directions", opt.fd_directions}, {"fault", opt.fault}};
   info.seeds = {{"base", opt.seed}};
   Json report = make_report(info, results);
   report["thresholds"] = threshold_table();
@@ -115,6 +118,7 @@ Command conformance_command() {
            {"dtype", OptionKind::Value, "fp64|fp32|bf16", "dtype of the optimized paths (default fp64)"},
            {"seed", OptionKind::Value, "N", "base seed of the generated cases (default 1234)"},
            {"no-fd", OptionKind::Flag, "", "skip the finite-difference check of the reference gradients"},
+           {"fd-directions", OptionKind::Value, "N", "random directions per input tensor in the finite-difference check (default 2)"},
            {"out", OptionKind::Value, "report.json", "write the JSON report"},
            {"quiet", OptionKind::Flag, "", "print the one-line summary only, not the per-unit table"},
            {"inject-fault", OptionKind::Value, "output|gradient",
