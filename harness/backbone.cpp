@@ -155,7 +155,9 @@ void init_param(at::Tensor& t, const ParamDef& def, at::Generator& gen) {
 
 at::Tensor random_param(const ParamDef& def, at::Generator& gen, const at::TensorOptions& opts) {
   at::Tensor t = at::randn(def.shape, gen, opts.dtype(at::kDouble));
-  if (def.matmul && def.shape.size() == 2) {
+  if (def.fan_in > 0) {
+    t = t / std::sqrt(double(def.fan_in));
+  } else if (def.matmul && def.shape.size() == 2) {
     t = t / std::sqrt(double(def.shape[1]));
   } else if (def.group == ParamGroup::Scalar || def.shape.size() == 1) {
     // scalars and per-channel gains/biases: around 1 but not constant
@@ -243,22 +245,25 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
   const char* pass_name = pass == Pass::Forward ? "forward" : pass == Pass::Prefill ? "prefill" : "decode";
   for (int64_t s = 0; s < plan.n_steps(); ++s) {
     const PlanStep& st = plan.steps[size_t(s)];
+    // auxiliary routes feed auxiliary losses only: a forward pass that collects them runs them
+    if (st.route > 0 && !(pass == Pass::Forward && aux)) continue;
     const int64_t i = st.block;
     const MethodSpec& mixer = *m.layer_specs[size_t(i)];
     const Config& lcfg = m.layer_cfgs[size_t(i)];
     ScopedMethod sm(mixer.name);
-    LayerCtx ctx{i, d.n_layer, m.step, st.iteration, st.n_iterations, s, plan.n_steps()};
+    const ExecPlan::RoutePos rp = plan.route_pos(s);  // the step's position in its route
+    LayerCtx ctx{i, d.n_layer, m.step, st.iteration, st.n_iterations, rp.index, rp.length};
     const int64_t pos = pass == Pass::Decode ? cache->pos : 0;
-    const Sublayer mix{s, plan.n_steps(), i, Sublayer::Kind::Mixer, st.iteration, st.n_iterations, backend, pos,
-                       m.step, m.seed, m.row0},
-        mlp{s, plan.n_steps(), i, Sublayer::Kind::Mlp, st.iteration, st.n_iterations, backend, pos,
-            m.step, m.seed, m.row0};
+    const Sublayer mix{rp.index, rp.length, i, Sublayer::Kind::Mixer, st.iteration, st.n_iterations, backend, pos,
+                       m.step, m.seed, m.row0, st.route},
+        mlp{rp.index, rp.length, i, Sublayer::Kind::Mlp, st.iteration, st.n_iterations, backend, pos,
+            m.step, m.seed, m.row0, st.route};
     if (!stream.runs(mix, state)) continue;
     // truncated backpropagation: the step runs without gradient (its output enters the graph as a constant)
     std::optional<c10::NoGradGuard> no_grad;
     if (stream.truncated(mix, state)) no_grad.emplace();
     TensorMap in;
-    in.set("x", rms_norm(stream.read(state, mix, P)));
+    in.set("x", stream.modulate(state, mix, rms_norm(stream.read(state, mix, P)), P));
     std::string ve_name = fmt::format("ve.{}", i);
     if (P.has(ve_name)) in.set("ve", at::embedding(P.at(ve_name), idx));
     std::string prefix = fmt::format("layers.{}.mixer.", i);
@@ -267,9 +272,9 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
     stream.mixer_inputs(state, mix, in);
     TensorMap out;
     {
-      NvtxRange r(nvtx_name({mixer.name,
-                             st.n_iterations == 1 ? fmt::format("layer{}", i) : fmt::format("layer{}_{}", i, st.iteration),
-                             pass_name}));
+      std::string where = st.route > 0 ? fmt::format("layer{}_route{}", i, st.route) : fmt::format("layer{}", i);
+      if (st.n_iterations > 1) where += fmt::format("_{}", st.iteration);
+      NvtxRange r(nvtx_name({mixer.name, where, pass_name}));
       if (pass == Pass::Forward && backend == Backend::Reference) out = mixer.reference(in, lcfg, ctx);
       else if (pass == Pass::Forward) out = mixer.forward(in, lcfg, ctx, backend);
       else if (pass == Pass::Prefill) out = mixer.prefill(in, cache->layers[size_t(st.slot)], lcfg, ctx, backend);
@@ -281,7 +286,8 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
       aux->layer_aux.push_back(a);
       if (a.defined()) aux->aux_loss = aux->aux_loss.defined() ? aux->aux_loss + a : a;
     }
-    at::Tensor h = relu_square(at::linear(rms_norm(stream.read(state, mlp, P)), P.at(fmt::format("layers.{}.mlp.c_fc", i))));
+    at::Tensor h = relu_square(
+        at::linear(stream.modulate(state, mlp, rms_norm(stream.read(state, mlp, P)), P), P.at(fmt::format("layers.{}.mlp.c_fc", i))));
     stream.write(state, mlp, at::linear(h, P.at(fmt::format("layers.{}.mlp.c_proj", i))), P);
   }
   x = stream.finish(state, P, backend);
@@ -417,6 +423,8 @@ ModelCost account_model(const MethodSpec& method, const Config& cfg, const CostQ
   const ExecPlan plan = model_plan(method, cfg);
   const auto stream = model_stream(method, cfg);
   double backbone_steps = 0;  // Σ step shares: plan steps a pass runs on average
+  // Auxiliary routes (training passes only): their matmul applications and mixer FLOPs apart
+  double aux_matmul = 0, aux_mixer_fwd = 0, aux_uncounted = 0;
   for (int64_t s = 0; s < plan.n_steps(); ++s) {
     const PlanStep& st = plan.steps[size_t(s)];
     // a step a sampled depth may skip costs its expected share (the parameters count in full)
@@ -425,12 +433,26 @@ ModelCost account_model(const MethodSpec& method, const Config& cfg, const CostQ
     // each block's own method and config (a hybrid's layers differ)
     const int64_t i = st.block;
     const MethodSpec& mixer = *lm[size_t(i)].method;
+    const ExecPlan::RoutePos rp = plan.route_pos(s);
     LayerCost lc = mixer.account(lm[size_t(i)].cfg,
-                                 LayerCtx{i, d.n_layer, -1, st.iteration, st.n_iterations, s, plan.n_steps()}, q);
+                                 LayerCtx{i, d.n_layer, -1, st.iteration, st.n_iterations, rp.index, rp.length}, q);
     if (method.is_hybrid()) lc.formula = mixer.name + ": " + lc.formula;
     if (w != 1.0) lc.formula += fmt::format("; billed ×{:.6g}, the share of training passes that run this step", w);
-    if (st.iteration == 0) mc.params += lc.params;
     const double block_matmul = double(lc.params.matmul) + 2.0 * double(d.d_model) * double(d.mlp_hidden);
+    if (st.route > 0) {
+      // billed to training (and to a forward pass collecting auxiliary losses), not to an
+      // inference forward or a decode step; no cache slot
+      lc.formula += fmt::format("; auxiliary route {} (training passes only)", st.route);
+      aux_matmul += w * block_matmul;
+      mixer_core_train += w * lc.nanochat_core_flops;
+      aux_uncounted += w * lc.uncounted_flops;
+      aux_mixer_fwd += w * (lc.fwd_flops - 2.0 * double(lc.params.matmul));
+      mc.act_bytes += w * lc.act_bytes;
+      mc.layers.push_back(std::move(lc));
+      mc.steps.push_back(st);
+      continue;
+    }
+    if (st.iteration == 0) mc.params += lc.params;
     repeated_matmul += (st.iteration == 0 ? w - 1.0 : w) * block_matmul;
     mixer_core_train += w * lc.nanochat_core_flops;
     mc.uncounted_flops += w * lc.uncounted_flops;
@@ -444,11 +466,16 @@ ModelCost account_model(const MethodSpec& method, const Config& cfg, const CostQ
   }
   const double N = double(mc.params.matmul) + repeated_matmul;
   const double stream_fwd = stream->fwd_flops(d, plan);
+  ModelDims d1 = d;  // a decode step: one token per row
+  d1.seq_len = 1;
+  const double stream_decode = stream->fwd_flops(d1, plan);
   mc.uncounted_flops += stream->uncounted_flops(d, plan);
   mc.act_bytes += stream->act_bytes(d, plan, q.dtype_bytes);
-  mc.train_flops_nanochat = 6.0 * N + mixer_core_train + 3.0 * stream_fwd;
+  mc.aux_route_fwd_flops = 2.0 * aux_matmul + aux_mixer_fwd + stream->aux_fwd_flops(d, plan);
+  mc.aux_route_uncounted_flops = aux_uncounted + stream->aux_uncounted_flops(d, plan);
+  mc.train_flops_nanochat = 6.0 * (N + aux_matmul) + mixer_core_train + 3.0 * (stream_fwd + stream->aux_fwd_flops(d, plan));
   mc.fwd_flops = 2.0 * N + mixer_fwd + stream_fwd;
-  mc.decode_flops = 2.0 * N + mixer_decode + stream_fwd;
+  mc.decode_flops = 2.0 * N + mixer_decode + stream_decode;
   // Backbone activations kept for backward per token: residual stream at each step boundary,
   // both norms' inputs, the MLP hidden (4d) before and after relu², and the fp32 logits.
   mc.act_bytes += backbone_steps * (3.0 * d.d_model + 2.0 * d.mlp_hidden) * double(q.dtype_bytes) + 4.0 * d.vocab;

@@ -90,7 +90,8 @@ struct ModelAux {
 };
 // logits [B,T,vocab] (fp32, or fp64 for an fp64 model; softcapped) for idx [B,T] int64 (with
 // several exits, each token's chosen exit's). With
-// `aux`, the layers' auxiliary losses are collected into it. Backend::Reference runs every
+// `aux`, the layers' auxiliary losses are collected into it, and the plan's auxiliary routes
+// (harness/plan.h), which feed only auxiliary losses, run; without it they are skipped. Backend::Reference runs every
 // layer's FP64 reference (MethodSpec::reference) around the same backbone.
 at::Tensor model_forward(const Model& m, const at::Tensor& idx, Backend backend, ModelAux* aux = nullptr);
 // Incremental decoding state of a model: one cache per layer (MethodSpec::prefill/decode), the
@@ -130,11 +131,16 @@ struct ModelCost {
   double train_flops_nanochat = 0;  // 6·N_matmul + Σ mixer core terms (nanochat's convention)
   double fwd_flops = 0;             // executed forward FLOPs per token at T (exact causal pairs)
   double uncounted_flops = 0;       // Σ layers' LayerCost::uncounted_flops (not visible to FlopCounter)
+  // Forward FLOPs per token the plan's auxiliary routes (harness/plan.h) add to a pass that runs
+  // them (training; model_forward collecting ModelAux), and their element-wise part. Included in
+  // train_flops_nanochat, not in fwd_flops or decode_flops.
+  double aux_route_fwd_flops = 0;
+  double aux_route_uncounted_flops = 0;
   double decode_flops = 0;          // per token at context c
   double act_bytes = 0;             // activation bytes per token (training)
   double cache_bytes_per_token = 0; // KV cache growth per token (all layers)
   double state_bytes = 0;           // fixed state per sequence (all layers)
-  std::vector<LayerCost> layers;  // per plan step (a block applied k times appears k times)
+  std::vector<LayerCost> layers;  // per plan step (a block applied k times appears k times; auxiliary routes' too)
   std::vector<PlanStep> steps;    // the plan step of each entry of `layers`
 };
 ModelCost account_model(const MethodSpec& method, const Config& cfg, const CostQuery& q);

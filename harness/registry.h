@@ -134,6 +134,10 @@ struct ParamDef {
   std::string init = "uniform";
   double init_a = 0, init_b = 0;
   OptimRule optim = {};   // how training updates it (Auto: the trainer decides, see OptimRule)
+  // The input width of a linear map that does not multiply the token stream (matmul false, e.g. a
+  // conditioning MLP applied once per row): conformance draws it as randn/√fan_in, as a matmul
+  // matrix. 0: the default rule for its group and shape (harness/backbone.h random_param).
+  int64_t fan_in = 0;
   // The declared rule (kind Auto when the trainer decides: suites/optimizer.h resolve_optim_rule).
   const OptimRule& optim_rule() const { return optim; }
 };

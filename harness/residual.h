@@ -22,8 +22,8 @@ struct ModelDims;
 // One sublayer of the forward pass: the mixer or the MLP of plan step `step`.
 struct Sublayer {
   enum class Kind { Mixer, Mlp };
-  int64_t step = 0;     // plan step
-  int64_t n_steps = 1;  // steps in the plan
+  int64_t step = 0;     // plan step, counted within its route (ExecPlan::route_pos)
+  int64_t n_steps = 1;  // steps in the route (the plan's, without auxiliary routes)
   int64_t block = 0;    // the step's parameter block
   Kind kind = Kind::Mixer;
   int64_t iteration = 0;           // which application of the block (PlanStep::iteration)
@@ -33,6 +33,7 @@ struct Sublayer {
   int64_t train_step = -1;         // Model::step: the training step (-1 = not training)
   uint64_t seed = 0;               // Model::seed: the run's seed (streams that sample draw from it)
   int64_t row0 = 0;                // Model::row0: global batch index of the pass's first row
+  int64_t route = 0;               // the step's plan route (0: the model's; > 0 an auxiliary one, harness/plan.h)
   int64_t index() const { return 2 * step + (kind == Kind::Mlp ? 1 : 0); }  // depth in sublayers
 };
 
@@ -48,6 +49,12 @@ class ResidualStream {
   virtual TensorMap begin(const at::Tensor& x, const TensorMap& params, Backend backend) const = 0;
   // The input of sublayer `s` before its RMSNorm ([B,T,d]).
   virtual at::Tensor read(TensorMap& state, const Sublayer& s, const TensorMap& params) const = 0;
+  // What sublayer `s` reads: its input after the RMSNorm (`normed`, [B,T,d]). A stream may modulate
+  // it (e.g. a per-channel scale from a conditioning vector, adaLN); the default returns it.
+  virtual at::Tensor modulate(TensorMap& state, const Sublayer& s, const at::Tensor& normed,
+                              const TensorMap& params) const {
+    return normed;
+  }
   // Takes the sublayer's output y [B,T,d].
   virtual void write(TensorMap& state, const Sublayer& s, const at::Tensor& y, const TensorMap& params) const = 0;
   // The hidden state before the final norm ([B,T,d]). A scalar "aux_loss" left in the state (e.g.
@@ -63,12 +70,19 @@ class ResidualStream {
   // The expected share of training passes that run plan step `step` (a sampled loop depth skips
   // later applications): the accountant weighs the step's costs by it. 1 = always runs.
   virtual double step_share(const ExecPlan& plan, int64_t step) const { return 1.0; }
-  // Forward FLOPs per token of the stream's own arithmetic that the accountant adds (the default
-  // stream's scalar mixes are not counted, as nanochat does not count them).
+  // Forward FLOPs per token of the stream's own arithmetic on the model's route that the accountant
+  // adds (the default stream's scalar mixes are not counted, as nanochat does not count them).
+  // d.seq_len is the pass's tokens per row: the accountant asks at the query's T for a forward
+  // pass and at 1 for a decode step (a cost paid once per row, e.g. a conditioning vector, is that
+  // cost over d.seq_len per token).
   virtual double fwd_flops(const ModelDims& d, const ExecPlan& plan) const { return 0; }
   // The part of fwd_flops done element-wise (norms, gates, normalisations), which the FLOP audit's
   // dispatcher-level counter cannot see; the audit adds it back (LayerCost::uncounted_flops).
   virtual double uncounted_flops(const ModelDims& d, const ExecPlan& plan) const { return 0; }
+  // The same two numbers for the plan's auxiliary routes (their steps' read-outs included), which
+  // only a pass collecting auxiliary losses runs: the accountant bills them to training.
+  virtual double aux_fwd_flops(const ModelDims& d, const ExecPlan& plan) const { return 0; }
+  virtual double aux_uncounted_flops(const ModelDims& d, const ExecPlan& plan) const { return 0; }
   // Training activation bytes per token the stream keeps beyond the backbone's one [d] state per
   // step boundary (e.g. n parallel streams, block sums); `dtype_bytes` is the compute dtype's size.
   virtual double act_bytes(const ModelDims& d, const ExecPlan& plan, int64_t dtype_bytes) const { return 0; }

@@ -24,8 +24,10 @@ Json param_json(const ParamCount& p) {
 double layer_train_flops(const LayerCost& lc) { return 6.0 * double(lc.params.matmul) + lc.nanochat_core_flops; }
 
 bool AccountResult::audit_passed() const {
-  return !(row.contains("audit") &&
-           (!row["audit"]["params_match"].get<bool>() || row["audit"]["fwd_flops_rel_diff"].get<double>() > 0.02));
+  if (!row.contains("audit")) return true;
+  const Json& a = row["audit"];
+  if (!a["params_match"].get<bool>() || a["fwd_flops_rel_diff"].get<double>() > 0.02) return false;
+  return !a.contains("aux_route_fwd_flops_rel_diff") || a["aux_route_fwd_flops_rel_diff"].get<double>() <= 0.02;
 }
 
 AccountResult run_account(const AccountOptions& opt) {
@@ -55,11 +57,13 @@ AccountResult run_account(const AccountOptions& opt) {
             {"kv_cache_bytes_per_token", mc.cache_bytes_per_token},
             {"state_bytes_per_sequence", mc.state_bytes},
             {"dtype_bytes", q.dtype_bytes}};
+  if (mc.aux_route_fwd_flops > 0) r["aux_route_fwd_flops_per_token"] = mc.aux_route_fwd_flops;
   Json layers = Json::array();
+  const ExecPlan plan = model_plan(m, cfg);
   const std::vector<LayerMethod> lm = layer_methods(m, cfg);
   double indexer_share = -1;
   // one row per plan step: "layer" is the step's parameter block; a looped plan adds the step and
-  // the block's application ("iteration"); a layer with an indexer adds its training FLOPs and share
+  // the block's application ("iteration"), an auxiliary route's step its "route"; a layer with an indexer adds its training FLOPs and share
   for (size_t i = 0; i < mc.layers.size(); ++i) {
     const PlanStep& st = mc.steps[i];
     const LayerCost& lc = mc.layers[i];
@@ -69,10 +73,12 @@ AccountResult run_account(const AccountOptions& opt) {
     if (m.plan) {
       layers.back()["step"] = i;
       layers.back()["iteration"] = st.iteration;
+      if (st.route > 0) layers.back()["route"] = st.route;
     }
     const LayerMethod& l = lm[size_t(st.block)];
     if (const LayerCostPart* part = layer_cost_part(l.method->name, "indexer")) {
-      const LayerCtx ctx{st.block, d.n_layer, -1, st.iteration, st.n_iterations, int64_t(i), int64_t(mc.layers.size())};
+      const ExecPlan::RoutePos rp = plan.route_pos(int64_t(i));
+      const LayerCtx ctx{st.block, d.n_layer, -1, st.iteration, st.n_iterations, rp.index, rp.length};
       const double flops = (*part)(l.cfg, ctx, q);
       const double share = flops / layer_train_flops(lc);
       layers.back()["indexer_train_flops"] = flops;
@@ -102,6 +108,20 @@ AccountResult run_account(const AccountOptions& opt) {
                   {"fwd_flops_counted_per_token", counted},
                   {"fwd_flops_documented_uncounted_per_token", mc.uncounted_flops},
                   {"fwd_flops_rel_diff", std::abs(counted - mc.fwd_flops) / mc.fwd_flops}};
+    if (plan.has_aux_routes()) {
+      // a pass collecting the auxiliary losses runs the auxiliary routes too (training's forward)
+      double with_aux = 0;
+      {
+        c10::NoGradGuard ng;
+        FlopCounter fc;
+        ModelAux aux;
+        model_forward(model, idx, Backend::CPU, &aux);
+        with_aux = fc.total() / double(B * q.T) + mc.uncounted_flops + mc.aux_route_uncounted_flops;
+      }
+      const double want = mc.fwd_flops + mc.aux_route_fwd_flops;
+      r["audit"]["aux_route_fwd_flops_counted_per_token"] = with_aux - counted;
+      r["audit"]["aux_route_fwd_flops_rel_diff"] = std::abs(with_aux - want) / want;
+    }
   }
   res.row = std::move(r);
   return res;

@@ -32,12 +32,14 @@ struct AccountResult {
   CostQuery query;
   ModelCost cost;
   // The report's result row: status, method, config, shape, params, FLOPs, bytes, layers and,
-  // with an audit, `audit` (params_built, params_match, fwd_flops_counted_per_token, ...). Where a
+  // with an audit, `audit` (params_built, params_match, fwd_flops_counted_per_token, ...; for a plan
+  // with auxiliary routes also the count of a forward pass that runs them against
+  // fwd_flops + aux_route_fwd_flops, aux_route_fwd_flops_rel_diff). Where a
   // layer has an indexer (DSA; harness/cost_parts.h), its row adds indexer_train_flops and
   // indexer_share (of layer_train_flops), and the result `indexer_share`, the largest over the layers.
   nlohmann::json row;
   // False when an audit ran and the built parameters differ from the accountant's or the counted
-  // forward FLOPs differ by more than 2%; true without an audit.
+  // forward FLOPs (with the auxiliary routes, either count) differ by more than 2%; true without an audit.
   bool audit_passed() const;
 };
 

@@ -224,6 +224,10 @@ Json cost_json(const ModelCost& c) {
             {"act_bytes", c.act_bytes},
             {"cache_bytes_per_token", c.cache_bytes_per_token},
             {"state_bytes", c.state_bytes}};
+  if (c.aux_route_fwd_flops != 0) {  // plans with auxiliary routes only (the others' numbers stay as they were)
+    j["aux_route_fwd_flops"] = c.aux_route_fwd_flops;
+    j["aux_route_uncounted_flops"] = c.aux_route_uncounted_flops;
+  }
   return j;
 }
 }  // namespace

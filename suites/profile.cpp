@@ -314,7 +314,7 @@ double profile_accountant_flops(const ProfileOptions& opt) {
   const ModelCost mc = account_model(m, cfg, q);
   const double tokens = double(opt.batch * opt.seq_len);
   if (opt.phase == "decode") return mc.decode_flops * double(opt.batch);
-  if (opt.phase == "train") return 3.0 * mc.fwd_flops * tokens;
+  if (opt.phase == "train") return 3.0 * (mc.fwd_flops + mc.aux_route_fwd_flops) * tokens;
   // layer level: layer 0's mixer and the backbone's share of one layer are not split by the
   // accountant, so the layer's own forward FLOPs are used (the MLP is not part of a layer unit)
   const LayerCost& l0 = mc.layers.front();

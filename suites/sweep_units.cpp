@@ -94,6 +94,7 @@ Unit model_unit(const MethodSpec& method, const SweepOptions& opt) {
     Prediction p;
     p.fwd_flops_per_token = mc.fwd_flops;
     if (train) {
+      p.fwd_flops_per_token += mc.aux_route_fwd_flops;  // a training pass runs the auxiliary routes too
       p.bytes = 2.0 * pbytes + mc.act_bytes * BT;
       p.bytes_formula = "2·params·elem (weights + grads) + activation_bytes/token·B·T";
     } else {

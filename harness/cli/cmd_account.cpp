@@ -47,6 +47,8 @@ int run_account_command(const Args& a, const std::vector<std::string>& args) {
     std::cout << fmt::format("training FLOPs/token (nanochat: 6·N_matmul + Σ core): {:.4e}\n", mc.train_flops_nanochat);
     std::cout << fmt::format("forward FLOPs/token (executed, causal pairs exact):   {:.4e}\n", mc.fwd_flops);
     std::cout << fmt::format("decode FLOPs/token at context {}:                    {:.4e}\n", q.context, mc.decode_flops);
+    if (mc.aux_route_fwd_flops > 0)
+      std::cout << fmt::format("auxiliary routes' forward FLOPs/token (training):     {:.4e}\n", mc.aux_route_fwd_flops);
     std::cout << fmt::format("activation bytes/token: {:.4g}   KV cache bytes/token: {:.4g}   fixed state bytes: {:.4g}\n",
                              mc.act_bytes, mc.cache_bytes_per_token, mc.state_bytes);
     if (r.contains("indexer_share"))
@@ -58,6 +60,10 @@ int run_account_command(const Args& a, const std::vector<std::string>& args) {
                                r["audit"]["params_match"].get<bool>() ? "match" : "MISMATCH",
                                r["audit"]["fwd_flops_counted_per_token"].get<double>(),
                                r["audit"]["fwd_flops_rel_diff"].get<double>());
+    if (r.contains("audit") && r["audit"].contains("aux_route_fwd_flops_rel_diff"))
+      std::cout << fmt::format("audit: counted auxiliary-route FLOPs/token {:.4e} (rel diff of the pass running them {:.2e})\n",
+                               r["audit"]["aux_route_fwd_flops_counted_per_token"].get<double>(),
+                               r["audit"]["aux_route_fwd_flops_rel_diff"].get<double>());
   }
   return res.audit_passed() ? 0 : 1;
 }
