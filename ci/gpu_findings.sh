@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # On a CUDA machine: build (ci/gpu.sh's build only), then run the task-suite settings behind the
-# README's findings, one `mixbench tasks` process per method and task at once (the 2-layer task
-# models leave one GPU mostly idle, so the processes share it), each writing OUT_DIR/<task>/<method>.json
-# with its .md and .html. A process that fails keeps its log and the others go on.
+# README's findings as many `mixbench tasks` processes at once (the 2-layer task models leave one
+# GPU mostly idle, so the processes share it): one per method and task, or with
+# MIXBENCH_FINDINGS_SPLIT=1 one per method, task, MQAR pair count and seed, so that what finished
+# before a time limit is kept. Each writes OUT_DIR/<task>/<name>.json with its .md, .html and log.
 # Usage: ci/gpu_findings.sh OUT_DIR [DEPS_DIR]
 #   MIXBENCH_FINDINGS_MQAR  methods on the MQAR grid (default "dense_full gla retnet deltanet gdn kda")
 #   MIXBENCH_FINDINGS_S5    methods on S5 (default "dense_full gla retnet deltanet gdn kda lt2_gdn")
-#   MIXBENCH_FINDINGS_ARGS  options of every run (default "--seeds 3")
-#   MIXBENCH_MQAR_ARGS      the MQAR grid (default "--lengths 256 --pairs 8,32,64 --widths 128")
+#   MIXBENCH_FINDINGS_SEEDS seeds (default 3: seeds 0, 1, 2)
+#   MIXBENCH_MQAR_LENGTHS / MIXBENCH_MQAR_PAIRS / MIXBENCH_MQAR_WIDTHS  the MQAR grid (default 256 / "8 32 64" / 128)
 #   MIXBENCH_TASK_TIMEOUT   seconds each process may run (default 520)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,22 +18,34 @@ source ci/gpu_build.sh
 gpu_build "$OUT" "$DEPS" || exit 1
 MQAR=${MIXBENCH_FINDINGS_MQAR-dense_full gla retnet deltanet gdn kda}
 S5=${MIXBENCH_FINDINGS_S5-dense_full gla retnet deltanet gdn kda lt2_gdn}
-ARGS=${MIXBENCH_FINDINGS_ARGS:---seeds 3}
-GRID=${MIXBENCH_MQAR_ARGS:---lengths 256 --pairs 8,32,64 --widths 128}
+SEEDS=${MIXBENCH_FINDINGS_SEEDS:-3}
+LENGTHS=${MIXBENCH_MQAR_LENGTHS:-256}
+PAIRS=${MIXBENCH_MQAR_PAIRS:-8 32 64}
+WIDTHS=${MIXBENCH_MQAR_WIDTHS:-128}
+SPLIT=${MIXBENCH_FINDINGS_SPLIT:-}
 LIMIT=${MIXBENCH_TASK_TIMEOUT:-520}
 export OMP_NUM_THREADS=1
 pids=()
-launch() {  # task method extra-args...
-  local task=$1 m=$2; shift 2
+launch() {  # task name args...
+  local task=$1 name=$2; shift 2
   mkdir -p "$OUT/$task"
-  # shellcheck disable=SC2086
-  timeout "$LIMIT" build-gpu/mixbench tasks --preset gpu --device cuda --tasks "$task" --methods "$m" $ARGS "$@" \
-      --out "$OUT/$task/$m.json" --quiet > "$OUT/$task/$m.log" 2>&1 &
-  pids+=("$!:$task/$m")
+  timeout "$LIMIT" build-gpu/mixbench tasks --preset gpu --device cuda --tasks "$task" "$@" \
+      --out "$OUT/$task/$name.json" --quiet > "$OUT/$task/$name.log" 2>&1 &
+  pids+=("$!:$task/$name")
 }
+csv() { echo "$*" | tr ' ' ','; }
 echo "== $(date +%H:%M:%S) launching"
-for m in $MQAR; do launch mqar "$m" $GRID; done
-for m in $S5; do launch s5 "$m"; done
+grid=(--lengths "$(csv $LENGTHS)" --widths "$(csv $WIDTHS)")
+for m in $MQAR; do
+  if [ -z "$SPLIT" ]; then launch mqar "$m" --methods "$m" --seeds "$SEEDS" "${grid[@]}" --pairs "$(csv $PAIRS)"; continue; fi
+  for p in $PAIRS; do
+    for ((s = 0; s < SEEDS; ++s)); do launch mqar "${m}_p${p}_s$s" --methods "$m" --seed "$s" --seeds 1 "${grid[@]}" --pairs "$p"; done
+  done
+done
+for m in $S5; do
+  if [ -z "$SPLIT" ]; then launch s5 "$m" --methods "$m" --seeds "$SEEDS"; continue; fi
+  for ((s = 0; s < SEEDS; ++s)); do launch s5 "${m}_s$s" --methods "$m" --seed "$s" --seeds 1; done
+done
 rc=0
 for entry in "${pids[@]}"; do
   pid=${entry%%:*}
