@@ -173,7 +173,7 @@ TEST(Hybrid, MlaCachesLatentsAndKdaHybridUsesItWithoutRope) {
     Json r = run_conformance(opt, s);
     EXPECT_EQ(s.failed, 0) << dtype;
     EXPECT_EQ(s.errors, 0) << dtype;
-    EXPECT_GE(s.passed, 10) << dtype;
+    EXPECT_GE(s.passed, std::string(dtype) == "fp64" ? 10 : 7) << dtype;  // fp64 adds the finite differences
   }
   const MethodSpec& m = Registry::get().method("mla");
   const Config cfg = m.config.parse("n_layer=4,d_model=64,head_dim=16,seq_len=64,vocab=64,mla_kv_latent=24,mla_rope_dim=8");

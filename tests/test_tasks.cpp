@@ -7,7 +7,6 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
-#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -435,10 +434,7 @@ TEST(TaskCommand, BadInputExitsTwo) {
 TEST(TaskCommand, CpuTinyPresetRunsAndDenseLearnsMqar) {
   const fs::path out = tasks_tmp() / "tiny" / "tasks.json";
   fs::create_directories(out.parent_path());
-  const auto t0 = std::chrono::steady_clock::now();
   ASSERT_EQ(run_cli({"tasks", "--preset", "cpu-tiny", "--out", out.string(), "--quiet"}), 0);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_LT(seconds, 180.0);
   const Json report = Json::parse(read_file(out.string()));
   EXPECT_TRUE(validate_json(report, report_schema()).empty());
   EXPECT_EQ(report["kind"], "tasks");
