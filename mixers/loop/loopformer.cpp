@@ -264,7 +264,7 @@ class LoopFormerStream final : public ResidualStream {
     if (!st.has("lf_long")) return inner_->finish(st, P, b);
     // the short route ran: its read-out, and the consistency term towards the full route's
     const at::Tensor h_short = inner_->finish(st, short_params(st, P), b);
-    const at::Tensor& h_long = st.at("lf_long");
+    const at::Tensor h_long = st.at("lf_long");  // a copy: st.set below may reallocate the map
     st.set("lf_short", h_short);
     st.set("aux_loss", b == Backend::Reference ? loopformer::ref_consistency_loss(h_long, h_short)
                                                : loopformer::consistency_loss(h_long, h_short));
@@ -276,7 +276,7 @@ class LoopFormerStream final : public ResidualStream {
   Exits exits(TensorMap& st, const TensorMap&, Backend) const override {
     if (!st.has("lf_short")) return {};
     Exits e;
-    const at::Tensor& h = st.at("lf_long");
+    const at::Tensor h = st.at("lf_long");
     e.hidden = {h, st.at("lf_short")};
     const auto o = h.options();
     const int64_t B = h.size(0), T = h.size(1);
