@@ -21,6 +21,7 @@
 #include "suites/account.h"
 #include "suites/conformance.h"
 #include "suites/conformance_subject.h"
+#include "tests/model_conformance.h"
 #include "suites/leaderboard.h"
 
 namespace mixbench {
@@ -469,17 +470,7 @@ TEST(LoopFormer, AuditCountsBothPasses) {
 
 // ---------------------------------------------------------------- conformance
 ConformanceSummary conformance(const std::string& dtype, const std::string& fault) {
-  ConformanceOptions opt;
-  opt.dtype = dtype;
-  opt.fault = fault;
-  opt.finite_differences = dtype == "fp64" && fault.empty();
-  opt.fd_directions = 1;
-  ConformanceSummary s;
-  const int threads = at::get_num_threads();
-  at::set_num_threads(1);
-  conformance_detail::run_subjects({conformance_detail::model_subject(spec(), opt)}, opt, s);
-  at::set_num_threads(threads);
-  return s;
+  return test_support::model_conformance(spec(), dtype, fault);
 }
 
 TEST(LoopFormerConformance, ModelLevelAtFp64AndFp32) {

@@ -18,6 +18,7 @@
 #include "mixers/loop/ouro.h"
 #include "suites/conformance.h"
 #include "suites/conformance_subject.h"
+#include "tests/model_conformance.h"
 #include "suites/leaderboard.h"
 #include "suites/train.h"
 
@@ -245,17 +246,7 @@ TEST(Ouro, AccountantBillsEveryLoopsReadOut) {
 // the chosen logits; gradients; finite differences at fp64; prefill + decode) at fp64 and fp32
 // on the CPU, and an injected fault in the optimized outputs or gradients fails it.
 ConformanceSummary conformance(const std::string& dtype, const std::string& fault) {
-  ConformanceOptions opt;
-  opt.dtype = dtype;
-  opt.fault = fault;
-  opt.finite_differences = dtype == "fp64" && fault.empty();
-  opt.fd_directions = 1;
-  ConformanceSummary s;
-  const int threads = at::get_num_threads();
-  at::set_num_threads(1);
-  conformance_detail::run_subjects({conformance_detail::model_subject(Registry::get().method("ouro"), opt)}, opt, s);
-  at::set_num_threads(threads);
-  return s;
+  return test_support::model_conformance(Registry::get().method("ouro"), dtype, fault);
 }
 
 TEST(OuroConformance, ModelLevelAtFp64AndFp32) {
