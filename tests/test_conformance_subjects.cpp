@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "harness/cli/cli.h"
 #include "harness/registry.h"
 #include "suites/conformance.h"
 #include "suites/conformance_subject.h"
@@ -94,6 +95,16 @@ TEST(ConformanceDriver, RunsEachPartOfASubjectInOrder) {
   EXPECT_EQ(sum.failed, 0);
   EXPECT_EQ(sum.errors, 1);
   EXPECT_EQ(sum.skipped, 1);
+
+  // --fd-directions: that many random directions per input tensor
+  ConformanceOptions three = opt;
+  three.fd_directions = 3;
+  ConformanceSummary s3;
+  Json rows3 = run_subjects({toy_subject(0.0)}, three, s3);
+  ASSERT_EQ(rows3.size(), 5u);
+  ASSERT_EQ(rows3[2]["checks"].size(), 3u);
+  EXPECT_EQ(rows3[2]["checks"][2]["tensor"], "grad_x·u2");
+  EXPECT_EQ(run_cli({"conformance", "--ops", "attention", "--fd-directions", "0", "--quiet"}), 2);
 
   // without finite differences the fd row goes, the invariants stay
   opt.finite_differences = false;
