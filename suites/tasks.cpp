@@ -233,6 +233,8 @@ Json run_tasks(const TasksOptions& o) {
       if (v < 1) throw UsageError(fmt::format("{} takes positive integers, not {}", what, v));
     if (!given->empty()) *grid = *given;
   }
+  if (o.mqar_vocab < 0) throw UsageError(fmt::format("--vocab takes a positive integer, not {}", o.mqar_vocab));
+  if (o.mqar_vocab > 0) P.mqar_vocab = o.mqar_vocab;
   const std::vector<std::string> methods = tasks_methods(P, o.methods);
   const std::vector<TaskSetting> grid = task_grid(P, o.tasks);
   if (grid.empty())

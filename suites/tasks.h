@@ -58,6 +58,7 @@ struct TasksOptions {
   uint64_t seed = 0;                 // base seed; run k uses seed + k
   // MQAR grid overrides (empty = the preset's); every value must be positive
   std::vector<int64_t> mqar_lengths, mqar_pairs, mqar_widths;
+  int64_t mqar_vocab = 0;            // MQAR token ids (0 = the preset's): keys [1, V/2), values [V/2, V)
   std::string device = "cpu";
   int progress = 0;                  // 0 none, 1 JSON lines, 2 human lines
 };

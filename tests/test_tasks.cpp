@@ -371,6 +371,25 @@ TEST(TaskTraining, GridAndLineup) {
   EXPECT_THROW(task_grid(tiny, {"nope"}), UsageError);
 }
 
+// --vocab replaces the MQAR vocabulary: the rows and the model's embedding follow it.
+TEST(TaskTraining, MqarVocabularyOption) {
+  TasksOptions o;
+  o.methods = {"dense_full"};
+  o.tasks = {"mqar"};
+  o.steps = 2;
+  o.mqar_lengths = {16};
+  o.mqar_pairs = {2};
+  o.mqar_widths = {64};
+  o.mqar_vocab = 40;
+  const Json rows = run_tasks(o);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0]["status"], "ok") << rows[0].dump();
+  EXPECT_EQ(rows[0]["setting"]["vocab"], 40);
+  EXPECT_DOUBLE_EQ(rows[0]["chance"].get<double>(), 1.0 / 20.0);  // values from [20, 40)
+  o.mqar_vocab = -1;
+  EXPECT_THROW(run_tasks(o), UsageError);
+}
+
 TEST(TaskTraining, SkippedRowsAndReportMatchTheSchema) {
   TasksOptions o;
   o.methods = {"dense_full"};
@@ -425,6 +444,8 @@ TEST(TaskCommand, BadInputExitsTwo) {
   EXPECT_EQ(run_cli({"tasks", "--seeds", "-1", "--quiet"}), 2);
   EXPECT_EQ(run_cli({"tasks", "--lr", "-1", "--quiet"}), 2);
   EXPECT_EQ(run_cli({"tasks", "--lr", "fast", "--quiet"}), 2);
+  EXPECT_EQ(run_cli({"tasks", "--tasks", "mqar", "--vocab", "-4", "--quiet"}), 2);
+  EXPECT_EQ(run_cli({"tasks", "--tasks", "mqar", "--vocab", "8", "--pairs", "4", "--quiet"}), 2);  // 3 keys < 4 pairs
   EXPECT_FALSE(fs::exists(out));
   EXPECT_EQ(run_cli({"tasks", "--help"}), 0);
 }

@@ -50,6 +50,8 @@ int run_tasks_command(const Args& a, const std::vector<std::string>& args) {
   o.mqar_lengths = counts(a, "lengths", "MQAR length");
   o.mqar_pairs = counts(a, "pairs", "MQAR pair count");
   o.mqar_widths = counts(a, "widths", "MQAR width");
+  o.mqar_vocab = a.get_int("vocab", 0);
+  if (o.mqar_vocab < 0) throw UsageError(fmt::format("--vocab takes a positive integer, not {}", o.mqar_vocab));
   o.progress = progress_mode(a.flag("quiet"));
   if (o.seeds < 0 || o.steps < 0) throw UsageError("--seeds and --steps must be >= 0");
   parse_device(o.device);
@@ -65,6 +67,7 @@ int run_tasks_command(const Args& a, const std::vector<std::string>& args) {
                  {"steps", o.steps > 0 ? o.steps : P.steps},
                  {"batch", P.batch},
                  {"optimizer", fmt::format("AdamW lr {} betas (0.9, 0.999) wd {} on matrices", o.lr > 0 ? o.lr : P.lr, P.weight_decay)},
+                 {"mqar_vocab", o.mqar_vocab > 0 ? o.mqar_vocab : P.mqar_vocab},
                  {"n_layer", P.n_layer},
                  {"eval_instances", P.eval_instances},
                  {"device", o.device}};
@@ -110,6 +113,7 @@ Command tasks_command() {
            {"lengths", OptionKind::Multi, "L1,L2", "MQAR sequence lengths (even; default: the preset's)"},
            {"pairs", OptionKind::Multi, "N1,N2", "MQAR key-value pairs (4 x pairs <= length; default: the preset's)"},
            {"widths", OptionKind::Multi, "D1,D2", "MQAR model widths (default: the preset's)"},
+           {"vocab", OptionKind::Value, "V", "MQAR token ids: keys from [1, V/2), values from [V/2, V) (default: the preset's)"},
            {"device", OptionKind::Value, "cpu|cuda", "device the training runs on (default cpu)"},
            {"out", OptionKind::Value, "report.json", "write the JSON report, with .md and .html beside it"},
            {"quiet", OptionKind::Flag, "", "no progress output"}},
