@@ -41,10 +41,11 @@ for dtype in $(part conformance && echo fp32 bf16); do
       --golden tests/goldens/*.safetensors --out "$OUT/conformance_cuda_$dtype.json" || rc=1
 done
 if part gtests; then
-  # the unit tests that need a GPU (skipped on CPU-only machines): fused kernels against LibTorch
+  # the unit tests that need a GPU (skipped on CPU-only machines): fused kernels against LibTorch,
+  # the optimizer's device scalars and the training step's CUDA-graph scopes
   log "GPU unit tests"
   ninja -C build-gpu -j"$(nproc)" mixbench_tests > "$LOGS/build_tests.log" 2>&1 || { grep -E "error|FAILED" "$LOGS/build_tests.log" | head -20; exit 1; }
-  build-gpu/mixbench_tests --gtest_filter="${MIXBENCH_GTEST_FILTER:-CudaElementwise.*:SimpleGlaCudaKernel.*:TrainFast.DeviceConstants*}" \
+  build-gpu/mixbench_tests --gtest_filter="${MIXBENCH_GTEST_FILTER:-CudaElementwise.*:SimpleGlaCudaKernel.*:TrainFast.DeviceConstants*:TrainFast.CudaGraph*:OptimizerDeviceScalars.Cuda*}" \
       --gtest_output="json:$OUT/gtests_cuda.json" 2>&1 | tail -25 || rc=1
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi

@@ -35,7 +35,7 @@ for f in sorted(os.listdir(os.path.join(out, "lb"))):
     rep = json.load(open(os.path.join(out, "lb", f)))
     for r in rep["results"]:
         rows.append({k: r.get(k) for k in ("method", "status", "message", "tokens_per_s", "mfu", "train_flops_per_token_nanochat",
-                                           "cuda_graph", "cuda_graph_reason", "micro_batch", "dtype", "first_step_s")}
+                                           "cuda_graph", "cuda_graph_scope", "cuda_graph_reason", "micro_batch", "dtype", "first_step_s")}
                     | {"gpu": r.get("matmul_peak", {}).get("device_name"), "peak_flop_per_s": r.get("matmul_peak", {}).get("flop_per_s"),
                        "git_commit": rep.get("git_commit")})
 rows.sort(key=lambda r: -(r["mfu"] or 0))
@@ -48,6 +48,6 @@ with open(os.path.join(out, "mfu.md"), "w") as md:
             md.write(f"| {r['method']} | - | - | - | - | {r['status']}: {(r['message'] or '')[:120]} |\n")
             continue
         md.write(f"| {r['method']} | {r['tokens_per_s']:.0f} | {100 * r['mfu']:.1f}% | {r['train_flops_per_token_nanochat']:.3g} | "
-                 f"{'yes' if r['cuda_graph'] else 'no'} | {r['cuda_graph_reason'] or ''} |\n")
+                 f"{r.get('cuda_graph_scope') or ('yes' if r['cuda_graph'] else 'no')} | {r['cuda_graph_reason'] or ''} |\n")
 print(open(os.path.join(out, "mfu.md")).read())
 PY

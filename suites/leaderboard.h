@@ -45,7 +45,7 @@ struct LeaderboardOptions {
   int64_t probe_sequences = -1;  // -1 = the preset's
   std::string device = "cpu";
   std::string dtype;   // compute dtype ("" = bf16 on a GPU, fp32 on the CPU)
-  std::string graph = "auto";  // CUDA-graph replay of the training steps ("auto" or "off")
+  std::string graph = "auto";  // CUDA-graph replay of the training steps ("auto", "fwd-bwd" or "off": TrainOptions::graph)
   std::shared_ptr<DataParallel> data_parallel;  // each method trained data-parallel over these ranks (null: one process)
   int64_t seeds = 0;       // runs per method with seeds seed, seed+1, ...; 0 = the preset's
   int64_t stop_after = 0;  // stop as if interrupted after this many trained (method, seed) cells; 0 = never

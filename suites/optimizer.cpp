@@ -96,30 +96,76 @@ at::Tensor polar_express(const at::Tensor& X0, int steps) {
   return X;
 }
 
+namespace {
+// The step-dependent operations, with a host value exactly as the host path has always computed
+// them, or with a 0-dim tensor that gives the same bits: LibTorch's lerp, mul and addcmul take a
+// tensor weight through the same arithmetic as a host one (an fp32 host value is rounded to the
+// tensor's dtype as the buffer's fp32 copy is; addcmul with value 1 is the same fused multiply-add
+// as add with alpha); a CUDA division by a host value multiplies by its reciprocal (AdamScalars).
+void lerp_(at::Tensor& a, const at::Tensor& b, const StepScalar& w) {
+  if (w.t.defined())
+    a.lerp_(b, w.t);
+  else
+    a.lerp_(b, w.v);
+}
+at::Tensor lerp(const at::Tensor& a, const at::Tensor& b, const StepScalar& w) {
+  return w.t.defined() ? a.lerp(b, w.t) : a.lerp(b, w.v);
+}
+at::Tensor times(const StepScalar& s, const at::Tensor& a) { return s.t.defined() ? a * s.t : s.v * a; }
+}  // namespace
+
 void adamw_update(at::Tensor& p, const at::Tensor& g, at::Tensor& exp_avg, at::Tensor& exp_avg_sq, int64_t step,
                   double lr, double beta1, double beta2, double eps, double wd) {
+  AdamScalars s;
+  s.decay.v = 1 - lr * wd;
+  const double bias1 = 1 - std::pow(beta1, double(step));
+  s.bias2.v = 1 - std::pow(beta2, double(step));
+  s.step_factor.v = -lr / bias1;
+  adamw_update(p, g, exp_avg, exp_avg_sq, s, beta1, beta2, eps);
+}
+
+void adamw_update(at::Tensor& p, const at::Tensor& g, at::Tensor& exp_avg, at::Tensor& exp_avg_sq, const AdamScalars& s,
+                  double beta1, double beta2, double eps) {
   c10::NoGradGuard ng;
   // fp32 math at least (parameters may be stored in lower precision); fp64 stays fp64
   const auto ct = at::promote_types(p.scalar_type(), at::kFloat);
   at::Tensor g32 = g.to(ct);
   at::Tensor p32 = p.to(ct);
-  p32.mul_(1 - lr * wd);
+  if (s.decay.t.defined())
+    p32.mul_(s.decay.t);
+  else
+    p32.mul_(s.decay.v);
   exp_avg.lerp_(g32, 1 - beta1);
   exp_avg_sq.lerp_(g32.square(), 1 - beta2);
-  const double bias1 = 1 - std::pow(beta1, double(step));
-  const double bias2 = 1 - std::pow(beta2, double(step));
-  at::Tensor denom = (exp_avg_sq / bias2).sqrt() + eps;
-  p32.add_(exp_avg / denom, -lr / bias1);
+  const at::Tensor v_hat = !s.bias2.t.defined()  ? exp_avg_sq / s.bias2.v
+                           : s.bias2_reciprocal ? exp_avg_sq * s.bias2.t
+                                                : exp_avg_sq / s.bias2.t;
+  at::Tensor denom = v_hat.sqrt() + eps;
+  if (s.step_factor.t.defined())
+    p32.addcmul_(exp_avg / denom, s.step_factor.t);
+  else
+    p32.add_(exp_avg / denom, s.step_factor.v);
   p.copy_(p32);
 }
 
 void muon_update(at::Tensor& p, const at::Tensor& grad, at::Tensor& buf, at::Tensor& buf2, double momentum, double lr,
                  double wd, double beta2, bool bf16) {
+  const int64_t rows = p.size(-2), cols = p.size(-1);
+  MuonScalars s;
+  s.one_minus_momentum.v = 1 - momentum;
+  s.momentum.v = momentum;
+  s.lr_eff.v = lr * std::sqrt(std::max(1.0, double(rows) / double(cols)));
+  s.lr_eff_wd.v = s.lr_eff.v * wd;
+  muon_update(p, grad, buf, buf2, s, beta2, bf16);
+}
+
+void muon_update(at::Tensor& p, const at::Tensor& grad, at::Tensor& buf, at::Tensor& buf2, const MuonScalars& s,
+                 double beta2, bool bf16) {
   c10::NoGradGuard ng;
   const int64_t rows = p.size(-2), cols = p.size(-1);
   // Nesterov momentum
-  buf.lerp_(grad, 1 - momentum);
-  at::Tensor g = grad.lerp(buf, momentum);
+  lerp_(buf, grad, s.one_minus_momentum);
+  at::Tensor g = lerp(grad, buf, s.momentum);
   at::Tensor X = bf16 ? g.to(at::kBFloat16) : g;
   // Row equilibration: every row to the mean row norm
   at::Tensor Xf = X.to(at::kFloat);
@@ -141,10 +187,9 @@ void muon_update(at::Tensor& p, const at::Tensor& grad, at::Tensor& buf, at::Ten
   at::Tensor v_norm_new = sum_matrix((v_mean * red_size) * step_size.to(at::kFloat).square()).sqrt();
   at::Tensor final_scale = step_size * (v_norm / v_norm_new.clamp_min(1e-10));
   g = g * final_scale.to(g.scalar_type());
-  // Cautious weight decay and the update
-  const double lr_eff = lr * std::sqrt(std::max(1.0, double(rows) / double(cols)));
+  // Cautious weight decay and the update: p −= lr_eff·g + (lr_eff·wd)·p·mask
   at::Tensor mask = (g * p >= 0).to(p.scalar_type());
-  p.sub_(lr_eff * g + lr_eff * wd * p * mask);
+  p.sub_(times(s.lr_eff, g) + times(s.lr_eff_wd, p) * mask);
 }
 
 // ------------------------------------------------------------------ parameter rules
@@ -208,6 +253,11 @@ Optimizer::Optimizer(const Model& m, int64_t batch_tokens, const TrainHyper& h) 
     group_of_[name] = group_index_.at(rule.group);
     auto o = t.options().requires_grad(false);
     if (muon) {
+      muon_slot_.emplace(std::make_pair(group_of_[name], std::make_pair(t.size(-2), t.size(-1))), 0);
+    } else {
+      adam_slot_.emplace(group_of_[name], 0);
+    }
+    if (muon) {
       // NorMuon's factored second moment: one column (rows ≥ cols) or one row per matrix
       std::vector<int64_t> second = t.sizes().vec();
       second[second.size() - (t.size(-2) >= t.size(-1) ? 1 : 2)] = 1;
@@ -219,6 +269,16 @@ Optimizer::Optimizer(const Model& m, int64_t batch_tokens, const TrainHyper& h) 
       m1_[name] = at::zeros(t.sizes(), o.dtype(st));
       m2_[name] = at::zeros(t.sizes(), o.dtype(st));
     }
+  }
+  // the device scalars' slots (muon_slot_, adam_slot_ and host_values agree on this layout)
+  n_scalars_ = 2;
+  for (auto& [key, slot] : muon_slot_) {
+    slot = n_scalars_;
+    n_scalars_ += 2;
+  }
+  for (auto& [gi, slot] : adam_slot_) {
+    slot = n_scalars_;
+    n_scalars_ += 4;
   }
 }
 
@@ -252,11 +312,43 @@ std::vector<Optimizer::ParamSetting> Optimizer::settings(const Model& m) const {
 }
 
 void Optimizer::step(Model& m, int64_t it, const std::set<std::string>* only) {
+  if (device_scalars()) {
+    write_scalars(it);
+    apply(m, only);
+    return;
+  }
   c10::NoGradGuard ng;
   const double lrm = lr_multiplier(h_.schedule, it);
   const double mom = muon_momentum(h_.schedule, it);
   const double wd = muon_weight_decay(h_.schedule, it, h_.muon_wd);
   ++adam_step_;
+  const auto muon = [&](size_t gi, int64_t, int64_t, at::Tensor& p, const at::Tensor& grad, at::Tensor& b1, at::Tensor& b2) {
+    const Group& g = groups_[gi];
+    muon_update(p, grad, b1, b2, mom, g.lr * lrm, wd, g.beta2, h_.muon_bf16);
+  };
+  const auto adam = [&](size_t gi, at::Tensor& p, const at::Tensor& grad, at::Tensor& m1, at::Tensor& m2) {
+    const Group& g = groups_[gi];
+    adamw_update(p, grad, m1, m2, adam_step_, g.lr * lrm, g.beta1, g.beta2, g.eps, g.wd);
+  };
+  update(m, only, muon, adam);
+}
+
+void Optimizer::apply(Model& m, const std::set<std::string>* only) {
+  if (!device_scalars()) throw std::logic_error("Optimizer::apply needs use_device_scalars()");
+  c10::NoGradGuard ng;
+  const auto muon = [&](size_t gi, int64_t rows, int64_t cols, at::Tensor& p, const at::Tensor& grad, at::Tensor& b1,
+                        at::Tensor& b2) {
+    muon_update(p, grad, b1, b2, muon_scalars(gi, rows, cols, p.scalar_type()), groups_[gi].beta2, h_.muon_bf16);
+  };
+  const auto adam = [&](size_t gi, at::Tensor& p, const at::Tensor& grad, at::Tensor& m1, at::Tensor& m2) {
+    const Group& g = groups_[gi];
+    adamw_update(p, grad, m1, m2, adam_scalars(gi, m1.scalar_type()), g.beta1, g.beta2, g.eps);
+  };
+  update(m, only, muon, adam);
+}
+
+template <class MuonFn, class AdamFn>
+void Optimizer::update(Model& m, const std::set<std::string>* only, const MuonFn& muon, const AdamFn& adam) {
   auto grad_of = [](const at::Tensor& t) {
     at::Tensor grad = t.grad();
     return grad.defined() ? grad : at::zeros_like(t);
@@ -274,14 +366,13 @@ void Optimizer::step(Model& m, int64_t it, const std::set<std::string>* only) {
       stacks[{gi, {t.size(-2), t.size(-1)}}].push_back(name);
     } else if (g.muon) {
       at::Tensor p = as_matrices(t), b1 = as_matrices(m1_.at(name)), b2 = as_matrices(m2_.at(name));
-      muon_update(p, as_matrices(grad_of(t)), b1, b2, mom, g.lr * lrm, wd, g.beta2, h_.muon_bf16);
+      muon(gi, t.size(-2), t.size(-1), p, as_matrices(grad_of(t)), b1, b2);
     } else {
       at::Tensor p = t;
-      adamw_update(p, grad_of(t), m1_.at(name), m2_.at(name), adam_step_, g.lr * lrm, g.beta1, g.beta2, g.eps, g.wd);
+      adam(gi, p, grad_of(t), m1_.at(name), m2_.at(name));
     }
   }
   for (const auto& [key, names] : stacks) {
-    const Group& g = groups_[key.first];
     const int64_t rows = key.second[0], cols = key.second[1];
     std::vector<at::Tensor> ps, gs, b1, b2;
     for (const auto& n : names) {
@@ -292,7 +383,7 @@ void Optimizer::step(Model& m, int64_t it, const std::set<std::string>* only) {
       b2.push_back(m2_.at(n).reshape({ps.back().size(0), m2_.at(n).size(-2), m2_.at(n).size(-1)}));
     }
     at::Tensor P = at::cat(ps), G = at::cat(gs), B1 = at::cat(b1), B2 = at::cat(b2);
-    muon_update(P, G, B1, B2, mom, g.lr * lrm, wd, g.beta2, h_.muon_bf16);
+    muon(key.first, rows, cols, P, G, B1, B2);
     int64_t k0 = 0;
     for (size_t k = 0; k < names.size(); ++k) {
       const int64_t n = ps[k].size(0);
@@ -302,6 +393,90 @@ void Optimizer::step(Model& m, int64_t it, const std::set<std::string>* only) {
       k0 += n;
     }
   }
+}
+
+// ------------------------------------------------------------------ device scalars
+std::vector<double> Optimizer::host_values(int64_t it, bool single) const {
+  // every value as the host path derives it (step(), muon_update, adamw_update), in double
+  const double lrm = lr_multiplier(h_.schedule, it);
+  const double mom = muon_momentum(h_.schedule, it);
+  const double wd = muon_weight_decay(h_.schedule, it, h_.muon_wd);
+  std::vector<double> v(size_t(n_scalars_), 0.0);
+  v[0] = 1 - mom;
+  v[1] = mom;
+  for (const auto& [key, slot] : muon_slot_) {
+    const double lr = groups_[key.first].lr * lrm;
+    const int64_t rows = key.second.first, cols = key.second.second;
+    const double lr_eff = lr * std::sqrt(std::max(1.0, double(rows) / double(cols)));
+    v[size_t(slot)] = lr_eff;
+    v[size_t(slot) + 1] = lr_eff * wd;
+  }
+  for (const auto& [gi, slot] : adam_slot_) {
+    const Group& g = groups_[gi];
+    const double lr = g.lr * lrm;
+    const double bias1 = 1 - std::pow(g.beta1, double(adam_step_));
+    const double bias2 = 1 - std::pow(g.beta2, double(adam_step_));
+    v[size_t(slot)] = 1 - lr * g.wd;
+    v[size_t(slot) + 1] = bias2;
+    // LibTorch's CUDA division by a host value: x · (1 / v), the reciprocal in the operands' opmath type
+    v[size_t(slot) + 2] = single ? double(1.0f / float(bias2)) : 1.0 / bias2;
+    v[size_t(slot) + 3] = -lr / bias1;
+  }
+  return v;
+}
+
+void Optimizer::use_device_scalars() {
+  if (m1_.empty()) throw std::logic_error("device scalars for an optimizer without parameters");
+  const at::Device dev = m1_.begin()->second.device();
+  for (const auto& [n, t] : m1_)
+    if (t.device() != dev) throw std::logic_error("device scalars: the parameters are on more than one device");
+  dev_ = at::zeros({n_scalars_}, at::TensorOptions().dtype(at::kDouble).device(dev));
+  dev32_ = at::zeros({n_scalars_}, at::TensorOptions().dtype(at::kFloat).device(dev));
+}
+
+void Optimizer::write_scalars(int64_t it) {
+  if (!device_scalars()) throw std::logic_error("Optimizer::write_scalars needs use_device_scalars()");
+  ++adam_step_;
+  const bool cuda = dev_.is_cuda();
+  // A fresh host tensor every step: pinned memory from LibTorch's caching host allocator, which does
+  // not hand a block out again before the asynchronous copies that read it have run.
+  const auto host = at::TensorOptions().pinned_memory(cuda);
+  const std::vector<double> v64 = host_values(it, false), v32 = host_values(it, true);
+  at::Tensor h64 = at::empty({n_scalars_}, host.dtype(at::kDouble));
+  at::Tensor h32 = at::empty({n_scalars_}, host.dtype(at::kFloat));
+  double* p64 = h64.data_ptr<double>();
+  float* p32 = h32.data_ptr<float>();
+  for (int64_t i = 0; i < n_scalars_; ++i) {
+    p64[i] = v64[size_t(i)];
+    p32[i] = float(v32[size_t(i)]);
+  }
+  dev_.copy_(h64, /*non_blocking=*/cuda);
+  dev32_.copy_(h32, /*non_blocking=*/cuda);
+}
+
+namespace {
+StepScalar scalar_at(const at::Tensor& buf, int64_t i) { return {0.0, buf.select(0, i)}; }
+}  // namespace
+
+MuonScalars Optimizer::muon_scalars(size_t group, int64_t rows, int64_t cols, at::ScalarType dtype) const {
+  if (dtype != at::kFloat && dtype != at::kDouble)
+    throw std::logic_error("device scalars: Muon parameters must be fp32 or fp64");
+  const at::Tensor& buf = dtype == at::kDouble ? dev_ : dev32_;
+  const int64_t slot = muon_slot_.at({group, {rows, cols}});
+  return {scalar_at(buf, 0), scalar_at(buf, 1), scalar_at(buf, slot), scalar_at(buf, slot + 1)};
+}
+
+AdamScalars Optimizer::adam_scalars(size_t group, at::ScalarType dtype) const {
+  if (dtype != at::kFloat && dtype != at::kDouble)
+    throw std::logic_error("device scalars: AdamW state must be fp32 or fp64");
+  const at::Tensor& buf = dtype == at::kDouble ? dev_ : dev32_;
+  const int64_t slot = adam_slot_.at(group);
+  AdamScalars s;
+  s.decay = scalar_at(buf, slot);
+  s.bias2_reciprocal = buf.is_cuda();
+  s.bias2 = scalar_at(buf, slot + (s.bias2_reciprocal ? 2 : 1));
+  s.step_factor = scalar_at(buf, slot + 3);
+  return s;
 }
 
 TensorMap Optimizer::state() const {

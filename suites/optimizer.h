@@ -52,6 +52,33 @@ void adamw_update(at::Tensor& p, const at::Tensor& g, at::Tensor& exp_avg, at::T
 void muon_update(at::Tensor& p, const at::Tensor& g, at::Tensor& momentum_buffer, at::Tensor& second_buffer,
                  double momentum, double lr, double wd, double beta2, bool bf16);
 
+// A value that changes from step to step (a schedule's, a bias correction): on the host, or a 0-dim
+// tensor on the operands' device in their dtype that the kernels read when they run (a CUDA graph
+// replays them with each step's values: the host writes the values into that tensor before).
+struct StepScalar {
+  double v = 0;
+  at::Tensor t;  // defined: the kernels read it
+};
+// The step-dependent values of one Muon update (one group and matrix shape), derived on the host in
+// double exactly as muon_update derives them from momentum, lr and wd.
+struct MuonScalars {
+  StepScalar one_minus_momentum, momentum;  // 1 − momentum, momentum
+  StepScalar lr_eff, lr_eff_wd;             // lr·max(1, rows/cols)^½, and that × wd
+};
+// Those of one AdamW update: 1 − lr·wd, the second moment's bias correction 1 − β2^t (on a GPU its
+// fp32 reciprocal, as LibTorch's CUDA division by a host scalar multiplies by it) and the update's
+// factor −lr / (1 − β1^t).
+struct AdamScalars {
+  StepScalar decay, bias2, step_factor;
+  bool bias2_reciprocal = false;  // bias2 holds 1 / (1 − β2^t) (a tensor on a GPU)
+};
+// muon_update and adamw_update with their step-dependent values given: host values compute exactly
+// as those (they are those); tensor values give the same bits (OptimizerDeviceScalars tests).
+void muon_update(at::Tensor& p, const at::Tensor& g, at::Tensor& momentum_buffer, at::Tensor& second_buffer,
+                 const MuonScalars& s, double beta2, bool bf16);
+void adamw_update(at::Tensor& p, const at::Tensor& g, at::Tensor& exp_avg, at::Tensor& exp_avg_sq, const AdamScalars& s,
+                  double beta1, double beta2, double eps);
+
 // The rule the trainer applies to a parameter: its ParamDef's rule, or for OptimKind::Auto, by the
 // parameter's leaf name (after the last '.') and shape:
 //  - a linear map gets muon_rule(): a ParamDef with `matmul` of rank ≥ 2, or a block-level linear map
@@ -82,6 +109,20 @@ class Optimizer {
   // Applies one step with the model's current .grad() values at iteration `it`. With `only`, just
   // those parameters step; the others keep their values and optimizer state (a gate-only stage).
   void step(Model& m, int64_t it, const std::set<std::string>* only = nullptr);
+
+  // Device scalars: from here on every step reads its step-dependent values (learning rates, Muon
+  // momentum and weight decay, AdamW's bias corrections) from a small buffer on the parameters'
+  // device instead of passing them as host values, so that the kernels of apply() can be captured
+  // in a CUDA graph once and replayed at every step. The arithmetic is the host path's, bit for bit.
+  void use_device_scalars();
+  bool device_scalars() const { return dev_.defined(); }
+  // The host half of a step with device scalars: counts the step (AdamW's t) and writes iteration
+  // `it`'s values into the buffer (a copy from a fresh pinned host tensor on the current stream,
+  // ordered before the kernels that read it; the host tensor is not reused before the copy ran).
+  void write_scalars(int64_t it);
+  // The device half: the update kernels, reading the buffer (no host value that changes per step;
+  // no host synchronisation). step() is write_scalars(it) then apply() in this mode.
+  void apply(Model& m, const std::set<std::string>* only = nullptr);
   // Names of the parameters each group holds ("muon" or the AdamW group name).
   std::string group_of(const std::string& param) const;
   double base_lr(const std::string& param) const;
@@ -114,6 +155,22 @@ class Optimizer {
   std::map<std::string, at::Tensor> m1_, m2_;
   int64_t adam_step_ = 0;
   TrainHyper h_;
+  // Device scalars: the buffer's slots. [0] 1 − momentum, [1] momentum; per Muon group and matrix
+  // shape (muon_slot_) lr_eff, lr_eff·wd; per AdamW group (adam_slot_) 1 − lr·wd, 1 − β2^t, its
+  // reciprocal in the buffer's dtype, −lr / (1 − β1^t).
+  std::map<std::pair<size_t, std::pair<int64_t, int64_t>>, int64_t> muon_slot_;
+  std::map<size_t, int64_t> adam_slot_;
+  int64_t n_scalars_ = 0;
+  at::Tensor dev_;    // [n_scalars_] fp64 on the parameters' device (undefined: host scalars)
+  at::Tensor dev32_;  // the same values rounded to fp32 (reciprocals computed in fp32)
+  // iteration `it`'s values at the current adam_step_ (single: reciprocals computed in fp32)
+  std::vector<double> host_values(int64_t it, bool single) const;
+  // The update of every parameter (of `only`): muon(group, rows, cols, p, grad, m1, m2) per Muon
+  // parameter or same-shape stack, adam(group, p, grad, m1, m2) per AdamW parameter.
+  template <class MuonFn, class AdamFn>
+  void update(Model& m, const std::set<std::string>* only, const MuonFn& muon, const AdamFn& adam);
+  MuonScalars muon_scalars(size_t group, int64_t rows, int64_t cols, at::ScalarType dtype) const;
+  AdamScalars adam_scalars(size_t group, at::ScalarType dtype) const;
 };
 
 }  // namespace mixbench

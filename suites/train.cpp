@@ -373,29 +373,65 @@ TrainResult run_train(const TrainOptions& opt) {
     return std::make_pair(lm_sum, aux_sum);
   };
 
-  // On a GPU the forward and backward of a step (all its micro-batches) are captured once in a CUDA
-  // graph and replayed: one launch instead of thousands. Static buffers hold the batch, the losses
-  // and the gradients; the optimizer runs eagerly on those gradients. Capture waits for the layers to
-  // stop depending on the step (the sparse methods' full-attention warm-up) and falls back to eager
-  // steps, with the reason in the report, where the method cannot be captured.
+  // On a GPU a whole step (the forward and backward of all its micro-batches, and the optimizer) is
+  // captured once in a CUDA graph and replayed: one launch instead of thousands. Static buffers hold
+  // the batch, the losses and the gradients (each replay's backward writes them afresh); the
+  // optimizer's step-dependent values (learning rates, Muon momentum and weight decay, AdamW's bias
+  // corrections) live in a small device buffer that the host writes before each replay, so the
+  // replayed kernels run each step's schedule. Every step of such a run, the eager ones too, reads
+  // that buffer, so a run resumed or branched at any step runs the same kernels on the same values.
+  // With --graph fwd-bwd (or when the optimizer cannot be captured) the graph holds the forward and
+  // backward and the optimizer runs eagerly after each replay with host values. Capture waits for
+  // the layers to stop depending on the step (the sparse methods' full-attention warm-up) and falls
+  // back to eager steps, with the reason in the report, where the method cannot be captured.
   const bool graph_wanted = dev.is_cuda() && opt.graph != "off" && !dp;
-  r.graph_reason = !dev.is_cuda()     ? "not on a GPU"
-                   : opt.graph == "off" ? "--graph off"
-                   : dp                 ? "data parallel: the gradients are all-reduced from hooks during the backward"
-                                        : "";
-  auto step_dependent = [&](int64_t it) {
-    if (it == gate_from) return true;  // the switch to the gate-only stage runs eagerly, then is captured anew
+  std::string no_graph = !dev.is_cuda()     ? "not on a GPU"
+                         : opt.graph == "off" ? "--graph off"
+                         : dp                 ? "data parallel: the gradients are all-reduced from hooks during the backward"
+                                              : "";
+  std::string no_step_graph = graph_wanted && opt.graph == "fwd-bwd" ? "--graph fwd-bwd" : "";
+  if (graph_wanted && no_step_graph.empty()) optim.use_device_scalars();
+  std::string step_dependence;  // why the last uncaptured step ran eagerly
+  auto step_dependent = [&](int64_t it) -> std::string {
+    if (it == gate_from) return "the switch to the gate-only stage";  // runs eagerly, then is captured anew
     for (const Config& lc : model.layer_cfgs) {
-      if (lc.has("full_attention_warmup_steps") && it < lc.i("full_attention_warmup_steps")) return true;
-      if (lc.has("mean_loops")) return true;  // a loop depth sampled per step (no graph replays it)
+      if (lc.has("full_attention_warmup_steps") && it < lc.i("full_attention_warmup_steps"))
+        return "the full-attention warm-up (the layers depend on the step)";
+      if (lc.has("mean_loops")) return "a loop depth sampled per step (no graph replays it)";
     }
-    return false;
+    return "";
   };
 #if defined(MIXBENCH_WITH_CUDA)
   std::unique_ptr<at::cuda::CUDAGraph> graph;
+  bool graph_has_optimizer = false;
   int64_t capture_step_at = -1;
   at::Tensor graph_x, graph_y, graph_lm, graph_aux;
-  auto capture_step = [&](const at::Tensor& x, const at::Tensor& y) {
+  // Captures the step on `side`: forward + backward, and the optimizer's kernels when `with_optimizer`.
+  // Returns "" or the error's first line (the graph and the gradients then cleared).
+  auto try_capture = [&](c10::cuda::CUDAStream side, bool with_optimizer, const std::set<std::string>* only) {
+    graph = std::make_unique<at::cuda::CUDAGraph>();
+    c10::cuda::CUDAStreamGuard sg(side);  // capture_end, on success or failure, runs on the capture stream
+    try {
+      graph->capture_begin();
+      std::tie(graph_lm, graph_aux) = forward_backward(graph_x, graph_y);
+      if (with_optimizer) optim.apply(model, only);
+      graph->capture_end();
+      return std::string();
+    } catch (const std::exception& e) {
+      try {
+        graph->capture_end();  // ends an invalidated capture (and throws about it)
+      } catch (const std::exception&) {
+      }
+      (void)cudaGetLastError();
+      graph.reset();
+      graph_lm = graph_aux = at::Tensor();
+      for (const auto& [n, p] : model.params) p.mutable_grad() = at::Tensor();
+      c10::cuda::CUDACachingAllocator::emptyCache();  // what follows gets the failed capture's memory
+      const std::string what = e.what();
+      return what.substr(0, what.find('\n'));
+    }
+  };
+  auto capture_step = [&](const at::Tensor& x, const at::Tensor& y, const std::set<std::string>* only) {
     graph_x = x.clone();
     graph_y = y.clone();
     c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool();
@@ -410,30 +446,26 @@ TrainResult run_train(const TrainOptions& opt) {
     // The graph allocates from its own pool: hand the warm-up pass's cached blocks back first, or a
     // method whose step needs much of the card's memory cannot be captured.
     c10::cuda::CUDACachingAllocator::emptyCache();
-    graph = std::make_unique<at::cuda::CUDAGraph>();
-    c10::cuda::CUDAStreamGuard sg(side);  // capture_end, on success or failure, runs on the capture stream
-    try {
-      graph->capture_begin();
-      std::tie(graph_lm, graph_aux) = forward_backward(graph_x, graph_y);
-      graph->capture_end();
+    const bool with_optimizer = no_step_graph.empty();
+    std::string failed = try_capture(side, with_optimizer, only);
+    if (!failed.empty() && with_optimizer) {
+      // the optimizer (or the step) could not be captured: forward + backward alone, the optimizer eager
+      // (still on the device scalars: the same kernels as the steps before)
+      no_step_graph = "capture with the optimizer failed: " + failed;
+      failed = try_capture(side, false, only);
+    }
+    if (failed.empty()) {
       r.graph = true;
-    } catch (const std::exception& e) {
-      try {
-        graph->capture_end();  // ends an invalidated capture (and throws about it)
-      } catch (const std::exception&) {
-      }
-      (void)cudaGetLastError();
-      graph.reset();
-      graph_lm = graph_aux = at::Tensor();
-      for (const auto& [n, p] : model.params) p.mutable_grad() = at::Tensor();
-      c10::cuda::CUDACachingAllocator::emptyCache();  // the eager steps get the failed capture's memory
-      const std::string what = e.what();
-      r.graph_reason = "capture failed: " + what.substr(0, what.find('\n'));
+      graph_has_optimizer = with_optimizer && no_step_graph.empty();
+      if (r.graph_scope != "forward_backward") r.graph_scope = graph_has_optimizer ? "step" : "forward_backward";
+    } else {
+      no_graph = "capture failed: " + failed;
     }
     sweep_detail::sync_device(opt.device);
   };
 #else
-  if (graph_wanted) r.graph_reason = "built without CUDA";
+  if (graph_wanted) no_graph = "built without CUDA";
+  (void)step_dependent;
 #endif
 
   // The traced steps: after the process's first (warm-up) step and the graph's capture when there are.
@@ -470,30 +502,38 @@ TrainResult run_train(const TrainOptions& opt) {
     }
     at::Tensor lm_sum, aux_sum;
     bool replayed = false;
+    const std::set<std::string>* only = gate_stage ? &gate_set : nullptr;
+    bool optimized = false;  // the replayed graph held the optimizer
 #if defined(MIXBENCH_WITH_CUDA)
     if (graph && it == gate_from) {  // the graph replays the first stage's step
       graph.reset();
+      graph_has_optimizer = false;
       graph_lm = graph_aux = at::Tensor();
       for (const auto& [n, p] : model.params) p.mutable_grad() = at::Tensor();
     }
-    if (graph_wanted && !graph && r.graph_reason.empty() && it > start && !step_dependent(it)) {
-      capture_step(x, y);
-      capture_step_at = it;
+    if (graph_wanted && !graph && no_graph.empty() && it > start) {
+      step_dependence = step_dependent(it);
+      if (step_dependence.empty()) {
+        capture_step(x, y, only);
+        capture_step_at = it;
+      }
     }
     if (graph) {
       graph_x.copy_(x, /*non_blocking=*/true);
       graph_y.copy_(y, /*non_blocking=*/true);
+      if (graph_has_optimizer) optim.write_scalars(it);  // this step's values, before the replay reads them
       graph->replay();
       lm_sum = graph_lm.clone();
       if (graph_aux.defined()) aux_sum = graph_aux.clone();
       replayed = true;
+      optimized = graph_has_optimizer;
     }
 #endif
     if (!replayed) std::tie(lm_sum, aux_sum) = forward_backward(x, y);
     if (reducer) reducer->finish();
     pending_lm.push_back(lm_sum);
     if (aux_sum.defined()) pending_aux.push_back(aux_sum);
-    optim.step(model, it, gate_stage ? &gate_set : nullptr);
+    if (!optimized) optim.step(model, it, only);
     // Eager steps start from no gradients; a graph's gradients are its static buffers, overwritten by
     // every replay.
     if (!replayed)
@@ -561,6 +601,11 @@ TrainResult run_train(const TrainOptions& opt) {
   }
   flush_losses();
   if (tracer.active()) r.trace = tracer.stop(opt.trace, trace_wall, done - trace_from);  // stopped early
+  // why the scope is less than the whole step
+  if (!r.graph && no_graph.empty())
+    no_graph = !step_dependence.empty() ? "no step was captured: " + step_dependence
+                                        : "no step was captured: the run has no step after its first";
+  r.graph_reason = r.graph_scope == "step" ? "" : r.graph_scope == "forward_backward" ? no_step_graph : no_graph;
   r.steps_done = done;
   r.tokens = done * B * T;
   r.batch = B;
@@ -612,6 +657,7 @@ Json train_result_json(const TrainResult& r) {
           {"matmul_peak", matmul_peak_json(r.peak)},
           {"trace", r.trace},
           {"cuda_graph", r.graph},
+          {"cuda_graph_scope", r.graph_scope},
           {"cuda_graph_reason", r.graph_reason},
           {"train_flops_per_token_nanochat", r.cost.train_flops_nanochat},
           {"params", {{"total", r.cost.params.total()}, {"matmul", r.cost.params.matmul}}},

@@ -53,7 +53,9 @@ struct TrainOptions {
                                // parameters and the optimizer state stay fp32 (bf16 copies are the compute weights)
   std::string trace;           // Kineto trace of `trace_steps` steps after the first ("" = none): a Chrome
   int64_t trace_steps = 2;     // trace file, and its kernel-time summary in the report (suites/step_trace.h)
-  std::string graph = "auto";  // "auto": forward + backward of a step captured in a CUDA graph on a GPU; "off"
+  std::string graph = "auto";  // CUDA graphs on a GPU: "auto" the whole step (forward, backward and optimizer)
+                               // where it can be captured, else forward + backward; "fwd-bwd" forward +
+                               // backward only (the optimizer eager, with host scalars); "off" none
   int64_t log_every = 0;       // steps between loss read-backs and progress lines (0 = the preset's); a
                                // read-back synchronises the host with the device, so GPU presets log sparsely
   // Several ranks (suites/distributed.h): each trains its share of every step's rows on GPU LOCAL_RANK
@@ -82,8 +84,10 @@ struct TrainResult {
   std::string dtype = "fp32";  // compute dtype
   double mfu = 0;              // train FLOPs/token (nanochat convention) × tokens_per_s ÷ peak.flop_per_s
   MatmulPeak peak;
-  bool graph = false;          // the steps after the first replayed a CUDA graph of forward + backward
-  std::string graph_reason;    // why not (empty when graphed)
+  bool graph = false;          // the steps after the first replayed a CUDA graph
+  std::string graph_scope = "none";  // what it holds: "step" (forward, backward and optimizer),
+                                     // "forward_backward" (the optimizer eager) or "none" (no graph)
+  std::string graph_reason;    // why the scope is less than "step" (empty when it is "step")
   nlohmann::json trace;        // the traced steps' kernel-time summary (null without --trace)
   ModelCost cost;
   nlohmann::json probes;       // {probe: {accuracy, exact, chance, sequences, answers}} (byte-level data)

@@ -46,7 +46,8 @@ void read_run_options(const Args& a, Options& o) {
   o.device = a.get_or("device", "cpu");
   o.dtype = a.get_or("dtype", "");
   o.graph = a.get_or("graph", "auto");
-  if (o.graph != "auto" && o.graph != "off") throw UsageError("--graph takes auto or off");
+  if (o.graph != "auto" && o.graph != "fwd-bwd" && o.graph != "off")
+    throw UsageError(fmt::format("--graph {}: takes auto, fwd-bwd or off", o.graph));
   o.probe_sequences = a.get_int("probes", -1);
   o.progress = progress_mode(a.flag("quiet"));
 }
@@ -248,8 +249,9 @@ const OptionDoc kBudget = {"budget", OptionKind::Value, "tpp=X|flops=Y|steps=N",
 const OptionDoc kProbes = {"probes", OptionKind::Value, "N", "held-out sequences per capability probe (default: the preset's; 0 = none)"};
 const OptionDoc kQuiet = {"quiet", OptionKind::Flag, "", "no progress output"};
 const OptionDoc kDevice = {"device", OptionKind::Value, "cpu|cuda", "device the training runs on (default cpu)"};
-const OptionDoc kGraph = {"graph", OptionKind::Value, "auto|off",
-                          "capture each step's forward + backward in a CUDA graph on a GPU (default auto)"};
+const OptionDoc kGraph = {"graph", OptionKind::Value, "auto|fwd-bwd|off",
+                          "CUDA graphs on a GPU: auto captures the whole step (forward, backward, optimizer) where "
+                          "it can, fwd-bwd only forward + backward (default auto)"};
 const OptionDoc kDtype = {"dtype", OptionKind::Value, "bf16|fp32",
                           "compute dtype; weights and optimizer state stay fp32 (default bf16 on cuda, fp32 on cpu)"};
 const OptionDoc kNproc = {"nproc", OptionKind::Value, "N", "data-parallel over N local ranks, one per GPU (or CPU process), started here"};
