@@ -69,6 +69,7 @@ struct ScaledSumFn : public torch::autograd::Function<ScaledSumFn> {
     return {sums[0].to(a.scalar_type()).reshape(a.sizes()), dx, sums[1].to(b.scalar_type()).reshape(b.sizes()), dx0};
   }
 };
+
 // Row norms (harness/row_norm_kernel.h) over the last dimension; x, w (or undefined), g (or
 // undefined) contiguous in one dtype. Saves the inputs only: the backward recomputes the scale.
 struct RowNormFn : public torch::autograd::Function<RowNormFn> {

@@ -16,7 +16,7 @@ enum class NormGate { None, Silu, Sigmoid };
 // RMSNorm over the last dimension with a gain w (undefined: none) and an optional gate g (x's
 // shape, before its activation): x·rsqrt(mean(x²) + eps)·w·act(g) (fla's FusedRMSNormGated).
 // Elsewhere than the kernels: at::rms_norm on a GPU, x·rsqrt(mean(x²) + eps)·w otherwise, then
-// `· act(g)`.
+// `· act(g)`. A gate without an activation (or the reverse) throws std::invalid_argument.
 at::Tensor rms_norm_gated(const at::Tensor& x, const at::Tensor& w, double eps, const at::Tensor& g = at::Tensor(),
                           NormGate act = NormGate::None);
 // v + s·sigmoid(z)·e with one gate per row of the last dimension: v, e [..., D], z [...] (nanochat's
