@@ -15,6 +15,7 @@
 
 #include "harness/backbone.h"
 #include "harness/errors.h"
+#include "harness/fused_ops.h"
 
 namespace mixbench::layers {
 
@@ -137,8 +138,8 @@ int64_t ve_gate_params(const LayerCtx& ctx, int64_t heads) { return layer_has_ve
 at::Tensor add_value_embed(const at::Tensor& v, const TensorMap& in) {
   if (!in.has("ve")) return v;
   const at::Tensor& x = in.at("x");
-  at::Tensor gate = 3.0 * at::sigmoid(at::linear(x.slice(-1, 0, kVeGateChannels), in.at("ve_gate")));
-  return v + gate.unsqueeze(-1) * in.at("ve").view(v.sizes());
+  // v + 3·sigmoid(z)·ve, one pass each way on a GPU (harness/fused_ops.h)
+  return gated_add(v, at::linear(x.slice(-1, 0, kVeGateChannels), in.at("ve_gate")), 3.0, in.at("ve").view(v.sizes()));
 }
 
 TensorMap layer_inputs(const LayerCtx& ctx, int64_t B, int64_t T, int64_t d, int64_t heads, int64_t head_v,

@@ -3,10 +3,12 @@
 // fp32 accumulation, one rounding to the input dtype.
 //
 // Each thread owns one channel over a strip of kStrip consecutive positions of one sequence and
-// slides a window of W inputs through registers, so every input is read once (plus a W − 1 halo)
-// and every output written once. Backward recomputes the pre-activation, forms dpre = dy·silu′,
-// and from it both dx (a window of W dpre values ahead) and the strip's share of dw, reduced over
-// the block's strips in shared memory before one atomic add per (channel, tap).
+// first loads the whole strip (plus a W − 1 halo) into registers — all loads in flight at once: a
+// warp reads 32 channels of one position, 64 bytes in bf16, so bandwidth needs many per thread —
+// then computes, so every input is read once (plus the halo) and every output written once.
+// Backward recomputes the pre-activation, forms dpre = dy·silu′, and from it both dx (a window of W
+// dpre values ahead) and the strip's share of dw, reduced over the block's strips in shared memory
+// before one atomic add per (channel, tap).
 #include "mixers/common/short_conv_kernel.h"
 
 #include "harness/cuda_dtype.cuh"
@@ -26,6 +28,28 @@ constexpr int kStrip = 32;   // positions per strip
 struct Shape {
   int T_len, C, strips_per_seq;
   int64_t n_strips;
+  int c1, c2;  // the output side's split: [0, c1) | [c1, c2) | [c2, C)
+};
+
+// Channel c's column in the output-side buffer it belongs to: the buffer, its row width and c's
+// column there.
+template <class P>
+__device__ __forceinline__ P* split_column(P* const (&y)[3], const Shape& s, int c, int& width) {
+  if (c < s.c1) {
+    width = s.c1;
+    return y[0] + c;
+  }
+  if (c < s.c2) {
+    width = s.c2 - s.c1;
+    return y[1] + (c - s.c1);
+  }
+  width = s.C - s.c2;
+  return y[2] + (c - s.c2);
+}
+
+template <class T>
+struct Out3 {
+  T* p[3];
 };
 
 // The strip of blockIdx.y·kStrips + threadIdx.y: its sequence b and first position t0; false
@@ -41,36 +65,43 @@ __device__ __forceinline__ bool strip_of(const Shape& s, int64_t& b, int& t0) {
 __device__ __forceinline__ float silu(float a) { return a / (1.f + __expf(-a)); }
 
 template <class T, int W>
-__global__ void fwd_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, Shape s) {
+__global__ void fwd_kernel(const T* __restrict__ x, const T* __restrict__ w, Out3<T> y, Shape s) {
   const int c = blockIdx.x * kLanes + threadIdx.x;
   int64_t b;
   int t0;
   if (c >= s.C || !strip_of(s, b, t0)) return;
-  float wr[W], win[W];
+  const T* xs = x + b * s.T_len * s.C + c;
+  int yw;
+  T* ys = split_column(y.p, s, c, yw);
+  ys += b * s.T_len * yw;
+  const int t1 = min(t0 + kStrip, s.T_len);
+  // every load of the strip and its W − 1 halo issued before any arithmetic: xin[i] = x[t0 − W + 1 + i]
+  float xin[kStrip + W - 1];
+#pragma unroll
+  for (int i = 0; i < kStrip + W - 1; ++i) {
+    const int t = t0 - (W - 1) + i;
+    xin[i] = t >= 0 && t < t1 ? load_f32(xs + int64_t(t) * s.C) : 0.f;
+  }
+  float wr[W];
 #pragma unroll
   for (int i = 0; i < W; ++i) wr[i] = load_f32(w + int64_t(c) * W + i);
-  const T* xs = x + b * s.T_len * s.C + c;
-  T* ys = y + b * s.T_len * s.C + c;
 #pragma unroll
-  for (int i = 0; i < W - 1; ++i) {
-    const int t = t0 - (W - 1) + i;
-    win[i] = t >= 0 ? load_f32(xs + int64_t(t) * s.C) : 0.f;
-  }
-  const int t1 = min(t0 + kStrip, s.T_len);
-  for (int t = t0; t < t1; ++t) {
-    win[W - 1] = load_f32(xs + int64_t(t) * s.C);
-    float a = 0.f;
+  for (int j = 0; j < kStrip; ++j) {
+    if (t0 + j < t1) {
+      float a = 0.f;
 #pragma unroll
-    for (int i = 0; i < W; ++i) a += wr[i] * win[i];
-    ys[int64_t(t) * s.C] = from_f32<T>(silu(a));
-#pragma unroll
-    for (int i = 0; i < W - 1; ++i) win[i] = win[i + 1];
+      for (int i = 0; i < W; ++i) a += wr[i] * xin[j + i];
+      ys[int64_t(t0 + j) * yw] = from_f32<T>(silu(a));
+    }
   }
 }
 
 // dpre[t] = dy[t]·silu′(a[t]); dx[u] = Σ_k w[k]·dpre[u+W−1−k]; dw[k] = Σ_t dpre[t]·x[t−W+1+k].
+// The strip's dx needs dpre up to W − 1 positions past its end, and those a's x from W − 1 before
+// its start: xin[i] = x[t0 − W + 1 + i] (kStrip + 2(W − 1)), dp[j] = dpre[t0 + j] (kStrip + W − 1),
+// all loads issued first.
 template <class T, int W>
-__global__ void bwd_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ dy, T* __restrict__ dx,
+__global__ void bwd_kernel(const T* __restrict__ x, const T* __restrict__ w, Out3<const T> dy, T* __restrict__ dx,
                            float* __restrict__ dw, Shape s) {
   __shared__ float red[kStrips][W][kLanes];
   const int c = blockIdx.x * kLanes + threadIdx.x;
@@ -80,47 +111,44 @@ __global__ void bwd_kernel(const T* __restrict__ x, const T* __restrict__ w, con
 #pragma unroll
   for (int k = 0; k < W; ++k) acc[k] = 0.f;
   if (c < s.C && strip_of(s, b, t0)) {
-    float wr[W], win[W], dp[W];
-#pragma unroll
-    for (int i = 0; i < W; ++i) {
-      wr[i] = load_f32(w + int64_t(c) * W + i);
-      dp[i] = 0.f;
-    }
     const int64_t base = b * s.T_len * s.C + c;
-#pragma unroll
-    for (int i = 0; i < W - 1; ++i) {
-      const int t = t0 - (W - 1) + i;
-      win[i] = t >= 0 ? load_f32(x + base + int64_t(t) * s.C) : 0.f;
-    }
+    int yw;
+    const T* dys = split_column(dy.p, s, c, yw);
+    dys += b * s.T_len * yw;
     const int t_end = min(t0 + kStrip, s.T_len);  // this strip's dx and dw positions
-    const int t_last = min(t0 + kStrip + W - 1, s.T_len);  // dpre needed up to here (exclusive)
-    for (int t = t0; t < t_end + W - 1; ++t) {
-      float g = 0.f;
-      if (t < t_last) {
-        win[W - 1] = load_f32(x + base + int64_t(t) * s.C);
-        float a = 0.f;
+    float xin[kStrip + 2 * (W - 1)], dp[kStrip + W - 1];
 #pragma unroll
-        for (int i = 0; i < W; ++i) a += wr[i] * win[i];
-        const float sg = 1.f / (1.f + __expf(-a));
-        g = load_f32(dy + base + int64_t(t) * s.C) * sg * (1.f + a * (1.f - sg));
-        if (t < t_end) {
+    for (int i = 0; i < kStrip + 2 * (W - 1); ++i) {
+      const int t = t0 - (W - 1) + i;
+      xin[i] = t >= 0 && t < s.T_len ? load_f32(x + base + int64_t(t) * s.C) : 0.f;
+    }
 #pragma unroll
-          for (int k = 0; k < W; ++k) acc[k] += g * win[k];
-        }
+    for (int j = 0; j < kStrip + W - 1; ++j) {
+      const int t = t0 + j;
+      dp[j] = t < s.T_len ? load_f32(dys + int64_t(t) * yw) : 0.f;
+    }
+    float wr[W];
+#pragma unroll
+    for (int i = 0; i < W; ++i) wr[i] = load_f32(w + int64_t(c) * W + i);
+#pragma unroll
+    for (int j = 0; j < kStrip + W - 1; ++j) {
+      float a = 0.f;
+#pragma unroll
+      for (int i = 0; i < W; ++i) a += wr[i] * xin[j + i];
+      const float sg = 1.f / (1.f + __expf(-a));
+      dp[j] = dp[j] * sg * (1.f + a * (1.f - sg));  // 0 past the sequence (dy read as 0 there)
+      if (j < kStrip && t0 + j < t_end) {
+#pragma unroll
+        for (int k = 0; k < W; ++k) acc[k] += dp[j] * xin[j + k];
       }
+    }
 #pragma unroll
-      for (int i = 0; i < W - 1; ++i) dp[i] = dp[i + 1];
-      dp[W - 1] = g;  // dp[j] = dpre[t − (W−1) + j]
-      const int u = t - (W - 1);
-      if (u >= t0 && u < t_end) {
+    for (int j = 0; j < kStrip; ++j) {
+      if (t0 + j < t_end) {
         float v = 0.f;
 #pragma unroll
-        for (int k = 0; k < W; ++k) v += wr[k] * dp[W - 1 - k];
-        dx[base + int64_t(u) * s.C] = from_f32<T>(v);
-      }
-      if (t < t_last) {
-#pragma unroll
-        for (int i = 0; i < W - 1; ++i) win[i] = win[i + 1];
+        for (int k = 0; k < W; ++k) v += wr[k] * dp[j + W - 1 - k];
+        dx[base + int64_t(t0 + j) * s.C] = from_f32<T>(v);
       }
     }
   }
@@ -143,10 +171,13 @@ void check(const char* what) {
   if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
 }
 
-Shape shape_of(int64_t B, int64_t T_len, int64_t C) {
+Shape shape_of(int64_t B, int64_t T_len, int64_t C, int64_t c1, int64_t c2) {
+  if (!(0 <= c1 && c1 <= c2 && c2 <= C)) throw std::invalid_argument("short conv kernel: bad channel split");
   Shape s;
   s.T_len = int(T_len);
   s.C = int(C);
+  s.c1 = int(c1);
+  s.c2 = int(c2);
   s.strips_per_seq = int((T_len + kStrip - 1) / kStrip);
   s.n_strips = B * s.strips_per_seq;
   return s;
@@ -159,15 +190,17 @@ dim3 grid_of(const Shape& s) {
 }
 
 template <class T, int W>
-void fwd_w(const void* x, const void* w, void* y, const Shape& s, cudaStream_t st) {
-  fwd_kernel<T, W><<<grid_of(s), dim3(kLanes, kStrips), 0, st>>>(static_cast<const T*>(x), static_cast<const T*>(w),
-                                                                   static_cast<T*>(y), s);
+void fwd_w(const void* x, const void* w, const Split& y, const Shape& s, cudaStream_t st) {
+  const Out3<T> out{{static_cast<T*>(y.p[0]), static_cast<T*>(y.p[1]), static_cast<T*>(y.p[2])}};
+  fwd_kernel<T, W><<<grid_of(s), dim3(kLanes, kStrips), 0, st>>>(static_cast<const T*>(x), static_cast<const T*>(w), out,
+                                                                   s);
 }
 
 template <class T, int W>
-void bwd_w(const void* x, const void* w, const void* dy, void* dx, float* dw, const Shape& s, cudaStream_t st) {
-  bwd_kernel<T, W><<<grid_of(s), dim3(kLanes, kStrips), 0, st>>>(
-      static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(dy), static_cast<T*>(dx), dw, s);
+void bwd_w(const void* x, const void* w, const Split& dy, void* dx, float* dw, const Shape& s, cudaStream_t st) {
+  const Out3<const T> in{{static_cast<const T*>(dy.p[0]), static_cast<const T*>(dy.p[1]), static_cast<const T*>(dy.p[2])}};
+  bwd_kernel<T, W><<<grid_of(s), dim3(kLanes, kStrips), 0, st>>>(static_cast<const T*>(x), static_cast<const T*>(w), in,
+                                                                   static_cast<T*>(dx), dw, s);
 }
 
 // Instantiates F<T, W> for the runtime width W (1..kMaxW).
@@ -184,26 +217,27 @@ void bwd_w(const void* x, const void* w, const void* dy, void* dx, float* dw, co
   }
 
 template <class T>
-void fwd_t(const void* x, const void* w, void* y, int64_t B, int64_t T_len, int64_t C, int W, cudaStream_t st) {
+void fwd_t(const void* x, const void* w, const Split& y, int64_t B, int64_t T_len, int64_t C, int W, cudaStream_t st) {
   if (B * T_len * C == 0) return;
-  const Shape s = shape_of(B, T_len, C);
+  const Shape s = shape_of(B, T_len, C, y.c1, y.c2);
   MIXBENCH_SHORT_CONV_DISPATCH_W(fwd_w, x, w, y, s, st)
   check("short conv forward");
 }
 
 template <class T>
-void bwd_t(const void* x, const void* w, const void* dy, void* dx, float* dw, int64_t B, int64_t T_len, int64_t C, int W,
+void bwd_t(const void* x, const void* w, const Split& dy, void* dx, float* dw, int64_t B, int64_t T_len, int64_t C, int W,
            cudaStream_t st) {
   cudaMemsetAsync(dw, 0, sizeof(float) * size_t(C) * size_t(W), st);
   if (B * T_len * C == 0) return;
-  const Shape s = shape_of(B, T_len, C);
+  const Shape s = shape_of(B, T_len, C, dy.c1, dy.c2);
   MIXBENCH_SHORT_CONV_DISPATCH_W(bwd_w, x, w, dy, dx, dw, s, st)
   check("short conv backward");
 }
 #undef MIXBENCH_SHORT_CONV_DISPATCH_W
 }  // namespace
 
-void forward(Dtype dt, const void* x, const void* w, void* y, int64_t B, int64_t T, int64_t C, int W, cudaStream_t s) {
+void forward_split(Dtype dt, const void* x, const void* w, const Split& y, int64_t B, int64_t T, int64_t C, int W,
+                   cudaStream_t s) {
   if (W < 1 || W > kMaxW) throw std::invalid_argument("short conv kernel: width must be 1..8");
   switch (dt) {
     case Dtype::F32: fwd_t<float>(x, w, y, B, T, C, W, s); break;
@@ -212,14 +246,24 @@ void forward(Dtype dt, const void* x, const void* w, void* y, int64_t B, int64_t
   }
 }
 
-void backward(Dtype dt, const void* x, const void* w, const void* dy, void* dx, float* dw, int64_t B, int64_t T, int64_t C,
-              int W, cudaStream_t s) {
+void backward_split(Dtype dt, const void* x, const void* w, const Split& dy, void* dx, float* dw, int64_t B, int64_t T,
+                    int64_t C, int W, cudaStream_t s) {
   if (W < 1 || W > kMaxW) throw std::invalid_argument("short conv kernel: width must be 1..8");
   switch (dt) {
     case Dtype::F32: bwd_t<float>(x, w, dy, dx, dw, B, T, C, W, s); break;
     case Dtype::BF16: bwd_t<__nv_bfloat16>(x, w, dy, dx, dw, B, T, C, W, s); break;
     case Dtype::F16: bwd_t<__half>(x, w, dy, dx, dw, B, T, C, W, s); break;
   }
+}
+
+void forward(Dtype dt, const void* x, const void* w, void* y, int64_t B, int64_t T, int64_t C, int W, cudaStream_t s) {
+  forward_split(dt, x, w, Split{{y, y, y}, C, C}, B, T, C, W, s);
+}
+
+void backward(Dtype dt, const void* x, const void* w, const void* dy, void* dx, float* dw, int64_t B, int64_t T, int64_t C,
+              int W, cudaStream_t s) {
+  void* d = const_cast<void*>(dy);
+  backward_split(dt, x, w, Split{{d, d, d}, C, C}, dx, dw, B, T, C, W, s);
 }
 
 }  // namespace mixbench::layers::short_conv_cuda

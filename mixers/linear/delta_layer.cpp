@@ -7,6 +7,7 @@
 
 #include "harness/backbone.h"
 #include "harness/errors.h"
+#include "harness/fused_ops.h"
 #include "mixers/common/layers.h"
 
 #if defined(MIXBENCH_WITH_CUDA)
@@ -68,14 +69,52 @@ struct ShortConvSiluFn : public torch::autograd::Function<ShortConvSiluFn> {
     return {dx, dw.to(w.scalar_type())};
   }
 };
+
+// x [B, T, C] = q|k|v's projections (one GEMM) through one conv launch, written as three
+// contiguous tensors [B, T, c1], [B, T, c2 − c1], [B, T, C − c2]; the backward reads their three
+// gradients where they lie and returns one dx for the one GEMM's backward (no cat, no split).
+struct ShortConvSiluSplitFn : public torch::autograd::Function<ShortConvSiluSplitFn> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                                                const at::Tensor& w, int64_t c1, int64_t c2) {
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["c1"] = c1;
+    ctx->saved_data["c2"] = c2;
+    const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+    at::Tensor y0 = at::empty({B, T, c1}, x.options()), y1 = at::empty({B, T, c2 - c1}, x.options()),
+               y2 = at::empty({B, T, C - c2}, x.options());
+    layers::short_conv_cuda::forward_split(conv_dtype(x), x.data_ptr(), w.data_ptr(),
+                                           {{y0.data_ptr(), y1.data_ptr(), y2.data_ptr()}, c1, c2}, B, T, C,
+                                           int(w.size(1)), stream_of(x));
+    return {y0, y1, y2};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list g) {
+    auto s = ctx->get_saved_variables();
+    const at::Tensor &x = s[0], &w = s[1];
+    const int64_t c1 = ctx->saved_data["c1"].toInt(), c2 = ctx->saved_data["c2"].toInt();
+    const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+    const int64_t widths[3] = {c1, c2 - c1, C - c2};
+    at::Tensor dy[3];
+    for (int i = 0; i < 3; ++i)
+      dy[i] = g[i].defined() ? g[i].to(x.scalar_type()).contiguous() : at::zeros({B, T, widths[i]}, x.options());
+    at::Tensor dx = at::empty_like(x);
+    at::Tensor dw = at::empty(w.sizes(), w.options().dtype(at::kFloat));
+    layers::short_conv_cuda::backward_split(conv_dtype(x), x.data_ptr(), w.data_ptr(),
+                                            {{dy[0].data_ptr(), dy[1].data_ptr(), dy[2].data_ptr()}, c1, c2},
+                                            dx.data_ptr(), dw.data_ptr<float>(), B, T, C, int(w.size(1)), stream_of(x));
+    return {dx, dw.to(w.scalar_type()), at::Tensor(), at::Tensor()};
+  }
+};
+
+bool conv_fusable(const at::Tensor& x, int64_t W) {
+  const auto st = x.scalar_type();
+  return x.is_cuda() && x.dim() == 3 && W <= 8 && (st == at::kFloat || st == at::kBFloat16 || st == at::kHalf);
+}
 }  // namespace
 #endif
 
 at::Tensor short_conv_silu(const at::Tensor& x, const at::Tensor& w) {
 #if defined(MIXBENCH_WITH_CUDA)
-  const auto st = x.scalar_type();
-  if (x.is_cuda() && x.dim() == 3 && w.size(1) <= 8 && (st == at::kFloat || st == at::kBFloat16 || st == at::kHalf))
-    return ShortConvSiluFn::apply(x.contiguous(), w.to(st).contiguous());
+  if (conv_fusable(x, w.size(1))) return ShortConvSiluFn::apply(x.contiguous(), w.to(x.scalar_type()).contiguous());
 #endif
   const int64_t T = x.size(1), W = w.size(1);
   at::Tensor xp = at::constant_pad_nd(x, {0, 0, W - 1, 0});  // [B,T+W−1,C]
@@ -84,24 +123,24 @@ at::Tensor short_conv_silu(const at::Tensor& x, const at::Tensor& w) {
   return at::silu(y);
 }
 
-at::Tensor l2norm(const at::Tensor& x) {
-  // On a GPU LibTorch's fused RMSNorm: x·rsqrt(Σx² + ε) = rms_norm(x, ε/D)/√D (fp32 statistics)
-  if (x.is_cuda() && x.scalar_type() != at::kDouble) {
-    const double D = double(x.size(-1));
-    return at::rms_norm(x, {x.size(-1)}, std::nullopt, kDeltaL2Eps / D) * (1.0 / std::sqrt(D));
-  }
-  return x * at::rsqrt(x.pow(2).sum(-1, true) + kDeltaL2Eps);
-}
+at::Tensor l2norm(const at::Tensor& x) { return l2_normalize(x, kDeltaL2Eps); }
 
-at::Tensor rms_norm_gain(const at::Tensor& x, const at::Tensor& w, double eps) {
-  if (x.is_cuda() && x.scalar_type() != at::kDouble)
-    return at::rms_norm(x, {x.size(-1)}, w.to(x.scalar_type()), eps);  // fused, with its gain
-  return x * at::rsqrt(x.pow(2).mean(-1, true) + eps) * w;
-}
+at::Tensor rms_norm_gain(const at::Tensor& x, const at::Tensor& w, double eps) { return rms_norm_gated(x, w, eps); }
 
 DeltaQKV delta_qkv(const TensorMap& in, const DeltaDims& d) {
   const at::Tensor& x = in.at("x");
   const int64_t B = x.size(0), T = x.size(1);
+#if defined(MIXBENCH_WITH_CUDA)
+  if (conv_fusable(x, d.W)) {
+    // On a GPU: one GEMM against the concatenated q|k|v weights (its backward one dx instead of
+    // three summed) and one conv launch over the 2HK + HV channels, written as q, k, v.
+    const at::Tensor p = at::linear(x, at::cat({in.at("q_proj"), in.at("k_proj"), in.at("v_proj")}, 0)).contiguous();
+    const at::Tensor w = at::cat({in.at("q_conv"), in.at("k_conv"), in.at("v_conv")}, 0).to(x.scalar_type()).contiguous();
+    const torch::autograd::variable_list y = ShortConvSiluSplitFn::apply(p, w, d.H * d.K, 2 * d.H * d.K);
+    return {l2norm(y[0].view({B, T, d.H, d.K})), l2norm(y[1].view({B, T, d.H, d.K})),
+            layers::add_value_embed(y[2].view({B, T, d.H, d.V}), in)};
+  }
+#endif
   at::Tensor q = short_conv_silu(at::linear(x, in.at("q_proj")), in.at("q_conv")).view({B, T, d.H, d.K});
   at::Tensor k = short_conv_silu(at::linear(x, in.at("k_proj")), in.at("k_conv")).view({B, T, d.H, d.K});
   at::Tensor v = short_conv_silu(at::linear(x, in.at("v_proj")), in.at("v_conv")).view({B, T, d.H, d.V});

@@ -28,11 +28,15 @@ ConfigSpec delta_method_config();
 // Written as an explicit sum of W shifted products, which FlopCounter does not see: the
 // accountant adds it as its own documented term, 2·W FLOPs per channel per token.
 at::Tensor short_conv_silu(const at::Tensor& x, const at::Tensor& w);
+// x·rsqrt(Σx² + 1e-6) and the output RMSNorm with its gain over the last dimension (on a GPU one
+// fused pass each way: harness/fused_ops.h; gdn and kda call rms_norm_gated with their gates).
 at::Tensor l2norm(const at::Tensor& x);
 at::Tensor rms_norm_gain(const at::Tensor& x, const at::Tensor& w, double eps);
 
 // q, k, v of every delta layer: projections, short conv + SiLU, the value embedding (VE layers:
 // v += 3·sigmoid(W_veg x[..., :12])·ve, one gate per head, added after the conv), L2-normalized q, k.
+// On a GPU the three projections are one GEMM against the concatenated weights and the three
+// convolutions one kernel launch (the same arithmetic; the CPU path is three of each).
 struct DeltaQKV {
   at::Tensor q, k, v;  // [B,T,H,K], [B,T,H,K], [B,T,H,V]
 };

@@ -13,6 +13,7 @@
 // (nanochat's c_proj); other projections nanochat's uniform ±√3/√d.
 #include <ATen/ATen.h>
 
+#include "harness/fused_ops.h"
 #include "harness/registry.h"
 #include "mixers/common/layers.h"
 #include "mixers/linear/delta_layer.h"
@@ -40,8 +41,17 @@ TensorMap run(const TensorMap& in, const Config& c, Backend backend, TensorMap* 
   const at::Tensor& x = in.at("x");
   const int64_t B = x.size(0), T = x.size(1);
   DeltaQKV qkv = cache ? delta_qkv_cached(in, d, *cache, decode) : delta_qkv(in, d);
-  at::Tensor beta = at::sigmoid(at::linear(x, in.at("b_proj")));
-  at::Tensor g = -in.at("A_log").exp() * at::softplus(at::linear(x, in.at("a_proj")) + in.at("dt_bias") + c.f("gate_bias_offset"));
+  at::Tensor b_lin, a_lin;
+  if (x.is_cuda()) {  // β's and the decay's projections (H columns each) in one GEMM: one dx in its backward
+    const std::vector<at::Tensor> ba = at::linear(x, at::cat({in.at("b_proj"), in.at("a_proj")}, 0)).split(d.H, -1);
+    b_lin = ba[0];
+    a_lin = ba[1];
+  } else {
+    b_lin = at::linear(x, in.at("b_proj"));
+    a_lin = at::linear(x, in.at("a_proj"));
+  }
+  at::Tensor beta = at::sigmoid(b_lin);
+  at::Tensor g = -in.at("A_log").exp() * at::softplus(a_lin + in.at("dt_bias") + c.f("gate_bias_offset"));
   at::Tensor o;
   if (cache) {
     o = delta_core_cached("gated_delta_rule", qkv, beta, g, backend, *cache, decode);
@@ -50,8 +60,9 @@ TensorMap run(const TensorMap& in, const Config& c, Backend backend, TensorMap* 
     op.set("scale", 0.0);
     o = call_op("gated_delta_rule", backend, {{"q", qkv.q}, {"k", qkv.k}, {"v", qkv.v}, {"g", g}, {"beta", beta}}, op).at("o");
   }
-  at::Tensor gate = at::silu(at::linear(x, in.at("g_proj"))).view({B, T, d.H, d.V});
-  o = rms_norm_gain(o, in.at("o_norm"), d.eps) * gate;
+  // RMSNorm · silu(gate) in one pass each way on a GPU (harness/fused_ops.h)
+  at::Tensor gate = at::linear(x, in.at("g_proj")).view({B, T, d.H, d.V});
+  o = rms_norm_gated(o, in.at("o_norm"), d.eps, gate, NormGate::Silu);
   return {{"y", at::linear(o.reshape({B, T, d.H * d.V}), in.at("o_proj"))}};
 }
 

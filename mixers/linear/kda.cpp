@@ -13,6 +13,7 @@
 // U(softplus⁻¹(1e-3), softplus⁻¹(0.1)) approximating fla's log-uniform dt; the g_out bias 0.
 #include <ATen/ATen.h>
 
+#include "harness/fused_ops.h"
 #include "harness/registry.h"
 #include "mixers/common/layers.h"
 #include "mixers/linear/delta_layer.h"
@@ -54,8 +55,9 @@ TensorMap run(const TensorMap& in, const Config& c, Backend backend, TensorMap* 
     op.set("scale", 0.0);
     o = call_op("kda", backend, {{"q", qkv.q}, {"k", qkv.k}, {"v", qkv.v}, {"g", g}, {"beta", beta}}, op).at("o");
   }
-  at::Tensor gate = at::sigmoid(at::linear(at::linear(x, in.at("g_proj1")), in.at("g_proj2"), in.at("g_proj2_bias")));
-  o = rms_norm_gain(o, in.at("o_norm"), d.eps) * gate.view({B, T, d.H, d.V});
+  // RMSNorm · sigmoid(gate) in one pass each way on a GPU (harness/fused_ops.h)
+  at::Tensor gate = at::linear(at::linear(x, in.at("g_proj1")), in.at("g_proj2"), in.at("g_proj2_bias"));
+  o = rms_norm_gated(o, in.at("o_norm"), d.eps, gate.view({B, T, d.H, d.V}), NormGate::Sigmoid);
   return {{"y", at::linear(o.reshape({B, T, d.H * d.V}), in.at("o_proj"))}};
 }
 
