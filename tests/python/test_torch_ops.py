@@ -11,8 +11,10 @@ else python/mixbench_ops finds it in build*/).
   Reference  every operator against the harness's FP64 reference (torch.ops.mixbench._reference) and
              against a step-by-step recurrence / masked softmax written here, in fp64, with
              non-default options (scale, initial state, window, GQA, head_first, l2norm, g_gamma).
+  Cuda       (skipped without a GPU) every operator's CUDA path in bf16 and fp32 against its CPU
+             fp64 result, and a CUDA graph of the call (forward; forward + backward) replayed.
 
-Usage: test_torch_ops.py [Load|GradCheck|Reference ...]   (no argument: all)
+Usage: test_torch_ops.py [Load|GradCheck|Reference|Cuda ...]   (no argument: all)
 """
 import os
 import subprocess
@@ -414,8 +416,90 @@ class Reference(unittest.TestCase):
             self.assertTrue(torch.equal(idx.sort(-1).values, h.sort(-1).values), f"dsa_indexer T={T} vs harness")
 
 
+@unittest.skipUnless(torch.cuda.is_available(), "needs a CUDA device")
+class Cuda(unittest.TestCase):
+    """On a GPU: every operator's CUDA path agrees with its CPU fp64 result, and a CUDA graph holding
+    the call (forward, and forward + backward for the differentiable ones) replays it exactly."""
+
+    def inputs(self, op, dtype):
+        B, T, H, K = 2, 200, 4, 64
+        if op in ("simple_gla", "gla", "delta_rule", "gated_delta_rule", "kda"):
+            x, h0 = linear_inputs(op, B, T, H, K, K)
+            return x, dict(initial_state=h0, output_final_state=True)
+        if op == "attention":
+            q, k, v = qkv(B, T, H, 2, K)
+            return dict(q=q, k=k, v=v), dict(window=48)
+        if op == "sparse_attention":
+            q, k, v = qkv(B, 96, H, 2, K)
+            return dict(q=q, k=k, v=v, indices=random_indices(B, 96, 16)), {}
+        if op == "block_sparse_attention":
+            q, k, v = qkv(B, 96, H, 2, K)
+            return dict(q=q, k=k, v=v, block_indices=random_block_indices(B, 2, 96, 16, 16, 3)), dict(block_size=16)
+        g = gen(5)
+        return dict(q_idx=randn(B, 96, 4, 32, g=g), k_idx=randn(B, 96, 32, g=g), w_idx=randn(B, 96, 4, g=g)), \
+            dict(topk=16, activation="relu")
+
+    def call(self, op, x, kw):
+        fns = {"simple_gla": mb.chunk_simple_gla, "gla": mb.chunk_gla, "delta_rule": mb.chunk_delta_rule,
+               "gated_delta_rule": mb.chunk_gated_delta_rule, "kda": mb.chunk_kda, "attention": mb.attention,
+               "sparse_attention": mb.sparse_attention, "block_sparse_attention": mb.block_sparse_attention,
+               "dsa_indexer": mb.dsa_indexer}
+        out = fns[op](**x, **kw)
+        return [t for t in (out if isinstance(out, tuple) else (out,)) if t is not None]
+
+    def test_cuda_paths_and_graphs(self):
+        mb.load()
+        for op in OPS:
+            for dtype in ((torch.float32,) if op == "dsa_indexer" else (torch.bfloat16, torch.float32)):
+                with self.subTest(op=op, dtype=dtype):
+                    x, kw = self.inputs(op, dtype)
+                    want = self.call(op, x, kw)
+                    cast = lambda t: t.cuda() if not t.is_floating_point() else t.to("cuda", dtype)  # noqa: E731
+                    xc = {n: cast(t) for n, t in x.items()}
+                    kwc = {n: (cast(t) if torch.is_tensor(t) else t) for n, t in kw.items()}
+                    got = self.call(op, xc, kwc)
+                    tol = 5e-2 if dtype == torch.bfloat16 else 2e-3
+                    for g_, w_ in zip(got, want):
+                        if op == "dsa_indexer":
+                            self.assertEqual(g_.shape, w_.shape)
+                        else:
+                            self.assertLess(rel(g_.double().cpu(), w_), tol, f"{op} {dtype}")
+                    # capture after the warm-up call above; replays give the eager result
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        cap = self.call(op, xc, kwc)
+                    graph.replay()
+                    torch.cuda.synchronize()
+                    for c, e in zip(cap, got):
+                        if c.is_floating_point():
+                            self.assertLess(rel(c.double(), e.double()), 1e-6, f"{op} {dtype}: graph replay")
+                        else:
+                            self.assertTrue(torch.equal(c, e), f"{op} {dtype}: graph replay differs from eager")
+                    if op == "dsa_indexer":
+                        continue
+                    leaves = [t.requires_grad_(True) for n, t in xc.items() if t.is_floating_point()]
+                    do = torch.randn_like(got[0])
+
+                    def step():
+                        return torch.autograd.grad(self.call(op, xc, kwc)[0], leaves, do)
+                    eager = step()
+                    side = torch.cuda.Stream()
+                    side.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(side):
+                        step()
+                    torch.cuda.current_stream().wait_stream(side)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        grads = step()
+                    graph.replay()
+                    torch.cuda.synchronize()
+                    for c, e in zip(grads, eager):
+                        self.assertLess(rel(c.double(), e.double()), 1e-6, f"{op} {dtype}: graph backward")
+                    print(f"{op} {dtype}: kernels {torch.ops.mixbench._kernel_notes()}", flush=True)
+
+
 if __name__ == "__main__":
-    groups = sys.argv[1:] or ["Load", "GradCheck", "Reference"]
+    groups = sys.argv[1:] or ["Load", "GradCheck", "Reference", "Cuda"]
     suite = unittest.TestSuite(unittest.defaultTestLoader.loadTestsFromTestCase(globals()[g]) for g in groups)
     result = unittest.TextTestRunner(verbosity=2).run(suite)
     sys.exit(0 if result.wasSuccessful() and result.testsRun > 0 else 1)
