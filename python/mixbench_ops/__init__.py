@@ -24,6 +24,8 @@ Differences from flash-linear-attention (fla.ops, 0.6.0):
   * chunk_simple_gla: g=None and g_gamma=None means no decay (FLA requires one of them).
   * attention(q, k, v, causal=True, window=0, scale=None): causal only (causal=False raises);
     window = visible keys including the query (0 = all), i.e. flash-attn's window_size=(window-1, 0);
+    flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=True, window_size=(-1, -1))
+    takes flash-attn's own arguments;
     GQA when k and v have fewer heads; logit_scale_a > 1 multiplies q_t by log_a(t + a).
   * sparse_attention(q, k, v, indices, scale=None): the attention part of FLA's naive_dsa with its
     indices given, [B,T,topk] int64, -1 padded; a query with no key gets o = 0 (FLA: NaN).
@@ -134,6 +136,19 @@ def attention(q, k, v, causal=True, window=0, scale=None, logit_scale_a=0.0):
     return ops().attention(q, k, v, causal, window, scale, logit_scale_a)
 
 
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1)):
+    """flash-attn's call: window_size=(left, right) with right 0 (or -1 under causal) and left -1 (all
+    keys) or the number of keys before the query; causal=True only, no dropout."""
+    if dropout_p:
+        raise NotImplementedError("mixbench_ops.flash_attn_func: dropout_p must be 0")
+    if not causal:
+        raise NotImplementedError("mixbench_ops.flash_attn_func: only causal=True is implemented")
+    left, right = window_size
+    if right not in (-1, 0) or left < -1:
+        raise NotImplementedError(f"mixbench_ops.flash_attn_func: window_size={window_size} (causal: (left, 0))")
+    return attention(q, k, v, True, 0 if left < 0 else left + 1, softmax_scale)
+
+
 def sparse_attention(q, k, v, indices, scale=None):
     return ops().sparse_attention(q, k, v, indices, scale)
 
@@ -151,5 +166,5 @@ def dsa_indexer(q_idx, k_idx, w_idx=None, topk=2048, scale=None, activation=None
 naive_dsa_indexer = dsa_indexer
 
 __all__ = ["LIBRARY", "library_path", "load", "ops", "chunk_simple_gla", "chunk_gla", "chunk_delta_rule",
-           "chunk_gated_delta_rule", "chunk_kda", "attention", "sparse_attention", "block_sparse_attention",
+           "chunk_gated_delta_rule", "chunk_kda", "attention", "flash_attn_func", "sparse_attention", "block_sparse_attention",
            "dsa_indexer", "naive_dsa_indexer"]

@@ -358,6 +358,13 @@ class Reference(unittest.TestCase):
             (h,) = self.harness("attention", dict(q=q, k=k, v=v),
                                 f"window={window},scale={scale or 0},logit_scale_a={a}")
             self.assertClose(o, h, f"attention T={T} vs harness reference")
+            if not a:  # flash-attn's call: window_size=(window - 1, 0)
+                fa = mb.flash_attn_func(q, k, v, softmax_scale=scale, causal=True,
+                                        window_size=(window - 1 if window else -1, 0))
+                self.assertClose(fa, want, f"flash_attn_func T={T} window={window}")
+        q, k, v = qkv(1, 5, 2, 2, 8)
+        with self.assertRaises(NotImplementedError):
+            mb.flash_attn_func(q, k, v, causal=False)
 
     def test_sparse_attention(self):
         for T, H, Hkv, topk in ((1, 2, 2, 4), (45, 4, 2, 8), (20, 2, 1, 32)):
