@@ -9,6 +9,14 @@ and every peer, timed by the same code on the same inputs, eager and captured in
                     choice | flash-attn's flash_attn_func when importable
   gla, kda, delta_rule (with --ops): ours | flash-linear-attention's Triton kernels, as installed
 
+flash-linear-attention 0.6.0 (fla/backends.py) picks a backend at each call: the first available and
+enabled one whose verifier accepts the call (FlashQLA for chunk_gated_delta_rule on Hopper when
+flash_qla imports), else its Triton kernels. A backend's switch is its env_var (FLA_FLASH_QLA=0) and
+FLA_<TYPE>, read at each call; FLA_DISABLE_BACKEND_DISPATCH=1, read at import, turns dispatch off for
+the whole process. "fla-triton" sets every switch of the op's backends to 0 around its calls (its
+graph is captured inside), so both FLA sides run in this one process; each row records the backend
+that FLA's own selection rule picks for the call.
+
 Shapes: B·T = 65536 tokens (B = 65536 / T), H = 16, K = V = D = 128, bf16 q / k / v (and beta), fp32
 log gates g = logsigmoid(randn) / 16; q and k L2-normalised for the delta rules. Phases: fwd, and
 fwd_bwd = forward then torch.autograd.grad of o against a fixed random do (final-state gradient
