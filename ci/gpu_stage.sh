@@ -26,6 +26,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$WHEELS" \
   fla-core==0.6.0 flash-linear-attention==0.6.0 flash-qla==0.1.3 tilelang==0.1.15 apache-tvm-ffi==0.1.12 \
   torch-c-dlpack-ext==0.1.5 z3-solver==4.15.4.0
-python3 ci/wheels.py split "$WHEELS" --part-mb "${MIXBENCH_WHEEL_PART_MB:-30}" --fit
-python3 ci/wheels.py batches "$WHEELS"
+# MIXBENCH_WHEEL_RESERVE_MB: room kept in each call for other carried paths
+python3 ci/wheels.py split "$WHEELS" --part-mb "${MIXBENCH_WHEEL_PART_MB:-30}" --fit --reserve-mb "${MIXBENCH_WHEEL_RESERVE_MB:-0}"
+python3 ci/wheels.py batches "$WHEELS" --reserve-mb "${MIXBENCH_WHEEL_RESERVE_MB:-0}"
 du -sh "$DEPS" "$WHEELS"

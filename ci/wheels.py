@@ -6,7 +6,7 @@ parts, group parts and wheels into one folder per call, and join them again on t
                                          every DIR/*.whl over the part size becomes DIR/<wheel>.partNN
                                          files and DIR/<wheel>.sha256 (the original is removed); --fit:
                                          parts no larger than what a call has left (see batches)
-  ci/wheels.py batches DIR [--budget-mb N] moves DIR's wheels and parts into DIR/call1, DIR/call2, ...
+  ci/wheels.py batches DIR [--budget-mb N | --reserve-mb R] moves DIR's wheels and parts into DIR/call1, DIR/call2, ...
                                          each at most the budget: by default what a call has left of its
                                          64 MiB beside this repository's working tree (tracked and
                                          untracked-not-ignored files, measured here); prints the plan
@@ -65,11 +65,12 @@ def tree_bytes(repo):
     return total
 
 
-def measured_budget():
+def measured_budget(reserve=0):
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     tree = tree_bytes(repo)
-    budget = CALL_LIMIT - tree - MiB
-    print(f"working tree {tree / MiB:.1f} MiB: {budget / MiB:.1f} MiB left a call (1 MiB kept spare)")
+    budget = CALL_LIMIT - tree - reserve - MiB
+    print(f"working tree {tree / MiB:.1f} MiB, {reserve / MiB:.1f} MiB reserved: {budget / MiB:.1f} MiB left a call "
+          "(1 MiB kept spare)")
     if budget <= 0:
         raise SystemExit("wheels.py: no room for wheels beside the working tree in a 64 MiB call")
     return budget
@@ -146,9 +147,11 @@ def main():
     s.add_argument("dir")
     s.add_argument("--part-mb", type=float, default=30.0)
     s.add_argument("--fit", action="store_true", help="parts no larger than the measured per-call budget")
+    s.add_argument("--reserve-mb", type=float, default=0.0, help="with --fit: room kept for other carried paths")
     b = sub.add_parser("batches")
     b.add_argument("dir")
-    b.add_argument("--budget-mb", type=float, help="bytes a call may carry beside the tree (default: measured)")
+    b.add_argument("--budget-mb", type=float, help="MiB a call may carry beside the tree (default: measured)")
+    b.add_argument("--reserve-mb", type=float, default=0.0, help="room kept in each call for other carried paths")
     j = sub.add_parser("join")
     j.add_argument("sources", nargs="+")
     j.add_argument("--to", required=True)
@@ -160,9 +163,9 @@ def main():
         if a.part_mb <= 0:
             ap.error("--part-mb must be > 0")
         part = int(a.part_mb * MiB)
-        split(a.dir, min(part, measured_budget()) if a.fit else part)
+        split(a.dir, min(part, measured_budget(int(a.reserve_mb * MiB))) if a.fit else part)
     elif a.cmd == "batches":
-        batches(a.dir, int(a.budget_mb * MiB) if a.budget_mb is not None else measured_budget())
+        batches(a.dir, int(a.budget_mb * MiB) if a.budget_mb is not None else measured_budget(int(a.reserve_mb * MiB)))
     else:
         join(a.sources, a.to)
 
