@@ -19,8 +19,8 @@ Differences from flash-linear-attention (fla.ops, 0.6.0):
     safe_gate, lower_bound): these raise NotImplementedError.
   * use_qk_l2norm_in_kernel normalises q and k (x / sqrt(sum x^2 + 1e-6), FLA's eps) with LibTorch
     ops before the kernels rather than inside them.
-  * final_state is None unless output_final_state, as in FLA; it is fp32 for bf16 / fp16 inputs on the
-    kernels and in the input dtype otherwise (FLA: fp32). scale=None is K^-0.5.
+  * final_state is None unless output_final_state, as in FLA, and fp32 like FLA's for bf16, fp16 and
+    fp32 inputs (fp64 for fp64 inputs); o has the inputs' dtype. scale=None is K^-0.5.
   * chunk_simple_gla: g=None and g_gamma=None means no decay (FLA requires one of them).
   * attention(q, k, v, causal=True, window=0, scale=None): causal only (causal=False raises);
     window = visible keys including the query (0 = all), i.e. flash-attn's window_size=(window-1, 0);

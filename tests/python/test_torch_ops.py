@@ -343,6 +343,13 @@ class Reference(unittest.TestCase):
                          "no gate")
         with self.assertRaisesRegex(ValueError, "not both"):
             mb.chunk_simple_gla(**s, g_gamma=gamma)
+        # bf16 inputs: o in bf16, the final state in fp32 (as FLA returns it)
+        for op in ("simple_gla", "gla", "delta_rule", "gated_delta_rule", "kda"):
+            x, h0 = linear_inputs(op, 1, 20, 2, 8, 8)
+            o, ht = call_linear(op, {n: t.bfloat16() for n, t in x.items()}, initial_state=h0.bfloat16(),
+                                output_final_state=True)
+            self.assertEqual((o.dtype, ht.dtype), (torch.bfloat16, torch.float32), op)
+            self.assertClose(ht.double(), recurrence(op, **x, h0=h0)[1], f"{op} bf16 final state", tol=5e-2)
 
     def test_attention(self):
         for T, H, Hkv, D, Dv, window, scale, a in ((1, 2, 2, 8, 8, 0, None, 0.0), (37, 4, 2, 8, 8, 0, 0.3, 0.0),
