@@ -1,165 +1,177 @@
 #!/usr/bin/env python3
-"""Merge mixbench's Google Benchmark JSON (GPU run) with the peers' timings into one comparison
-report with ratios.  Usage:
-  ci/compare.py bench_cuda.json peers.json [--gpu-info gpu.txt] [--lifted chunk_fla_bwd.json] --out comparison.json
-gpu.txt: nvidia-smi's CSV (name, driver_version, memory.total), as ci/gpu.sh writes it.
-chunk_fla_bwd.json: `ci/kernels/chunk_check.py --fla-bwd` from the same call: flash-linear-attention's
-forward (peer_status "ok") and forward + backward timed with its Hopper/Triton refusal lifted
-(peer_status "ok_refusal_lifted"), rows of their own next to those of peers.py.
+"""The comparison report from ci/peers.py's same-process timings (its --timings file), and the short
+table printed last.  Usage: ci/compare.py timings.json --out comparison.json
 
-ratio_peer_over_ours = peer_ms / ours_ms  (> 1: mixbench is faster).
-FLOPs of a linear op call: the accountant's (mixbench_bench's `flops_per_call` counter: the chunked
-algorithm's matrix products, and the delta rule's triangular solve, from mixers/linear; fwd+bwd 3×
-fwd), the same for ours and the peer (flops_source "accountant"). Benchmarks without that counter
-fall back to this model (flops_source "model"), chunk C = 64, per token and head, D = K = V:
-  simple_gla fwd = 4·C·D + 4·D²        (QKᵀ and AV inside the chunk; QS and the state update)
-  gated_delta_rule fwd = simple_gla fwd + 2·C·D + 2·C·D + 2·D²   (KKᵀ, the WY solve applied to K and V, Sᵀk)
-  fwd+bwd = 3 × fwd.  Minimal bytes per token and head: bf16 q, k, v read and o written (4·D·2)
-  plus gates (2 bytes each).  Attention: FlashAttention convention on visible pairs.
+Report (kind "comparison"): gpu, driver, gpu_memory, versions (torch, CUDA runtime, cuDNN, triton,
+fla, flash_qla, tilelang, flash_attn; null = not importable, with the error beside it), settings,
+ceilings measured in the same process (bf16 matmul TFLOP/s, device-to-device copy GB/s read + write),
+and one row per (op, phase, T, output_final_state) with
+  flops, bytes            per call, the same for every side (FLOP and byte models below)
+  sides{name}             status ok / error / skipped, backend (what ran), eager_ms, graph_ms, the
+                          error or graph_error, o_rel_rms_vs_mixbench, and from the graph time (eager
+                          where no graph): TFLOPs, GBps, pct_matmul_ceiling, pct_copy_ceiling
+  ratio_graph{peer}       peer graph_ms / mixbench graph_ms (> 1: mixbench faster)
+  ratio_eager{peer}       the same for eager calls
+  fastest_peer            the peer with the smallest graph_ms (eager_ms where none captured)
+  headline_ratio          fastest peer's graph_ms / mixbench's graph_ms, headline_eager_ratio beside
+
+FLOPs (the accountant's, mixers/linear/*.h; chunk C = 64, N = ceil(T/C) chunks, per batch row and head):
+  simple_gla, gla          N·(2C²K + 2C²V + 4CKV)                      (simple_gla_chunk_flops)
+  delta rules, kda         N·(4C²K + 2C²V + 6CKV + C(C−1)(K+V))        (delta_chunk_flops, solve included)
+  attention (causal)       4·D·T(T+1)/2                                (FlashAttention's convention)
+  fwd_bwd                  3 × fwd for the linear ops, 3.5 × fwd for attention (FlashAttention's)
+Bytes: every input read once and every output written once, at its dtype: fwd reads q, k, v (bf16),
+g (fp32), beta (bf16) and writes o (bf16) and the final state (fp32, when on); fwd_bwd adds do read
+and dq, dk, dv, dg, dbeta written.
 """
 import argparse
 import json
 import os
-import re
 
 C = 64
+LINEAR = ("simple_gla", "gla", "delta_rule", "gated_delta_rule", "kda")
 
 
-def linear_flops(op, D):
-    f = 4 * C * D + 4 * D * D
-    if op == "gated_delta_rule":
-        f += 4 * C * D + 2 * D * D
-    return f
+def write_json(path, doc):
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=2)
+    os.replace(tmp, path)
 
 
-def load_json(path, what, key):
-    """A JSON report with a top-level `key`, or a clear error naming the file (non-zero exit)."""
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"compare.py: cannot read {what} {path}: {e}")
-    if not isinstance(doc, dict) or key not in doc:
-        raise SystemExit(f"compare.py: {path} is not {what} (no '{key}')")
-    return doc
+def flops(op, phase, B, T, H, D):
+    K = V = D
+    if op == "attention":
+        fwd = 4.0 * B * H * D * T * (T + 1) / 2
+        return fwd * (3.5 if phase == "fwd_bwd" else 1.0)
+    N = -(-T // C)
+    if op in ("simple_gla", "gla"):
+        per_chunk = 2 * C * C * K + 2 * C * C * V + 4 * C * K * V
+    elif op in ("delta_rule", "gated_delta_rule", "kda"):
+        per_chunk = 4 * C * C * K + 2 * C * C * V + 6 * C * K * V + C * (C - 1) * (K + V)
+    else:
+        raise ValueError(f"no FLOP model for op '{op}'")
+    fwd = float(B * H * N * per_chunk)
+    return fwd * (3.0 if phase == "fwd_bwd" else 1.0)
 
 
-def gpu_info(path):
-    """name, driver and memory from nvidia-smi's CSV (header line, then one line per GPU)."""
-    if not path or not os.path.exists(path):
-        return {}
-    lines = [l.strip() for l in open(path) if l.strip()]
-    if len(lines) < 2 or not lines[0].startswith("name"):
-        raise SystemExit(f"compare.py: {path} is not nvidia-smi's CSV (name, driver_version, memory.total)")
-    name, driver, mem = (x.strip() for x in lines[1].split(",")[:3])
-    return {"gpu": name, "driver": driver, "gpu_memory": mem}
+def nbytes(op, phase, B, T, H, D, final_state):
+    tok = B * T * H
+    q = k = v = o = tok * D * 2
+    g = {"simple_gla": tok * 4, "gated_delta_rule": tok * 4, "gla": tok * D * 4, "kda": tok * D * 4}.get(op, 0)
+    beta = tok * 2 if op in ("delta_rule", "gated_delta_rule", "kda") else 0
+    state = B * H * D * D * 4 if (final_state and op in LINEAR) else 0
+    inputs = q + k + v + g + beta
+    fwd = inputs + o + state
+    if phase == "fwd":
+        return fwd
+    return fwd + o + inputs  # do read; dq, dk, dv, dg, dbeta written
 
 
-def lifted_rows(path):
-    """Peer rows from chunk_check.py --fla-bwd: flash-linear-attention forward + backward with its
-    refusal lifted, with the relative differences of its gradients from ours."""
-    doc = load_json(path, "chunk_check.py output", "timing")
+def build_report(timings):
+    if not isinstance(timings, dict) or timings.get("kind") != "peer_timings":
+        raise ValueError("not ci/peers.py timings (kind 'peer_timings')")
+    env = timings.get("environment", {})
+    ceil = timings.get("ceilings", {})
+    groups = {}
+    for r in timings.get("rows", []):
+        key = (r["op"], r["phase"], r["T"], bool(r.get("output_final_state")))
+        groups.setdefault(key, []).append(r)
     rows = []
-    for t in doc["timing"]:
-        for op, key in (("simple_gla", "sgla"), ("gated_delta_rule", "gdn")):
-            for phase, name in (("fwd", f"fla_{key}_fwd_ms"), ("fwd_bwd", f"fla_{key}_fwdbwd_ms")):
-                if t.get(name) is None:
-                    continue
-                lifted = phase == "fwd_bwd" and t.get("fla_bwd_refusal_lifted")
-                rows.append(dict(peer="flash-linear-attention", peer_version=doc.get("fla"), triton=doc.get("triton"),
-                                 op=op, phase=phase, B=t["B"], T=t["T"], H=t["H"], D=t["D"], dtype="bf16",
-                                 status="ok_refusal_lifted" if lifted else "ok", median_ms=t[name],
-                                 grad_rel_diff_vs_ours=t.get(f"{key}_grad_rel_diff_vs_fla") if phase == "fwd_bwd" else None))
-    return rows, doc
+    for (op, phase, T, fs), sides in groups.items():
+        s0 = sides[0]
+        B, H, D = s0["B"], s0["H"], s0["D"]
+        fl, by = flops(op, phase, B, T, H, D), nbytes(op, phase, B, T, H, D, fs)
+        row = dict(op=op, phase=phase, T=T, B=B, H=H, D=D, dtype=s0.get("dtype"), output_final_state=fs,
+                   flops=fl, bytes=by, sides={}, ratio_graph={}, ratio_eager={})
+        for s in sides:
+            e = {k: s.get(k) for k in ("status", "backend", "eager_ms", "graph_ms", "error", "graph_error",
+                                        "o_rel_rms_vs_mixbench") if s.get(k) is not None}
+            ms = s.get("graph_ms") or s.get("eager_ms")
+            if ms:
+                e["timed"] = "graph" if s.get("graph_ms") else "eager"
+                e["TFLOPs"] = fl / ms / 1e9
+                e["GBps"] = by / ms / 1e6
+                if ceil.get("matmul_bf16_TFLOPs"):
+                    e["pct_matmul_ceiling"] = 100 * e["TFLOPs"] / ceil["matmul_bf16_TFLOPs"]
+                if ceil.get("copy_GBps"):
+                    e["pct_copy_ceiling"] = 100 * e["GBps"] / ceil["copy_GBps"]
+            row["sides"][s["side"]] = e
+        ours = row["sides"].get("mixbench", {})
+        best = None
+        for name, e in row["sides"].items():
+            if name == "mixbench":
+                continue
+            if e.get("graph_ms") and ours.get("graph_ms"):
+                row["ratio_graph"][name] = e["graph_ms"] / ours["graph_ms"]
+            if e.get("eager_ms") and ours.get("eager_ms"):
+                row["ratio_eager"][name] = e["eager_ms"] / ours["eager_ms"]
+            ms = e.get("graph_ms") or e.get("eager_ms")
+            if ms and (best is None or ms < best[1]):
+                best = (name, ms)
+        if best:
+            row["fastest_peer"] = best[0]
+            row["headline_ratio"] = row["ratio_graph"].get(best[0])
+            row["headline_eager_ratio"] = row["ratio_eager"].get(best[0])
+        rows.append(row)
+    rows.sort(key=lambda r: (r["op"], r["phase"], r["output_final_state"], r["T"]))
+    versions = dict(env.get("versions", {}))
+    versions.update(torch=env.get("torch"), cuda_runtime=env.get("cuda_runtime"), cudnn=env.get("cudnn"))
+    return dict(kind="comparison", gpu=env.get("gpu"), driver=env.get("driver"), gpu_memory=env.get("gpu_memory"),
+                versions=versions, environment=env, settings=timings.get("settings"), ceilings=ceil,
+                wall_s=timings.get("wall_s"), rows=rows, method=METHOD, models=__doc__)
+
+
+METHOD = ("one Python process times every side (ci/peers.py): mixbench through torch.ops.mixbench, each peer "
+          "through its Python API, on the same inputs and output options; a first call outside the timing (JIT, "
+          "autotuning, plans); eager = median of CUDA-event-bracketed calls synchronised after each; graph = "
+          "median of CUDA-event-bracketed replays of a torch.cuda.CUDAGraph holding one call; ratios peer / "
+          "mixbench, graph against graph as the headline, eager beside")
+
+
+def _fmt(x, spec):
+    width = int(spec.split(".")[0] or 0)
+    return "-".rjust(width) if x is None else format(x, spec)
+
+
+def table(report):
+    """One line per row: mixbench's graph and eager ms, the fastest peer's, the graph ratio."""
+    lines = [f"GPU {report.get('gpu')} driver {report.get('driver')}  matmul ceiling "
+             f"{_fmt(report['ceilings'].get('matmul_bf16_TFLOPs'), '.0f')} TFLOP/s  copy ceiling "
+             f"{_fmt(report['ceilings'].get('copy_GBps'), '.0f')} GB/s",
+             f"{'op':17} {'phase':7} {'T':>6} {'fs':2} | {'ours graph':>10} {'eager':>7} | {'fastest peer':32} "
+             f"{'graph':>7} {'eager':>7} | {'peer/ours':>9} {'eager':>6} | {'%mm':>4} {'%bw':>4}"]
+    for r in report["rows"]:
+        ours = r["sides"].get("mixbench", {})
+        peer = r.get("fastest_peer")
+        p = r["sides"].get(peer, {}) if peer else {}
+        peer_name = f"{peer} ({p.get('backend')})" if peer and p.get("backend") and p.get("backend") != peer else peer
+        lines.append(f"{r['op']:17} {r['phase']:7} {r['T']:6} {'on' if r['output_final_state'] else 'off':2} | "
+                     f"{_fmt(ours.get('graph_ms'), '10.3f')} {_fmt(ours.get('eager_ms'), '7.3f')} | "
+                     f"{(peer_name or 'none')[:32]:32} {_fmt(p.get('graph_ms'), '7.3f')} {_fmt(p.get('eager_ms'), '7.3f')} | "
+                     f"{_fmt(r.get('headline_ratio'), '9.2f')} {_fmt(r.get('headline_eager_ratio'), '6.2f')} | "
+                     f"{_fmt(ours.get('pct_matmul_ceiling'), '4.0f')} {_fmt(ours.get('pct_copy_ceiling'), '4.0f')}")
+        if ours.get("status") and ours["status"] != "ok":
+            lines.append(f"    mixbench {ours['status']}: {ours.get('error', '')[:150]}")
+    return "\n".join(lines)
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("bench")
-    ap.add_argument("peers")
-    ap.add_argument("--gpu-info", help="nvidia-smi CSV (name, driver_version, memory.total)")
-    ap.add_argument("--lifted", help="chunk_check.py --fla-bwd output of the same call")
+    ap.add_argument("timings", help="ci/peers.py --timings output")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    bench = load_json(a.bench, "Google Benchmark JSON", "benchmarks")
-    peers = load_json(a.peers, "peers.py output", "results") if os.path.exists(a.peers) else {"results": []}
-    extra, lifted_doc = lifted_rows(a.lifted) if a.lifted else ([], {})
-    peer_rows = peers["results"] + extra
-    ours, attention, ceilings = {}, [], {}
-    for b in bench["benchmarks"]:
-        name = b["name"]
-        ms = b["real_time"] if b.get("time_unit") == "ms" else b["real_time"] / 1e6
-        if b.get("error_occurred"):
-            m = re.match(r"linear_cuda/(\w+)/(\w+)/(\d+)", name)
-            if m:
-                ours[(m.group(1), m.group(2), int(m.group(3)))] = {"error": b.get("error_message", "error")}
-            continue
-        m = re.match(r"linear_cuda/(\w+)/(\w+)/(\d+)", name)
-        if m:
-            ours[(m.group(1), m.group(2), int(m.group(3)))] = {"ms": ms, "B": b.get("B"), "label": b.get("label"),
-                                                               "flops": b.get("flops_per_call")}
-        elif name.startswith("attention_cuda"):
-            attention.append({"name": name, "label": b.get("label"), "ms": ms, "TFLOPs": b.get("TFLOPs"),
-                              "tokens_per_s": b.get("tokens_per_s")})
-        elif name.startswith("ceiling_cuda/matmul"):
-            ceilings["matmul_bf16_TFLOPs"] = b.get("TFLOPs")
-        elif name.startswith("ceiling_cuda/copy"):
-            ceilings["copy_GBps"] = b.get("GBps_rw")
-    rows = []
-    for p in peer_rows:
-        key = (p["op"], p["phase"], p["T"])
-        o = ours.get(key, {})
-        B, T, H, D = p["B"], p["T"], p["H"], p["D"]
-        tokens_heads = B * T * H
-        fl = o.get("flops") if o.get("B") == B else None  # the benchmark's accountant count, same shape
-        source = "accountant" if fl else "model"
-        fl = fl or linear_flops(p["op"], D) * tokens_heads * (3 if p["phase"] == "fwd_bwd" else 1)
-        by = tokens_heads * (8 * D + (4 if p["op"] == "gated_delta_rule" else 2))
-        row = dict(op=p["op"], phase=p["phase"], B=B, T=T, H=H, D=D, dtype=p["dtype"],
-                   peer=p["peer"], peer_version=p.get("peer_version"), peer_triton=p.get("triton"),
-                   peer_status=p["status"], peer_ms=p.get("median_ms"), peer_message=p.get("message"),
-                   ours_ms=o.get("ms"), ours_error=o.get("error"), flops_per_call=fl, flops_source=source)
-        if p.get("grad_rel_diff_vs_ours") is not None:
-            row["peer_grad_rel_diff_vs_ours"] = p["grad_rel_diff_vs_ours"]
-        if row["ours_ms"]:
-            row["ours_TFLOPs"] = fl / row["ours_ms"] / 1e9
-            row["ours_GBps"] = by / row["ours_ms"] / 1e6
-            if ceilings.get("matmul_bf16_TFLOPs"):
-                row["ours_pct_matmul_ceiling"] = 100 * row["ours_TFLOPs"] / ceilings["matmul_bf16_TFLOPs"]
-            if ceilings.get("copy_GBps"):
-                row["ours_pct_copy_ceiling"] = 100 * row["ours_GBps"] / ceilings["copy_GBps"]
-        if row["peer_ms"]:
-            row["peer_TFLOPs"] = fl / row["peer_ms"] / 1e9
-        if row["ours_ms"] and row["peer_ms"]:
-            row["ratio_peer_over_ours"] = row["peer_ms"] / row["ours_ms"]
-        rows.append(row)
-    # attention: each window against full causal at the same T and phase, same backend family
-    full = {}
-    for r in attention:
-        m = re.search(r"T=(\d+) .*window=(\d+) (\S+)", r["label"] or "")
-        if m:
-            r.update(T=int(m.group(1)), window=int(m.group(2)), phase=m.group(3))
-            if r["window"] == 0:
-                full[(r["T"], r["phase"])] = r["ms"]
-    for r in attention:
-        if "T" in r and r["window"] > 0 and (r["T"], r["phase"]) in full:
-            r["speedup_vs_full"] = full[(r["T"], r["phase"])] / r["ms"]
-    info = gpu_info(a.gpu_info)
-    versions = {"torch": peers.get("torch") or lifted_doc.get("torch")}
-    for r in peer_rows:
-        versions.setdefault(r["peer"], r.get("peer_version"))
-        if r.get("triton"):
-            versions.setdefault("triton", r["triton"])
-    doc = dict(kind="comparison", gpu=info.get("gpu") or peers.get("gpu") or lifted_doc.get("device"),
-               driver=info.get("driver"), gpu_memory=info.get("gpu_memory"), versions=versions,
-               torch=versions["torch"], context=bench.get("context"), ceilings=ceilings, linear=rows,
-               attention=attention, flop_model=__doc__)
-    with open(a.out + ".tmp", "w") as f:
-        json.dump(doc, f, indent=2)
-    os.replace(a.out + ".tmp", a.out)
-    for r in rows:
-        print(f"{r['op']:18} {r['phase']:8} T={r['T']:6} ours {r['ours_ms']} ms  peer {r['peer_ms']} ms  "
-              f"ratio {r.get('ratio_peer_over_ours')}  {r.get('peer_message') or ''}"[:200])
+    try:
+        with open(a.timings) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"compare.py: cannot read ci/peers.py timings {a.timings}: {e}")
+    try:
+        report = build_report(doc)
+    except (ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"compare.py: {a.timings}: {e}")
+    write_json(a.out, report)
+    print(table(report))
 
 
 if __name__ == "__main__":

@@ -4,10 +4,12 @@
 # GPU benchmarks and the peer timings, and write every JSON into OUT_DIR.
 # Usage: ci/gpu.sh OUT_DIR [DEPS_DIR]   (DEPS_DIR from ci/gpu_stage.sh when the machine lacks the
 # Debian packages; default .deps if present). MIXBENCH_GPU_PARTS (default
-# "conformance,bench,peers,chunk,sanitizer") picks the parts to run after the build; "fla_bwd"
-# (not in the default: several minutes of Triton autotuning) also times flash-linear-attention's
-# forward + backward with its Hopper refusal lifted and merges it into comparison_lifted.json;
-# "gtests" builds the unit tests and runs those that need a GPU (MIXBENCH_GTEST_FILTER).
+# "conformance,bench,peers,chunk,sanitizer") picks the parts to run after the build; "peers" is the
+# same-process comparison through torch.ops.mixbench (ci/peers.py, comparison.json; the peers'
+# wheels from ci/gpu_stage.sh joined by ci/wheels.py); "fla_bwd" (not in the default: several minutes
+# of Triton autotuning) has chunk_check.py time flash-linear-attention's forward + backward with its
+# Hopper refusal lifted next to the chunk kernels; "gtests" builds the unit tests and runs those that
+# need a GPU (MIXBENCH_GTEST_FILTER).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: ci/gpu.sh OUT_DIR [DEPS_DIR]}
@@ -30,7 +32,7 @@ if part chunk || part sanitizer || part fla_bwd; then
   python3 ci/kernels/chunk_check.py --build-only --lib "$CHUNK_LIB" > "$LOGS/chunk_build.log" 2>&1 &
   CHUNK_BUILD=$!
 fi
-ninja -C build-gpu -j"$(nproc)" mixbench mixbench_bench > "$LOGS/build.log" 2>&1 || { grep -E "error|FAILED" "$LOGS/build.log" | head -40; exit 1; }
+ninja -C build-gpu -j"$(nproc)" mixbench mixbench_bench mixbench_torch_ops > "$LOGS/build.log" 2>&1 || { grep -E "error|FAILED" "$LOGS/build.log" | head -40; exit 1; }
 MB=build-gpu/mixbench
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
 $MB list
@@ -60,15 +62,12 @@ build-gpu/mixbench_bench --benchmark_filter='/cuda_fwd(_bwd)?/(1024|8192)(/|$)' 
     --benchmark_format=json --benchmark_out="$OUT/bench_ops_cuda.json" --benchmark_out_format=json \
     > "$LOGS/bench_ops_cuda.txt" 2>&1 || rc=1
 fi
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/mixbench_site .whl/*.whl \
-    && export PYTHONPATH=/tmp/mixbench_site${PYTHONPATH:+:$PYTHONPATH}
-fi
-if part peers && [ -f ci/peers.py ]; then
-  log peers
-  python3 ci/peers.py --out "$OUT/peers.json" || rc=1
-  python3 ci/compare.py "$OUT/bench_cuda.json" "$OUT/peers.json" --gpu-info "$OUT/gpu.txt" \
-      --out "$OUT/comparison.json" || rc=1
+source ci/gpu_wheels.sh "$LOGS/wheels.log"   # the peers' wheels, when carried
+if part peers; then
+  log "peers: same-process comparison through torch.ops.mixbench"
+  MIXBENCH_TORCH_OPS_LIB=$PWD/build-gpu/libmixbench_torch_ops.so python3 ci/peers.py \
+      --out "$OUT/comparison.json" --timings "$OUT/peer_timings.json" > "$LOGS/peers.txt" 2>&1 || rc=1
+  grep -v '^{' "$LOGS/peers.txt" | tail -40
 fi
 if [ -n "$CHUNK_BUILD" ] && ! wait "$CHUNK_BUILD"; then
   echo "building the chunk kernels' library failed:"; tail -20 "$LOGS/chunk_build.log"; exit 1
@@ -80,11 +79,9 @@ PREBUILT=1 python3 ci/kernels/chunk_check.py --quick --sweep --lib "$CHUNK_LIB" 
 grep -vi warn "$LOGS/chunk.txt" | grep -v '^{' | tail -6
 fi
 if part fla_bwd; then
-  log "flash-linear-attention forward + backward, its refusal lifted, next to ours"
+  log "flash-linear-attention forward + backward, its refusal lifted, next to the chunk kernels"
   PREBUILT=1 python3 ci/kernels/chunk_check.py --no-check --fla-bwd --lib "$CHUNK_LIB" \
       --out "$OUT/chunk_fla_bwd.json" > "$LOGS/fla_bwd.txt" 2>&1 || { rc=1; tail -5 "$LOGS/fla_bwd.txt"; }
-  python3 ci/compare.py "$OUT/bench_cuda.json" "$OUT/peers.json" --gpu-info "$OUT/gpu.txt" \
-      --lifted "$OUT/chunk_fla_bwd.json" --out "$OUT/comparison_lifted.json" || rc=1
 fi
 if part sanitizer && command -v compute-sanitizer > /dev/null; then
   log "compute-sanitizer (memcheck, racecheck) on the chunk kernels"

@@ -164,7 +164,7 @@ TEST(AppLayering, SourceTreeKeepsItsLayers) {
   const std::regex include_re(R"re(^\s*#\s*include\s*"([^"]+)")re");
   std::vector<std::string> violations;
   int files = 0, cli_files = 0;
-  for (const char* top : {"harness", "suites", "reports", "mixers", "reference", "bench", "tests"}) {
+  for (const char* top : {"harness", "suites", "reports", "mixers", "reference", "bench", "python", "tests"}) {
     if (!fs::exists(root / top)) continue;
     for (const auto& e : fs::recursive_directory_iterator(root / top)) {
       const std::string ext = e.path().extension().string();
