@@ -81,10 +81,13 @@ struct RowNormFn : public torch::autograd::Function<RowNormFn> {
     ctx->saved_data["act"] = act;
     at::Tensor y = at::empty_like(x);
     fused_cuda::row_norm_forward(kernel_dtype(x), params(x, inv_div, eps, act), x.data_ptr(),
-                                 w.defined() ? w.data_ptr() : nullptr, g.defined() ? g.data_ptr() : nullptr, y.data_ptr(),
+                                 present(w) ? w.data_ptr() : nullptr, present(g) ? g.data_ptr() : nullptr, y.data_ptr(),
                                  stream_of(x));
     return y;
   }
+  // An absent gain or gate is an empty tensor: autograd's Function takes defined tensors only.
+  static bool present(const at::Tensor& t) { return t.defined() && t.numel() > 0; }
+  static at::Tensor absent(const at::Tensor& x) { return at::empty({0}, x.options()); }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto s = ctx->get_saved_variables();
     const at::Tensor &x = s[0], &w = s[1], &g = s[2];
@@ -92,14 +95,15 @@ struct RowNormFn : public torch::autograd::Function<RowNormFn> {
                                          ctx->saved_data["act"].toInt());
     at::Tensor dy = grads[0].to(x.scalar_type()).contiguous();
     if (!fused_cuda::row_norm_fits(p, {dy.data_ptr()})) dy = dy.clone();  // a view at an odd offset
-    at::Tensor dx = at::empty_like(x), dg = g.defined() ? at::empty_like(g) : at::Tensor();
-    at::Tensor dw_part = w.defined() ? at::empty({fused_cuda::row_norm_backward_parts(p), p.D}, x.options().dtype(at::kFloat))
-                                     : at::Tensor();
-    fused_cuda::row_norm_backward(kernel_dtype(x), p, x.data_ptr(), w.defined() ? w.data_ptr() : nullptr,
-                                  g.defined() ? g.data_ptr() : nullptr, dy.data_ptr(), dx.data_ptr(),
-                                  g.defined() ? dg.data_ptr() : nullptr, w.defined() ? dw_part.data_ptr<float>() : nullptr,
+    const bool has_w = present(w), has_g = present(g);
+    at::Tensor dx = at::empty_like(x), dg = has_g ? at::empty_like(g) : at::Tensor();
+    at::Tensor dw_part = has_w ? at::empty({fused_cuda::row_norm_backward_parts(p), p.D}, x.options().dtype(at::kFloat))
+                               : at::Tensor();
+    fused_cuda::row_norm_backward(kernel_dtype(x), p, x.data_ptr(), has_w ? w.data_ptr() : nullptr,
+                                  has_g ? g.data_ptr() : nullptr, dy.data_ptr(), dx.data_ptr(),
+                                  has_g ? dg.data_ptr() : nullptr, has_w ? dw_part.data_ptr<float>() : nullptr,
                                   stream_of(x));
-    at::Tensor dw = w.defined() ? dw_part.sum(0).to(w.scalar_type()) : at::Tensor();
+    at::Tensor dw = has_w ? dw_part.sum(0).to(w.scalar_type()) : at::Tensor();
     return {dx, dw, dg, at::Tensor(), at::Tensor(), at::Tensor()};
   }
   static fused_cuda::RowNorm params(const at::Tensor& x, double inv_div, double eps, int64_t act) {
@@ -143,11 +147,11 @@ at::Tensor row_norm_fused(const at::Tensor& x, const at::Tensor& w, const at::Te
   if (!fusable(x) || x.dim() == 0 || x.numel() == 0 || x.size(-1) > 1024) return at::Tensor();
   if (g.defined() && (g.sizes() != x.sizes() || g.scalar_type() != x.scalar_type() || !g.is_cuda())) return at::Tensor();
   if (w.defined() && (w.dim() != 1 || w.size(0) != x.size(-1) || !w.is_cuda())) return at::Tensor();
-  const at::Tensor xc = x.contiguous(), gc = g.defined() ? g.contiguous() : g,
-                   wc = w.defined() ? w.to(x.scalar_type()).contiguous() : w;
+  const at::Tensor xc = x.contiguous(), gc = g.defined() ? g.contiguous() : RowNormFn::absent(x),
+                   wc = w.defined() ? w.to(x.scalar_type()).contiguous() : RowNormFn::absent(x);
   fused_cuda::RowNorm p = RowNormFn::params(xc, inv_div, eps, int64_t(act));
-  if (!fused_cuda::row_norm_fits(p, {xc.data_ptr(), wc.defined() ? wc.data_ptr() : nullptr,
-                                     gc.defined() ? gc.data_ptr() : nullptr}))
+  if (!fused_cuda::row_norm_fits(p, {xc.data_ptr(), RowNormFn::present(wc) ? wc.data_ptr() : nullptr,
+                                     RowNormFn::present(gc) ? gc.data_ptr() : nullptr}))
     return at::Tensor();
   return RowNormFn::apply(xc, wc, gc, inv_div, eps, int64_t(act));
 }

@@ -96,7 +96,21 @@ TEST(CudaElementwise, ScaledSumMatchesTheUnfusedPath) {
       const double tol = dt == at::kFloat ? 1e-6 : 1e-2;
       const std::string where = std::string(c10::toString(dt)) + " n" + std::to_string(n);
       EXPECT_LE(rel_rms(y2, y), tol) << where;
-      for (size_t i = 0; i < g.size(); ++i) EXPECT_LE(rel_rms(g2[i], g[i]), tol) << where << " grad " << i;
+      EXPECT_LE(rel_rms(g2[1], g[1]), tol) << where << " grad x";
+      EXPECT_LE(rel_rms(g2[3], g[3]), tol) << where << " grad x0";
+      // The scalars' gradients are fp32 sums of n products dy·x (dy·x0) in the order the blocks finish:
+      // their error is bounded by the sum of the terms' magnitudes, not by the (cancelling) sum itself.
+      // Blocked fp32 summation: |error| <= (log2 n + a few)·2^-24·Σ|terms| < 1e-6·Σ|terms| here.
+      // (bf16: the result's own rounding to bf16 dominates; relative to the sum as for the others)
+      for (auto [i, other] : {std::pair{size_t(0), x2}, std::pair{size_t(2), x02}}) {
+        if (dt != at::kFloat) {
+          EXPECT_LE(rel_rms(g2[i], g[i]), tol) << where << " grad " << i;
+          continue;
+        }
+        const double terms = (dy.to(at::kDouble).cpu() * other.detach()).abs().sum().item<double>();
+        const double err = (g2[i].detach() - g[i].detach().to(at::kDouble).cpu()).abs().max().item<double>();
+        EXPECT_LE(err, 1e-6 * terms) << where << " grad " << i << " (sum of |terms| " << terms << ")";
+      }
       EXPECT_EQ(g[0][0].item<double>(), 0.0) << "only the used element of the vector gets a gradient";
     }
 }
