@@ -10,6 +10,9 @@
 #   MIXBENCH_FINDINGS_SEEDS seeds (default 3: seeds 0, 1, 2)
 #   MIXBENCH_MQAR_LENGTHS / MIXBENCH_MQAR_PAIRS / MIXBENCH_MQAR_WIDTHS  the MQAR grid (default 256 / "8 32 64" / 128)
 #   MIXBENCH_TASK_TIMEOUT   seconds each process may run (default 520)
+#   MIXBENCH_TASK_ARGS      more `mixbench tasks` options for every process (e.g. "--vocab 64 --steps 4000 --lr 3e-3")
+#   MIXBENCH_FINDINGS_TAG   a prefix of every output name (several protocols side by side in one OUT_DIR)
+#   MIXBENCH_FINDINGS_JOBS  processes at once (default: the CPU cores; each keeps one core busy launching kernels)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: ci/gpu_findings.sh OUT_DIR [DEPS_DIR]}
@@ -24,12 +27,16 @@ PAIRS=${MIXBENCH_MQAR_PAIRS:-8 32 64}
 WIDTHS=${MIXBENCH_MQAR_WIDTHS:-128}
 SPLIT=${MIXBENCH_FINDINGS_SPLIT:-}
 LIMIT=${MIXBENCH_TASK_TIMEOUT:-520}
+read -r -a EXTRA <<< "${MIXBENCH_TASK_ARGS:-}"
+TAG=${MIXBENCH_FINDINGS_TAG:-}
+JOBS=${MIXBENCH_FINDINGS_JOBS:-$(nproc)}
 export OMP_NUM_THREADS=1
 pids=()
 launch() {  # task name args...
-  local task=$1 name=$2; shift 2
+  local task=$1 name=$TAG$2; shift 2
   mkdir -p "$OUT/$task"
-  timeout "$LIMIT" build-gpu/mixbench tasks --preset gpu --device cuda --tasks "$task" "$@" \
+  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do sleep 0.5; done
+  timeout "$LIMIT" build-gpu/mixbench tasks --preset gpu --device cuda --tasks "$task" "$@" "${EXTRA[@]}" \
       --out "$OUT/$task/$name.json" --quiet > "$OUT/$task/$name.log" 2>&1 &
   pids+=("$!:$task/$name")
 }
