@@ -10,6 +10,7 @@
 
 #include "harness/backbone.h"
 #include "harness/errors.h"
+#include "harness/fused_ops.h"
 #include "mixers/common/layers.h"
 #include "mixers/linear/gla_ops.h"
 #include "reference/gla.h"
@@ -159,6 +160,16 @@ at::Tensor finish(at::Tensor o, const TensorMap& in, const Config& c, const Laye
   Dims m = dims(c, ds);
   const at::Tensor& x = in.at("x");
   const int64_t B = x.size(0), T = x.size(1), H = m.H, V = m.V;
+  if (o.is_cuda() && (!ds.out_gain || in.at("o_norm").scalar_type() == o.scalar_type())) {
+    // on a GPU: RMSNorm · gain · gate in one pass each way (harness/fused_ops.h)
+    const NormGate act = ds.gate_kind == GlaOutGate::Silu      ? NormGate::Silu
+                         : ds.gate_kind == GlaOutGate::Sigmoid ? NormGate::Sigmoid
+                                                               : NormGate::None;
+    const at::Tensor gate = act != NormGate::None ? at::linear(x, in.at("w_g")).view({B, T, H, V}) : at::Tensor();
+    // eps: layers::rms_norm's, float32 epsilon
+    o = rms_norm_gated(o, ds.out_gain ? in.at("o_norm") : at::Tensor(), 1.1920928955078125e-07, gate, act);
+    return at::linear(o.reshape({B, T, H * V}), in.at("w_o"));
+  }
   o = layers::rms_norm(o);
   if (ds.out_gain) o = o * in.at("o_norm");
   if (ds.gate_kind == GlaOutGate::Silu) o = o * at::silu(at::linear(x, in.at("w_g"))).view({B, T, H, V});
