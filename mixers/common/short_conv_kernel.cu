@@ -28,8 +28,7 @@ constexpr int kStrip = 32;   // positions per strip
 struct Shape {
   int T_len, C, strips_per_seq;
   int64_t n_strips;
-  int c1, c2;    // the output side's split: [0, c1) | [c1, c2) | [c2, C)
-  int64_t x_ld;  // row stride of x and dx (≥ C)
+  int c1, c2;  // the output side's split: [0, c1) | [c1, c2) | [c2, C)
 };
 
 // Channel c's column in the output-side buffer it belongs to: the buffer, its row width and c's
@@ -71,7 +70,7 @@ __global__ void fwd_kernel(const T* __restrict__ x, const T* __restrict__ w, Out
   int64_t b;
   int t0;
   if (c >= s.C || !strip_of(s, b, t0)) return;
-  const T* xs = x + b * s.T_len * s.x_ld + c;
+  const T* xs = x + b * s.T_len * s.C + c;
   int yw;
   T* ys = split_column(y.p, s, c, yw);
   ys += b * s.T_len * yw;
@@ -81,7 +80,7 @@ __global__ void fwd_kernel(const T* __restrict__ x, const T* __restrict__ w, Out
 #pragma unroll
   for (int i = 0; i < kStrip + W - 1; ++i) {
     const int t = t0 - (W - 1) + i;
-    xin[i] = t >= 0 && t < t1 ? load_f32(xs + int64_t(t) * s.x_ld) : 0.f;
+    xin[i] = t >= 0 && t < t1 ? load_f32(xs + int64_t(t) * s.C) : 0.f;
   }
   float wr[W];
 #pragma unroll
@@ -112,7 +111,7 @@ __global__ void bwd_kernel(const T* __restrict__ x, const T* __restrict__ w, Out
 #pragma unroll
   for (int k = 0; k < W; ++k) acc[k] = 0.f;
   if (c < s.C && strip_of(s, b, t0)) {
-    const int64_t base = b * s.T_len * s.x_ld + c;
+    const int64_t base = b * s.T_len * s.C + c;
     int yw;
     const T* dys = split_column(dy.p, s, c, yw);
     dys += b * s.T_len * yw;
@@ -121,7 +120,7 @@ __global__ void bwd_kernel(const T* __restrict__ x, const T* __restrict__ w, Out
 #pragma unroll
     for (int i = 0; i < kStrip + 2 * (W - 1); ++i) {
       const int t = t0 - (W - 1) + i;
-      xin[i] = t >= 0 && t < s.T_len ? load_f32(x + base + int64_t(t) * s.x_ld) : 0.f;
+      xin[i] = t >= 0 && t < s.T_len ? load_f32(x + base + int64_t(t) * s.C) : 0.f;
     }
 #pragma unroll
     for (int j = 0; j < kStrip + W - 1; ++j) {
@@ -149,7 +148,7 @@ __global__ void bwd_kernel(const T* __restrict__ x, const T* __restrict__ w, Out
         float v = 0.f;
 #pragma unroll
         for (int k = 0; k < W; ++k) v += wr[k] * dp[j + W - 1 - k];
-        dx[base + int64_t(t0 + j) * s.x_ld] = from_f32<T>(v);
+        dx[base + int64_t(t0 + j) * s.C] = from_f32<T>(v);
       }
     }
   }
@@ -172,15 +171,13 @@ void check(const char* what) {
   if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
 }
 
-Shape shape_of(int64_t B, int64_t T_len, int64_t C, int64_t c1, int64_t c2, int64_t x_ld) {
+Shape shape_of(int64_t B, int64_t T_len, int64_t C, int64_t c1, int64_t c2) {
   if (!(0 <= c1 && c1 <= c2 && c2 <= C)) throw std::invalid_argument("short conv kernel: bad channel split");
-  if (x_ld < C) throw std::invalid_argument("short conv kernel: x's row stride below its channels");
   Shape s;
   s.T_len = int(T_len);
   s.C = int(C);
   s.c1 = int(c1);
   s.c2 = int(c2);
-  s.x_ld = x_ld;
   s.strips_per_seq = int((T_len + kStrip - 1) / kStrip);
   s.n_strips = B * s.strips_per_seq;
   return s;
@@ -222,7 +219,7 @@ void bwd_w(const void* x, const void* w, const Split& dy, void* dx, float* dw, c
 template <class T>
 void fwd_t(const void* x, const void* w, const Split& y, int64_t B, int64_t T_len, int64_t C, int W, cudaStream_t st) {
   if (B * T_len * C == 0) return;
-  const Shape s = shape_of(B, T_len, C, y.c1, y.c2, y.x_ld > 0 ? y.x_ld : C);
+  const Shape s = shape_of(B, T_len, C, y.c1, y.c2);
   MIXBENCH_SHORT_CONV_DISPATCH_W(fwd_w, x, w, y, s, st)
   check("short conv forward");
 }
@@ -232,7 +229,7 @@ void bwd_t(const void* x, const void* w, const Split& dy, void* dx, float* dw, i
            cudaStream_t st) {
   cudaMemsetAsync(dw, 0, sizeof(float) * size_t(C) * size_t(W), st);
   if (B * T_len * C == 0) return;
-  const Shape s = shape_of(B, T_len, C, dy.c1, dy.c2, dy.x_ld > 0 ? dy.x_ld : C);
+  const Shape s = shape_of(B, T_len, C, dy.c1, dy.c2);
   MIXBENCH_SHORT_CONV_DISPATCH_W(bwd_w, x, w, dy, dx, dw, s, st)
   check("short conv backward");
 }
@@ -260,13 +257,13 @@ void backward_split(Dtype dt, const void* x, const void* w, const Split& dy, voi
 }
 
 void forward(Dtype dt, const void* x, const void* w, void* y, int64_t B, int64_t T, int64_t C, int W, cudaStream_t s) {
-  forward_split(dt, x, w, Split{{y, y, y}, C, C, C}, B, T, C, W, s);
+  forward_split(dt, x, w, Split{{y, y, y}, C, C}, B, T, C, W, s);
 }
 
 void backward(Dtype dt, const void* x, const void* w, const void* dy, void* dx, float* dw, int64_t B, int64_t T, int64_t C,
               int W, cudaStream_t s) {
   void* d = const_cast<void*>(dy);
-  backward_split(dt, x, w, Split{{d, d, d}, C, C, C}, dx, dw, B, T, C, W, s);
+  backward_split(dt, x, w, Split{{d, d, d}, C, C}, dx, dw, B, T, C, W, s);
 }
 
 }  // namespace mixbench::layers::short_conv_cuda

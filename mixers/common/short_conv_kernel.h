@@ -19,12 +19,10 @@ void backward(Dtype dt, const void* x, const void* w, const void* dy, void* dx, 
 
 // The same with the output side (forward's y, backward's dy) split along the channels into three
 // contiguous buffers: channels [0, c1) in p[0] [B, T, c1], [c1, c2) in p[1] [B, T, c2 − c1] and
-// [c2, C) in p[2] [B, T, C − c2] (q, k and v of one projection: one launch, no copies); x and dx
-// rows x_ld ≥ C elements apart (the first C columns of a wider projection; 0 = C).
+// [c2, C) in p[2] [B, T, C − c2] (q, k and v of one projection: one launch, no copies).
 struct Split {
   void* p[3];
   int64_t c1, c2;
-  int64_t x_ld = 0;
 };
 void forward_split(Dtype dt, const void* x, const void* w, const Split& y, int64_t B, int64_t T, int64_t C, int W,
                    cudaStream_t stream);

@@ -70,30 +70,28 @@ struct ShortConvSiluFn : public torch::autograd::Function<ShortConvSiluFn> {
   }
 };
 
-// x [B, T, N] = q|k|v's projections (C = w's rows) and N − C further columns (one GEMM): one conv
-// launch over the first C channels, written as three contiguous tensors [B, T, c1], [B, T, c2 − c1],
-// [B, T, C − c2], and the further columns passed through as a fourth [B, T, N − C]. The backward
-// reads the three conv gradients where they lie and writes the one GEMM's dx whole (the conv's
-// columns by the kernel, the others copied): no cat, no split, one x-gradient.
+// x [B, T, C] = q|k|v's projections (one GEMM) through one conv launch, written as three
+// contiguous tensors [B, T, c1], [B, T, c2 − c1], [B, T, C − c2]; the backward reads their three
+// gradients where they lie and returns one dx for the one GEMM's backward (no cat, no split).
 struct ShortConvSiluSplitFn : public torch::autograd::Function<ShortConvSiluSplitFn> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                                                 const at::Tensor& w, int64_t c1, int64_t c2) {
     ctx->save_for_backward({x, w});
     ctx->saved_data["c1"] = c1;
     ctx->saved_data["c2"] = c2;
-    const int64_t B = x.size(0), T = x.size(1), N = x.size(2), C = w.size(0);
+    const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
     at::Tensor y0 = at::empty({B, T, c1}, x.options()), y1 = at::empty({B, T, c2 - c1}, x.options()),
                y2 = at::empty({B, T, C - c2}, x.options());
     layers::short_conv_cuda::forward_split(conv_dtype(x), x.data_ptr(), w.data_ptr(),
-                                           {{y0.data_ptr(), y1.data_ptr(), y2.data_ptr()}, c1, c2, N}, B, T, C,
+                                           {{y0.data_ptr(), y1.data_ptr(), y2.data_ptr()}, c1, c2}, B, T, C,
                                            int(w.size(1)), stream_of(x));
-    return {y0, y1, y2, N > C ? x.narrow(2, C, N - C).contiguous() : at::empty({B, T, 0}, x.options())};
+    return {y0, y1, y2};
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list g) {
     auto s = ctx->get_saved_variables();
     const at::Tensor &x = s[0], &w = s[1];
     const int64_t c1 = ctx->saved_data["c1"].toInt(), c2 = ctx->saved_data["c2"].toInt();
-    const int64_t B = x.size(0), T = x.size(1), N = x.size(2), C = w.size(0);
+    const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
     const int64_t widths[3] = {c1, c2 - c1, C - c2};
     at::Tensor dy[3];
     for (int i = 0; i < 3; ++i)
@@ -101,13 +99,8 @@ struct ShortConvSiluSplitFn : public torch::autograd::Function<ShortConvSiluSpli
     at::Tensor dx = at::empty_like(x);
     at::Tensor dw = at::empty(w.sizes(), w.options().dtype(at::kFloat));
     layers::short_conv_cuda::backward_split(conv_dtype(x), x.data_ptr(), w.data_ptr(),
-                                            {{dy[0].data_ptr(), dy[1].data_ptr(), dy[2].data_ptr()}, c1, c2, N},
+                                            {{dy[0].data_ptr(), dy[1].data_ptr(), dy[2].data_ptr()}, c1, c2},
                                             dx.data_ptr(), dw.data_ptr<float>(), B, T, C, int(w.size(1)), stream_of(x));
-    if (N > C) {
-      at::Tensor rest = dx.narrow(2, C, N - C);
-      if (g[3].defined()) rest.copy_(g[3]);
-      else rest.zero_();
-    }
     return {dx, dw.to(w.scalar_type()), at::Tensor(), at::Tensor()};
   }
 };
@@ -134,35 +127,24 @@ at::Tensor l2norm(const at::Tensor& x) { return l2_normalize(x, kDeltaL2Eps); }
 
 at::Tensor rms_norm_gain(const at::Tensor& x, const at::Tensor& w, double eps) { return rms_norm_gated(x, w, eps); }
 
-DeltaQKV delta_qkv(const TensorMap& in, const DeltaDims& d, const std::vector<std::string>& extra) {
+DeltaQKV delta_qkv(const TensorMap& in, const DeltaDims& d) {
   const at::Tensor& x = in.at("x");
   const int64_t B = x.size(0), T = x.size(1);
 #if defined(MIXBENCH_WITH_CUDA)
   if (conv_fusable(x, d.W)) {
-    // On a GPU: one GEMM against the concatenated q|k|v (and extra) weights, its backward one dx
-    // instead of one per projection summed, and one conv launch over the 2HK + HV channels,
-    // written as q, k, v.
-    std::vector<at::Tensor> ws = {in.at("q_proj"), in.at("k_proj"), in.at("v_proj")};
-    std::vector<int64_t> widths;
-    for (const std::string& name : extra) {
-      ws.push_back(in.at(name));
-      widths.push_back(in.at(name).size(0));
-    }
-    const at::Tensor p = at::linear(x, at::cat(ws, 0)).contiguous();
+    // On a GPU: one GEMM against the concatenated q|k|v weights (its backward one dx instead of
+    // three summed) and one conv launch over the 2HK + HV channels, written as q, k, v.
+    const at::Tensor p = at::linear(x, at::cat({in.at("q_proj"), in.at("k_proj"), in.at("v_proj")}, 0)).contiguous();
     const at::Tensor w = at::cat({in.at("q_conv"), in.at("k_conv"), in.at("v_conv")}, 0).to(x.scalar_type()).contiguous();
     const torch::autograd::variable_list y = ShortConvSiluSplitFn::apply(p, w, d.H * d.K, 2 * d.H * d.K);
-    DeltaQKV r{l2norm(y[0].view({B, T, d.H, d.K})), l2norm(y[1].view({B, T, d.H, d.K})),
-               layers::add_value_embed(y[2].view({B, T, d.H, d.V}), in), {}};
-    if (!extra.empty()) r.extra = y[3].split_with_sizes(widths, -1);
-    return r;
+    return {l2norm(y[0].view({B, T, d.H, d.K})), l2norm(y[1].view({B, T, d.H, d.K})),
+            layers::add_value_embed(y[2].view({B, T, d.H, d.V}), in)};
   }
 #endif
   at::Tensor q = short_conv_silu(at::linear(x, in.at("q_proj")), in.at("q_conv")).view({B, T, d.H, d.K});
   at::Tensor k = short_conv_silu(at::linear(x, in.at("k_proj")), in.at("k_conv")).view({B, T, d.H, d.K});
   at::Tensor v = short_conv_silu(at::linear(x, in.at("v_proj")), in.at("v_conv")).view({B, T, d.H, d.V});
-  DeltaQKV r{l2norm(q), l2norm(k), layers::add_value_embed(v, in), {}};
-  for (const std::string& name : extra) r.extra.push_back(at::linear(x, in.at(name)));
-  return r;
+  return {l2norm(q), l2norm(k), layers::add_value_embed(v, in)};
 }
 
 namespace {

@@ -35,15 +35,12 @@ at::Tensor rms_norm_gain(const at::Tensor& x, const at::Tensor& w, double eps);
 
 // q, k, v of every delta layer: projections, short conv + SiLU, the value embedding (VE layers:
 // v += 3·sigmoid(W_veg x[..., :12])·ve, one gate per head, added after the conv), L2-normalized q, k.
-// `extra`: names of further projection weights [n_i, d] of x, returned as x W_iᵀ [B,T,n_i] in
-// `extra` (β's and gates' projections). On a GPU all the projections are one GEMM against the
-// concatenated weights and the three convolutions one kernel launch (the same arithmetic; the CPU
-// path is one GEMM per projection and three convolutions).
+// On a GPU the three projections are one GEMM against the concatenated weights and the three
+// convolutions one kernel launch (the same arithmetic; the CPU path is three of each).
 struct DeltaQKV {
-  at::Tensor q, k, v;             // [B,T,H,K], [B,T,H,K], [B,T,H,V]
-  std::vector<at::Tensor> extra;  // [B,T,n_i] per name in `extra`
+  at::Tensor q, k, v;  // [B,T,H,K], [B,T,H,K], [B,T,H,V]
 };
-DeltaQKV delta_qkv(const TensorMap& in, const DeltaDims& d, const std::vector<std::string>& extra = {});
+DeltaQKV delta_qkv(const TensorMap& in, const DeltaDims& d);
 
 // The same with a decode cache (MethodSpec::prefill/decode). Cache entries: "q_tail", "k_tail",
 // "v_tail" [B,W−1,C], the last W−1 pre-conv projections (zeros before the sequence).

@@ -28,9 +28,8 @@ TensorMap run(const TensorMap& in, const Config& c, Backend backend, TensorMap* 
   DeltaDims d = delta_dims(c);
   const at::Tensor& x = in.at("x");
   const int64_t B = x.size(0), T = x.size(1);
-  // β's projection rides along with q|k|v's (one GEMM on a GPU)
-  DeltaQKV qkv = cache ? delta_qkv_cached(in, d, *cache, decode) : delta_qkv(in, d, {"b_proj"});
-  at::Tensor beta = at::sigmoid(cache ? at::linear(x, in.at("b_proj")) : qkv.extra[0]);
+  DeltaQKV qkv = cache ? delta_qkv_cached(in, d, *cache, decode) : delta_qkv(in, d);
+  at::Tensor beta = at::sigmoid(at::linear(x, in.at("b_proj")));
   at::Tensor o;
   if (cache) {
     o = delta_core_cached("delta_rule", qkv, beta, at::Tensor(), backend, *cache, decode);

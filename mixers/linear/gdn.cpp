@@ -40,10 +40,16 @@ TensorMap run(const TensorMap& in, const Config& c, Backend backend, TensorMap* 
   DeltaDims d = delta_dims(c);
   const at::Tensor& x = in.at("x");
   const int64_t B = x.size(0), T = x.size(1);
-  // β's and the decay's projections ride along with q|k|v's (one GEMM on a GPU)
-  DeltaQKV qkv = cache ? delta_qkv_cached(in, d, *cache, decode) : delta_qkv(in, d, {"b_proj", "a_proj"});
-  const at::Tensor b_lin = cache ? at::linear(x, in.at("b_proj")) : qkv.extra[0];
-  const at::Tensor a_lin = cache ? at::linear(x, in.at("a_proj")) : qkv.extra[1];
+  DeltaQKV qkv = cache ? delta_qkv_cached(in, d, *cache, decode) : delta_qkv(in, d);
+  at::Tensor b_lin, a_lin;
+  if (x.is_cuda()) {  // β's and the decay's projections (H columns each) in one GEMM: one dx in its backward
+    const std::vector<at::Tensor> ba = at::linear(x, at::cat({in.at("b_proj"), in.at("a_proj")}, 0)).split(d.H, -1);
+    b_lin = ba[0];
+    a_lin = ba[1];
+  } else {
+    b_lin = at::linear(x, in.at("b_proj"));
+    a_lin = at::linear(x, in.at("a_proj"));
+  }
   at::Tensor beta = at::sigmoid(b_lin);
   at::Tensor g = -in.at("A_log").exp() * at::softplus(a_lin + in.at("dt_bias") + c.f("gate_bias_offset"));
   at::Tensor o;

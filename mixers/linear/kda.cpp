@@ -43,11 +43,9 @@ TensorMap run(const TensorMap& in, const Config& c, Backend backend, TensorMap* 
   DeltaDims d = delta_dims(c);
   const at::Tensor& x = in.at("x");
   const int64_t B = x.size(0), T = x.size(1);
-  // β's and the low-rank gates' first projections ride along with q|k|v's (one GEMM on a GPU)
-  DeltaQKV qkv = cache ? delta_qkv_cached(in, d, *cache, decode) : delta_qkv(in, d, {"b_proj", "f_proj1", "g_proj1"});
-  auto proj = [&](int i, const char* name) { return cache ? at::linear(x, in.at(name)) : qkv.extra[i]; };
-  at::Tensor beta = at::sigmoid(proj(0, "b_proj"));
-  at::Tensor f = at::linear(proj(1, "f_proj1"), in.at("f_proj2")) + in.at("dt_bias") + c.f("gate_bias_offset");
+  DeltaQKV qkv = cache ? delta_qkv_cached(in, d, *cache, decode) : delta_qkv(in, d);
+  at::Tensor beta = at::sigmoid(at::linear(x, in.at("b_proj")));
+  at::Tensor f = at::linear(at::linear(x, in.at("f_proj1")), in.at("f_proj2")) + in.at("dt_bias") + c.f("gate_bias_offset");
   at::Tensor g = -in.at("A_log").exp().view({d.H, 1}) * at::softplus(f.view({B, T, d.H, d.K}));
   at::Tensor o;
   if (cache) {
@@ -58,7 +56,7 @@ TensorMap run(const TensorMap& in, const Config& c, Backend backend, TensorMap* 
     o = call_op("kda", backend, {{"q", qkv.q}, {"k", qkv.k}, {"v", qkv.v}, {"g", g}, {"beta", beta}}, op).at("o");
   }
   // RMSNorm · sigmoid(gate) in one pass each way on a GPU (harness/fused_ops.h)
-  at::Tensor gate = at::linear(proj(2, "g_proj1"), in.at("g_proj2"), in.at("g_proj2_bias"));
+  at::Tensor gate = at::linear(at::linear(x, in.at("g_proj1")), in.at("g_proj2"), in.at("g_proj2_bias"));
   o = rms_norm_gated(o, in.at("o_norm"), d.eps, gate.view({B, T, d.H, d.V}), NormGate::Sigmoid);
   return {{"y", at::linear(o.reshape({B, T, d.H * d.V}), in.at("o_proj"))}};
 }
