@@ -14,7 +14,9 @@
 #include "harness/backbone.h"
 #include "harness/errors.h"
 #include "harness/foreign_names.h"
+#include "harness/args.h"
 #include "harness/registry.h"
+#include "harness/safetensors.h"
 #include "suites/unit_golden.h"
 
 namespace mixbench {
@@ -106,6 +108,46 @@ TEST(ForeignNames, FlaConvReshapeAndRetnetRotationSign) {
   EXPECT_TRUE(at::equal(rt.at("v_proj.weight"), rp.at("w_v")));
   const TensorMap back = from_foreign(rt, ra, shapes(rp), "fla", "test");
   for (const auto& [n, t] : rp) EXPECT_TRUE(at::equal(back.at(n), t)) << n;
+}
+
+// nanochat's init_weights() constants (recorded in the original golden's metadata by
+// tests/goldens/make_original_goldens.py) against mixbench's initialisation of the same model.
+TEST(NanochatInit, ScalarsAndZeroInitsMatchTheOriginal) {
+  const std::string path = MIXBENCH_SOURCE_DIR "/tests/goldens/original/nanochat_dense.safetensors";
+  const SafetensorsFile f = read_safetensors(path);
+  const MethodSpec& m = Registry::get().method("dense");
+  const Config cfg = config_from_metadata(m, f.metadata, path);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const Model model = build_model(m, cfg, gen, at::TensorOptions().dtype(at::kFloat));
+  const ParamAliases a = model_aliases(m, cfg, "nanochat");
+  auto ours_of = [&](const std::string& theirs) {
+    for (const auto& x : a.aliases)
+      if (x.theirs == theirs) return x.ours;
+    return std::string();
+  };
+  for (const char* n : {"resid_lambdas", "x0_lambdas", "backout_lambda", "smear_lambda"}) {
+    const std::string key = std::string("nanochat_init.") + n;
+    ASSERT_TRUE(f.metadata.count(key)) << key;
+    const at::Tensor ours = model.params.at(ours_of(n)).to(at::kDouble).reshape({-1});
+    size_t i = 0;
+    for (const auto& v : split(f.metadata.at(key), ',')) {
+      ASSERT_LT(int64_t(i), ours.numel()) << n;
+      EXPECT_NEAR(ours[int64_t(i)].item<double>(), std::stod(v), 1e-7) << n << "[" << i << "]";
+      ++i;
+    }
+    EXPECT_EQ(int64_t(i), ours.numel()) << n;
+  }
+  for (const auto& n : split(f.metadata.at("nanochat_init.zero"), ',')) {
+    const std::string ours = ours_of(n);
+    ASSERT_FALSE(ours.empty()) << n;
+    EXPECT_EQ(model.params.at(ours).abs().max().item<double>(), 0.0) << n << " is zero-initialised by nanochat";
+  }
+  for (const auto& [n, t] : model.params)  // and nothing else is zero
+    if (t.abs().max().item<double>() == 0.0) {
+      const ParamAlias* x = alias_of_ours(a, n);
+      ASSERT_NE(x, nullptr);
+      EXPECT_NE(f.metadata.at("nanochat_init.zero").find(x->theirs), std::string::npos) << n << " is zero here only";
+    }
 }
 
 TEST(UnitGolden, LayerAndModelRoundTripAndFaults) {

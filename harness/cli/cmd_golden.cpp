@@ -81,7 +81,7 @@ int run_golden_command(const Args& a, const std::vector<std::string>&) {
 
 Command golden_command() {
   return {"golden",
-          "write a golden file from an op's FP64 reference (inputs, outputs, cotangents, gradients)",
+          "write a golden file from an op's, a layer's or a model's FP64 reference (inputs, outputs, cotangents, gradients)",
           "",
           "the file is safetensors with the op and its parameters as metadata; `conformance --golden` checks it. "
           "With --model: DIR/<method>.safetensors holds a whole small FP64 model's parameters, inputs, logits and "

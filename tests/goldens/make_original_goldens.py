@@ -115,6 +115,10 @@ def mixbench_config(cfg):
 def nanochat_golden(gpt, out, cfg, B, T, seed):
     torch.manual_seed(seed)
     model = nanochat_model(gpt, cfg)
+    # the deterministic part of nanochat's init_weights(), for the record (tests compare mixbench's init)
+    init = {f"nanochat_init.{n}": ",".join(repr(float(v)) for v in p.detach().reshape(-1))
+            for n, p in model.named_parameters() if n in ("resid_lambdas", "x0_lambdas", "backout_lambda", "smear_lambda")}
+    init["nanochat_init.zero"] = ",".join(n for n, p in model.named_parameters() if p.abs().max().item() == 0)
     g = torch.Generator().manual_seed(seed)
     randomize(model, g)
     V = cfg["vocab_size"]
@@ -130,7 +134,7 @@ def nanochat_golden(gpt, out, cfg, B, T, seed):
         tensors["grad_" + n] = p.grad
     meta = dict(mixbench_config(cfg), method="dense", level="model", names="nanochat", seed=seed,
                 source=f"karpathy/nanochat {NANOCHAT_COMMIT} nanochat/gpt.py GPT.forward",
-                substitutions=NANOCHAT_SUBST)
+                substitutions=NANOCHAT_SUBST, **init)
     save(os.path.join(out, "nanochat_dense.safetensors"), tensors, meta)
 
 
