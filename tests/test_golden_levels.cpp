@@ -156,6 +156,7 @@ TEST(UnitGolden, LayerAndModelRoundTripAndFaults) {
   struct Case {
     std::string method, level, names;
   };
+  std::vector<std::string> written;
   for (const Case& c : {Case{"deltanet", "layer", "fla"}, Case{"dense", "model", "nanochat"}}) {
     UnitGoldenRequest req;
     req.method = c.method;
@@ -164,6 +165,7 @@ TEST(UnitGolden, LayerAndModelRoundTripAndFaults) {
     req.seq_len = 7;
     const std::string path = (dir / (c.method + ".safetensors")).string();
     write_unit_golden(req, path);
+    written.push_back(path);
     for (const char* dt : {"fp64", "fp32"}) {
       ConformanceOptions opt;
       opt.dtype = dt;
@@ -179,7 +181,8 @@ TEST(UnitGolden, LayerAndModelRoundTripAndFaults) {
       EXPECT_EQ(rows[1]["status"], "fail") << c.method << " with an injected " << fault << " fault";
     }
   }
-  fs::remove_all(dir);
+  for (const auto& p : written) fs::remove(p);
+  fs::remove(dir);
 }
 
 }  // namespace

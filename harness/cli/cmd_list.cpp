@@ -30,13 +30,13 @@ int list_names(const std::string& scheme, const Args& a) {
     const Config cfg = m->config.defaults();
     const int64_t L = cfg.i("n_layer");
     if (scheme == "nanochat") {
-      std::cout << fmt::format("{} (model, nanochat GPT.state_dict() <- mixbench, n_layer {}):\n", m->name, L);
-      std::cout << describe_aliases(model_aliases(*m, cfg, scheme));
+      const std::string text = describe_aliases(model_aliases(*m, cfg, scheme));
+      std::cout << fmt::format("{} (model, nanochat GPT.state_dict() <- mixbench, n_layer {}):\n{}", m->name, L, text);
     } else {
       // the last layer has a value embedding; a layer before it has none
       const LayerCtx ctx{L > 1 ? L - 2 : 0, L};
-      std::cout << fmt::format("{} (layer, {} <- mixbench):\n", m->name, scheme);
-      std::cout << describe_aliases(layer_aliases(*m, cfg, ctx, scheme));
+      const std::string text = describe_aliases(layer_aliases(*m, cfg, ctx, scheme));
+      std::cout << fmt::format("{} (layer, {} <- mixbench):\n{}", m->name, scheme, text);
     }
   }
   return 0;
