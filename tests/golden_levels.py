@@ -8,7 +8,7 @@ implementations, through the mixbench command line (standard library only).
     `conformance --golden` at fp64 and fp32; a perturbed output and a perturbed gradient fail (exit 1)
   - a malformed file, an unknown parameter name, a missing parameter and a shape that contradicts
     the config are errors (exit 2) naming the tensor
-  - tests/goldens/original: nanochat's GPT as `dense` (logits and every parameter gradient) and
+  - tests/goldens/original: nanochat's GPT as `dense` and `gqa` (logits and every parameter gradient) and
     flash-linear-attention's GatedDeltaNet / DeltaNet as `gdn` / `deltanet` pass at fp64 and fp32
   - `eval --checkpoint` of the converted nanochat checkpoint reproduces the original's loss on the
     same tokens to 1e-6 and writes a valid report; `train --init-from` starts from it
@@ -149,7 +149,7 @@ def main():
         # at fp32 the kda layer's A_log gradient lands at 1.6e-5 of the fp64 file (threshold 1e-5): its
         # conditioning at these random parameters (fla's norm_eps 1e-5; mixbench's own kda cases use
         # 1e-2 for that reason), so kda's file is checked at fp64 only
-        for f in ("nanochat_dense", "fla_gdn_layer", "fla_deltanet_layer", "fla_kda_layer", "fla_gla_layer",
+        for f in ("nanochat_dense", "nanochat_gqa", "fla_gdn_layer", "fla_deltanet_layer", "fla_kda_layer", "fla_gla_layer",
                   "fla_retnet_layer"):
             for dt in ("fp64",) if f == "fla_kda_layer" else ("fp64", "fp32"):
                 run("conformance", "--golden", os.path.join(ORIG, f + ".safetensors"), "--dtype", dt, "--quiet",

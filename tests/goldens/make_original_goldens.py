@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Goldens from the ORIGINAL implementations, imported at run time (nothing of them is copied here):
-nanochat's GPT (karpathy/nanochat 92d63d4 nanochat/gpt.py) as a model-level golden of `dense`,
+nanochat's GPT (karpathy/nanochat 92d63d4 nanochat/gpt.py) as model-level goldens of `dense` (SSSL)
+and `gqa` (one KV head per two query heads, all layers full),
 and flash-linear-attention's layers (fla 0.6.0: GatedDeltaNet, DeltaNet) as layer-level goldens of
 `gdn` and `deltanet`, all in float64 on the CPU. Also a small nanochat checkpoint (converted by
 ci/nanochat_to_safetensors.py) with fixed tokens and the original's loss on them, for
@@ -112,7 +113,7 @@ def mixbench_config(cfg):
                 kv_ratio=cfg["n_head"] // cfg["n_kv_head"])
 
 
-def nanochat_golden(gpt, out, cfg, B, T, seed):
+def nanochat_golden(gpt, out, cfg, B, T, seed, method="dense", name="nanochat_dense"):
     torch.manual_seed(seed)
     model = nanochat_model(gpt, cfg)
     # the deterministic part of nanochat's init_weights(), for the record (tests compare mixbench's init)
@@ -132,10 +133,10 @@ def nanochat_golden(gpt, out, cfg, B, T, seed):
     for n, p in model.named_parameters():
         tensors[n] = p
         tensors["grad_" + n] = p.grad
-    meta = dict(mixbench_config(cfg), method="dense", level="model", names="nanochat", seed=seed,
+    meta = dict(mixbench_config(cfg), method=method, level="model", names="nanochat", seed=seed,
                 source=f"karpathy/nanochat {NANOCHAT_COMMIT} nanochat/gpt.py GPT.forward",
                 substitutions=NANOCHAT_SUBST, **init)
-    save(os.path.join(out, "nanochat_dense.safetensors"), tensors, meta)
+    save(os.path.join(out, name + ".safetensors"), tensors, meta)
 
 
 def nanochat_checkpoint(gpt, gpt_path, out, cfg, B, T, seed):
@@ -196,6 +197,10 @@ def main():
     # vocab 60 is padded to 64 rows by nanochat
     cfg = dict(sequence_len=256, vocab_size=60, n_layer=4, n_head=2, n_kv_head=2, n_embd=32, window_pattern="SSSL")
     nanochat_golden(gpt, a.out, cfg, B=2, T=160, seed=1)
+    # grouped-query attention (one KV head for two query heads, one value-embedding gate per KV
+    # head), every layer full: mixbench's gqa
+    nanochat_golden(gpt, a.out, dict(cfg, n_kv_head=1, window_pattern="L"), B=1, T=64, seed=8, method="gqa",
+                    name="nanochat_gqa")
     nanochat_checkpoint(gpt, a.nanochat, a.out, cfg, B=3, T=200, seed=2)
     if not a.skip_fla:
         import make_fla_layer_goldens
