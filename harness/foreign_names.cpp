@@ -73,9 +73,13 @@ ParamAliases model_aliases(const MethodSpec& m, const Config& cfg, const std::st
   check_scheme(scheme);
   if (scheme != "nanochat")
     throw UsageError(fmt::format("the '{}' names are a single layer's: use the layer level (--level layer)", scheme));
-  if (m.model_level() || !m.foreign_names.count("nanochat"))
-    throw UsageError(fmt::format("method {} has no nanochat model names (only nanochat's own attention layers, "
-                                 "on its backbone, have them: dense, dense_full, mqa, gqa)", m.name));
+  if (m.model_level() || !m.foreign_names.count("nanochat")) {
+    std::string have;
+    for (const MethodSpec* x : Registry::get().methods())
+      if (!x->model_level() && x->foreign_names.count("nanochat")) have += (have.empty() ? "" : ", ") + x->name;
+    throw UsageError(fmt::format("method {} has no nanochat model names (the methods that follow nanochat's "
+                                 "attention on its backbone have them: {})", m.name, have));
+  }
   const ModelDims d = model_dims(cfg);
   ParamAliases out;
   auto add = [&](std::string theirs, std::string ours, int64_t pad = 0, std::string note = "") {

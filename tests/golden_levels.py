@@ -149,8 +149,8 @@ def main():
         # at fp32 the kda layer's A_log gradient lands at 1.6e-5 of the fp64 file (threshold 1e-5): its
         # conditioning at these random parameters (fla's norm_eps 1e-5; mixbench's own kda cases use
         # 1e-2 for that reason), so kda's file is checked at fp64 only
-        for f in ("nanochat_dense", "nanochat_gqa", "fla_gdn_layer", "fla_deltanet_layer", "fla_kda_layer", "fla_gla_layer",
-                  "fla_retnet_layer"):
+        for f in ("nanochat_dense", "nanochat_gqa", "fla_gdn_layer", "fla_deltanet_layer", "fla_kda_layer",
+                  "fla_gla_layer", "fla_retnet_layer"):
             for dt in ("fp64",) if f == "fla_kda_layer" else ("fp64", "fp32"):
                 run("conformance", "--golden", os.path.join(ORIG, f + ".safetensors"), "--dtype", dt, "--quiet",
                     contains="0 failed, 0 skipped, 0 errors")
