@@ -14,6 +14,17 @@ struct ParamAlias {
   // depthwise conv's [C, 1, W] as [C, W]), or transposed (2-D only).
   enum class Layout { Same, Reshape, Transpose } layout = Layout::Same;
   std::string note;  // why the layout or the value differs, when it does
+  // Their first dimension padded up to a multiple of this (0: not padded): nanochat pads its
+  // vocabulary to a multiple of 64 rows (wte, lm_head, value embeddings). Reading drops the rows
+  // beyond ours; writing appends zero rows.
+  int64_t pad_rows_to = 0;
+  // > 0: the rows of each head of this width, a weight [heads·width, in], have their second half
+  // negated (both ways: the map is its own inverse). A rotary embedding that rotates by +θ on the
+  // halves (x1·cos − x2·sin, x2·cos + x1·sin) on q and k is one that rotates by −θ (mixbench's and
+  // nanochat's) on q and k with their second halves negated: the same attention scores.
+  int64_t negate_second_half_rows = 0;
+  // Their shape for our shape `ours` (the Reshape's target must be given by their_shape).
+  std::vector<int64_t> their_shape;  // Reshape: their shape; empty otherwise (derived from ours)
 };
 
 // A naming scheme's aliases plus what the other implementation has that mixbench lacks (and the

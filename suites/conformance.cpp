@@ -18,6 +18,7 @@
 #include "harness/safetensors.h"
 #include "suites/conformance_subject.h"
 #include "suites/golden.h"
+#include "suites/unit_golden.h"
 
 namespace mixbench {
 
@@ -77,7 +78,8 @@ Json run_conformance(const ConformanceOptions& opt, ConformanceSummary& summary)
 
   // ---- golden files
   for (const auto& g : opt.goldens) {
-    Json gr = run_golden(g, opt);
+    // a layer or model golden names its level (suites/unit_golden.h); an op golden names its op
+    Json gr = is_unit_golden(read_safetensors(g)) ? run_unit_golden(g, opt) : run_golden(g, opt);
     for (const auto& r : gr) {
       tally(r, summary);
       results.push_back(r);

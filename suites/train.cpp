@@ -28,6 +28,7 @@
 #include "harness/registry.h"
 #include "harness/report.h"
 #include "harness/safetensors.h"
+#include "suites/checkpoint_in.h"
 #include "suites/step_trace.h"
 #include "suites/sweep_measure.h"
 #include "suites/distributed.h"
@@ -194,6 +195,11 @@ TrainResult run_train(const TrainOptions& opt) {
   // Parameters are drawn on the CPU (the same values on every device), then moved.
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(opt.seed);
   Model model = build_model(ms, r.cfg, gen, at::TensorOptions().dtype(at::kFloat));
+  if (!opt.init_from.empty()) {  // parameters trained elsewhere replace the initialisation
+    const SafetensorsFile init = read_safetensors(opt.init_from, "checkpoint");
+    if (opt.init_level == "layer") load_layer_state(init, opt.init_from, model, opt.init_layers, "");
+    else load_model_state(init, opt.init_from, model);
+  }
   model.seed = opt.seed;  // streams that sample (a loop depth, an initial state) draw from the run's seed
   if (dev.is_cuda()) {
     std::vector<std::string> names;
@@ -217,7 +223,8 @@ TrainResult run_train(const TrainOptions& opt) {
   Optimizer optim(model, B * T, h);
 
   // a different micro-batching changes the rounding of the accumulated gradients: part of the run
-  const std::string fp = fingerprint(r, steps, B, opt.seed, corpus.hash) + (MB == B ? "" : fmt::format("/mb{}", MB)) +
+  const std::string fp = fingerprint(r, steps, B, opt.seed, corpus.hash) +
+                         (opt.init_from.empty() ? "" : "/init:" + fnv1a_hex(opt.init_from + "|" + opt.init_level)) + (MB == B ? "" : fmt::format("/mb{}", MB)) +
                          (compute == at::kFloat ? "" : "/" + r.dtype) +
                          (gate_names.empty() ? "" : fmt::format("/gate{}", steps - gate_from));
   // what a run continuing from a snapshot must share with the run it was taken from (all but the length)

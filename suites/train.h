@@ -42,6 +42,12 @@ struct TrainOptions {
   std::string data;            // "synthetic", "text" (the built-in corpus) or a path; "" = the preset's
   std::string out;             // folder for checkpoint and report ("" = none)
   bool resume = false;
+  // Parameters to start from instead of the initialisation (suites/checkpoint_in.h): a model state
+  // dict (init_level "model": nanochat's or mixbench's names) or one layer's (init_level "layer":
+  // fla's or nanochat's names, loaded into the blocks init_layers, all when empty).
+  std::string init_from;
+  std::string init_level = "model";
+  std::vector<int64_t> init_layers;
   int64_t eval_every = 0;      // 0 = the preset's
   int64_t eval_batches = 0;    // 0 = the preset's
   int64_t checkpoint_every = 0;  // 0 = the preset's

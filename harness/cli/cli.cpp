@@ -58,7 +58,7 @@ bool asks_for_help(const std::vector<std::string>& args) {
 const std::vector<Command>& commands() {
   static const std::vector<Command> table = {
       list_command(),  conformance_command(), account_command(), golden_command(), sweep_command(),
-      train_command(), leaderboard_command(), tasks_command(), profile_command(), plot_command(), report_command(), validate_command(),
+      train_command(), eval_command(), leaderboard_command(), tasks_command(), profile_command(), plot_command(), report_command(), validate_command(),
       help_command()};
   return table;
 }

@@ -5,6 +5,8 @@
 #include <iostream>
 
 #include "harness/cli/commands.h"
+#include "harness/foreign_names.h"
+#include "harness/io.h"
 #include "harness/registry.h"
 
 namespace mixbench {
@@ -13,8 +15,36 @@ namespace {
 
 using Json = nlohmann::json;
 
+// `list --names SCHEME`: every method's parameter names in that scheme (harness/foreign_names.h),
+// at the method's default config (layer level; with nanochat also the whole model of dense).
+int list_names(const std::string& scheme, const Args& a) {
+  check_scheme(scheme);
+  Registry& reg = Registry::get();
+  std::vector<const MethodSpec*> ms;
+  if (auto which = a.get("methods"))
+    for (const auto& n : split(*which, ',')) ms.push_back(&reg.method(n));
+  else
+    for (const MethodSpec* m : reg.methods())
+      if (m->foreign_names.count(scheme)) ms.push_back(m);
+  for (const MethodSpec* m : ms) {
+    const Config cfg = m->config.defaults();
+    const int64_t L = cfg.i("n_layer");
+    if (scheme == "nanochat") {
+      const std::string text = describe_aliases(model_aliases(*m, cfg, scheme));
+      std::cout << fmt::format("{} (model, nanochat GPT.state_dict() <- mixbench, n_layer {}):\n{}", m->name, L, text);
+    } else {
+      // the last layer has a value embedding; a layer before it has none
+      const LayerCtx ctx{L > 1 ? L - 2 : 0, L};
+      const std::string text = describe_aliases(layer_aliases(*m, cfg, ctx, scheme));
+      std::cout << fmt::format("{} (layer, {} <- mixbench):\n{}", m->name, scheme, text);
+    }
+  }
+  return 0;
+}
+
 int run_list(const Args& a, const std::vector<std::string>&) {
   Registry& reg = Registry::get();
+  if (auto scheme = a.get("names")) return list_names(*scheme, a);
   Json j = {{"methods", Json::array()}, {"ops", Json::array()}};
   for (const MethodSpec* m : reg.methods()) {
     bool cuda_ops = true;
@@ -67,7 +97,9 @@ int run_list(const Args& a, const std::vector<std::string>&) {
 Command list_command() {
   return {"list", "registered methods and ops, and which parts exist (reference, CPU, CUDA, accountant)", "", "",
           {{"json", OptionKind::Flag, "", "print the table as JSON (methods with their ops and layer mixers, ops with their tensors)"},
-           {"all", OptionKind::Flag, "", "also list catalogued methods kept out of the registry, with the reason (JSON: \"unlisted\")"}},
+           {"all", OptionKind::Flag, "", "also list catalogued methods kept out of the registry, with the reason (JSON: \"unlisted\")"},
+           {"names", OptionKind::Value, "nanochat|fla", "print the parameter names another implementation uses (theirs <- ours, layouts, deviations)"},
+           {"methods", OptionKind::Value, "a,b", "with --names: only these methods"}},
           run_list};
 }
 

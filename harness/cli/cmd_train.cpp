@@ -98,6 +98,22 @@ int run_train_command(const Args& a, const std::vector<std::string>& args) {
   o.method = *m;
   read_run_options(a, o);
   o.resume = a.flag("resume");
+  o.init_from = a.get_or("init-from", "");
+  o.init_level = a.get_or("init-level", "model");
+  if (o.init_level != "model" && o.init_level != "layer") throw UsageError("--init-level takes model or layer");
+  if ((a.get("init-level") || a.get("init-layers")) && o.init_from.empty())
+    throw UsageError("--init-level and --init-layers go with --init-from FILE");
+  if (auto ls = a.get("init-layers")) {
+    if (o.init_level != "layer") throw UsageError("--init-layers goes with --init-level layer");
+    if (*ls != "all")
+      for (const auto& x : split(*ls, ',')) {
+        try {
+          o.init_layers.push_back(std::stoll(x));
+        } catch (const std::logic_error&) {
+          throw UsageError(fmt::format("--init-layers takes layer indices or all, not '{}'", x));
+        }
+      }
+  }
   o.eval_every = a.get_int("eval-every", 0);
   o.eval_batches = a.get_int("eval-batches", 0);
   o.checkpoint_every = a.get_int("checkpoint-every", 0);
@@ -151,7 +167,7 @@ int train_rank(const TrainOptions& o, const std::vector<std::string>& args) {
   RunInfo info = run_info("train", args);
   info.argv.insert(info.argv.begin() + 1, "train");
   info.config = {{"method", o.method}, {"preset", o.preset}, {"config", r.cfg.to_json()}, {"steps", o.steps},
-                 {"batch", o.batch}, {"micro_batch", o.micro_batch}, {"data", run_data(o)}, {"resume", o.resume},
+                 {"batch", o.batch}, {"micro_batch", o.micro_batch}, {"data", run_data(o)}, {"resume", o.resume}, {"init_from", o.init_from},
                  {"budget", r.budget.to_json()}};
   info.seeds = {{"base", o.seed}};
   Json report = make_report(info, Json::array({train_result_json(r)}));
@@ -276,6 +292,9 @@ Command train_command() {
            {"config", OptionKind::Value, "k=v,...", "overrides of the method's config"},
            {"out", OptionKind::Value, "DIR", "folder of the checkpoint and train.json"},
            {"resume", OptionKind::Flag, "", "continue from DIR/checkpoint.safetensors"},
+           {"init-from", OptionKind::Value, "FILE", "start from these parameters: a model state dict (nanochat's names, converted by ci/nanochat_to_safetensors.py, or mixbench's)"},
+           {"init-level", OptionKind::Value, "model|layer", "with --init-from: layer = one layer's state dict (fla's or nanochat's names) loaded into every block"},
+           {"init-layers", OptionKind::Value, "I,J|all", "with --init-level layer: the blocks it is loaded into (default all)"},
            {"dry-run", OptionKind::Flag, "", "print every parameter with its optimizer group, lr, betas, eps and weight decay; train nothing"},
            {"json", OptionKind::Flag, "", "with --dry-run: the table as JSON"},
            {"eval-every", OptionKind::Value, "N", "steps between validation evaluations (default: the preset's)"},

@@ -50,6 +50,7 @@ Command account_command();
 Command golden_command();
 Command sweep_command();
 Command train_command();
+Command eval_command();
 Command leaderboard_command();
 Command plot_command();
 Command report_command();

@@ -268,6 +268,17 @@ MethodSpec attention_method(const std::string& name, const std::string& summary,
     AttnDims d = attn_dims(c);
     return layers::ve_width(ctx, d.n_kv_head, d.m.head_dim);
   };
+  // nanochat's CausalSelfAttention (transformer.h.<i>.attn. at model level, harness/foreign_names.h)
+  m.foreign_names["nanochat"] = [](const Config&) {
+    ParamAliases a;
+    for (const char* n : {"c_q", "c_k", "c_v", "c_proj", "ve_gate"}) a.aliases.push_back({std::string(n) + ".weight", n});
+    a.deviations = {
+        "the HypeNet options (out_gate's c_gate, logit_scale_a, rope=false) are not nanochat's: with one of them on, "
+        "a nanochat state dict lacks c_gate or computes another function",
+        "nanochat's window_pattern, short window and n_kv_head are config fields here (window_pattern, short_window, "
+        "kv_ratio = n_head / n_kv_head)"};
+    return a;
+  };
   return m;
 }
 

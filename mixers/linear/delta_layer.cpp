@@ -198,6 +198,28 @@ at::Tensor delta_core_cached(const std::string& op, const DeltaQKV& qkv, const a
   return r.o.unsqueeze(1).to(qkv.v.scalar_type());
 }
 
+ParamAliases delta_fla_aliases(const DeltaDims& d) {
+  ParamAliases a;
+  for (const char* n : {"q_proj", "k_proj", "v_proj", "b_proj", "o_proj"}) a.aliases.push_back({std::string(n) + ".weight", n});
+  const std::pair<const char*, int64_t> convs[] = {{"q", d.H * d.K}, {"k", d.H * d.K}, {"v", d.H * d.V}};
+  for (const auto& [n, C] : convs) {
+    ParamAlias c{fmt::format("{}_conv1d.weight", n), fmt::format("{}_conv", n), ParamAlias::Layout::Reshape,
+                 "depthwise Conv1d weight [C, 1, W] held as [C, W]"};
+    c.their_shape = {C, 1, d.W};
+    a.aliases.push_back(std::move(c));
+  }
+  a.aliases.push_back({"o_norm.weight", "o_norm"});
+  a.deviations = {
+      "value embeddings (the backbone's ve.<i> table and the layer's ve_gate) are mixbench's additions on "
+      "alternate layers, as nanochat's attention: flash-linear-attention's layer has none, so a layer golden from "
+      "it is of a layer without one (v += 3·sigmoid(W_veg x[..., :12])·ve after the short conv otherwise)",
+      "the value head width is head_v_dim (default head_dim, i.e. fla's expand_v = 1; fla's own defaults differ "
+      "per layer): build the fla layer with the same head_dim, num_heads and expand_v",
+      "initialisation differs (mixbench: nanochat's uniform ±√3/√d projections, zero o_proj; see the method's "
+      "file); a state dict carries its own values"};
+  return a;
+}
+
 std::vector<ParamDef> delta_common_params(const DeltaDims& d, const LayerCtx& ctx) {
   const double s = std::sqrt(3.0) / std::sqrt(double(d.d));
   const double c = 1.0 / std::sqrt(double(d.W));  // nn.Conv1d's default bound for fan-in W

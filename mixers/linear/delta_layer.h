@@ -79,6 +79,11 @@ struct DeltaMethodDesc {
   bool gate_offset = false;  // add_gate_offset_knob
   std::string case_extra;    // extra config of the conformance cases
 };
+// flash-linear-attention's names of the parameters every delta layer shares (q_proj.weight,
+// k_proj.weight, v_proj.weight, b_proj.weight, q_conv1d.weight [C,1,W] as our q_conv [C,W], k_conv1d,
+// v_conv1d, o_norm.weight, o_proj.weight) and the deviations they share (value embeddings).
+ParamAliases delta_fla_aliases(const DeltaDims& d);
+
 // The MethodSpec of a delta-family layer (family linear, delta_method_config, the shared inputs,
 // cases and VE rule; forward / prefill / decode through `run`).
 MethodSpec delta_method(const DeltaMethodDesc& desc);

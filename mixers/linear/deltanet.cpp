@@ -64,6 +64,8 @@ MethodSpec make_spec() {
   // gpu-d12: capturing the step of 32 rows × 2048 tokens in a CUDA graph runs out of memory (the
   // warm-up pass and the graph's pool together); micro-batches of 16 rows.
   m.presets["gpu-d12"].micro_batch = 16;
+  // fla.layers.DeltaNet with its defaults (use_gate=False, qk_activation silu, qk_norm l2, beta sigmoid)
+  m.foreign_names["fla"] = [](const Config& c) { return delta_fla_aliases(delta_dims(c)); };
   return m;
 }
 

@@ -83,9 +83,20 @@ TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx&) {
 }
 
 MethodSpec make_spec() {
-  return delta_method({"gdn", "Gated DeltaNet: short convs, L2-norm q/k, per-head decay, delta rule, gated RMSNorm output",
+  MethodSpec m = delta_method({"gdn", "Gated DeltaNet: short convs, L2-norm q/k, per-head decay, delta rule, gated RMSNorm output",
                        "Yang, Kautz, Hatamizadeh 2025 (Gated Delta Networks); fla/layers/gated_deltanet.py",
                        "gated_delta_rule", run, params, reference_fn, account, true, "gate_bias_offset=-5"});
+  // fla.layers.GatedDeltaNet (use_gate=True, swish output gate, allow_neg_eigval=False, num_v_heads = num_heads)
+  m.foreign_names["fla"] = [](const Config& c) {
+    ParamAliases a = delta_fla_aliases(delta_dims(c));
+    for (const char* n : {"a_proj", "g_proj"}) a.aliases.push_back({std::string(n) + ".weight", n});
+    a.aliases.push_back({"A_log", "A_log"});
+    a.aliases.push_back({"dt_bias", "dt_bias"});
+    a.deviations.push_back("gate_bias_offset (default 0) adds a constant inside the decay's softplus that fla's "
+                           "layer lacks: a golden from fla holds at 0 only");
+    return a;
+  };
+  return m;
 }
 
 MIXBENCH_REGISTER(make_spec());

@@ -90,6 +90,20 @@ MethodSpec make_spec() {
   // gpu-d12: the LibTorch chunked path's per-key-dim decays need ~17 GB per row of 2048 tokens in
   // training (138 GB at 8 rows): micro-batches of 2 rows (gradients accumulated).
   m.presets["gpu-d12"].micro_batch = 2;
+  // fla.layers.KimiDeltaAttention (low-rank f_proj and g_proj of rank head_v_dim, sigmoid output gate)
+  m.foreign_names["fla"] = [](const Config& c) {
+    ParamAliases a = delta_fla_aliases(delta_dims(c));
+    a.aliases.push_back({"f_proj.0.weight", "f_proj1"});
+    a.aliases.push_back({"f_proj.1.weight", "f_proj2"});
+    a.aliases.push_back({"g_proj.0.weight", "g_proj1"});
+    a.aliases.push_back({"g_proj.1.weight", "g_proj2"});
+    a.aliases.push_back({"g_proj.1.bias", "g_proj2_bias"});
+    a.aliases.push_back({"A_log", "A_log"});
+    a.aliases.push_back({"dt_bias", "dt_bias"});
+    a.deviations.push_back("gate_bias_offset (default 0) adds a constant inside the decay's softplus that fla's "
+                           "layer lacks: a golden from fla holds at 0 only");
+    return a;
+  };
   return m;
 }
 
