@@ -62,7 +62,7 @@ build-gpu/mixbench_bench --benchmark_filter='/cuda_fwd(_bwd)?/(1024|8192)(/|$)' 
     --benchmark_format=json --benchmark_out="$OUT/bench_ops_cuda.json" --benchmark_out_format=json \
     > "$LOGS/bench_ops_cuda.txt" 2>&1 || rc=1
 fi
-source ci/gpu_wheels.sh "$LOGS/wheels.log"   # the peers' wheels, when carried
+source ci/gpu_wheels.sh "$LOGS/wheels.log"   # the peers' wheels, when present
 if part peers; then
   log "peers: same-process comparison through torch.ops.mixbench"
   MIXBENCH_TORCH_OPS_LIB=$PWD/build-gpu/libmixbench_torch_ops.so python3 ci/peers.py \

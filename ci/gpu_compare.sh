@@ -4,7 +4,7 @@
 #   ci/gpu_compare.sh --build-only     configure and build libmixbench_torch_ops.so in build-gpu (Release,
 #                                      sm_90; ci/gpu.sh's build folder and options), nothing else
 #   ci/gpu_compare.sh OUT [ARGS...]    build (incremental), install the peers' wheels (ci/gpu_wheels.sh:
-#                                      parts carried earlier under /tmp/mixbench_whl, or .whl), check the
+#                                      parts copied earlier under /tmp/mixbench_whl, or .whl), check the
 #                                      operators on CUDA and in CUDA graphs (OUT/torch_ops_cuda.txt), then
 #                                      ci/peers.py ARGS --out OUT/comparison.json --timings
 #                                      OUT/peer_timings.json, its rows given what is left of

@@ -1,5 +1,5 @@
 # Sourced by the GPU scripts: the peers' wheels (ci/gpu_stage.sh) joined from what earlier calls left
-# under /tmp/mixbench_whl and from .whl when carried now (ci/wheels.py join), installed into
+# under /tmp/mixbench_whl and from .whl when present (ci/wheels.py join), installed into
 # /tmp/mixbench_site and put on PYTHONPATH. Nothing to do when neither is there; an incomplete set is
 # reported (the peers that need the missing wheels then record their import errors).
 # Usage: source ci/gpu_wheels.sh LOG

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""Wheels too large to travel to the GPU machine in one call beside the working tree: split them into
-parts, group parts and wheels into one folder per call, and join them again on the other side.
+"""Wheels too large to copy to the GPU machine in one transfer beside the working tree: split them into
+parts, group parts and wheels into one folder per transfer, and join them again on the other side.
 
   ci/wheels.py split DIR [--part-mb 30] [--fit]
                                          every DIR/*.whl over the part size becomes DIR/<wheel>.partNN
                                          files and DIR/<wheel>.sha256 (the original is removed); --fit:
-                                         parts no larger than what a call has left (see batches)
+                                         parts no larger than what a transfer has left (see batches)
   ci/wheels.py batches DIR [--budget-mb N | --reserve-mb R] moves DIR's wheels and parts into DIR/call1, DIR/call2, ...
-                                         each at most the budget: by default what a call has left of its
+                                         each at most the budget: by default what a transfer has left of its
                                          64 MiB beside this repository's working tree (tracked and
                                          untracked-not-ignored files, measured here); prints the plan
   ci/wheels.py join SRC... --to DEST     copies whole wheels from the SRC folders (searched recursively)
@@ -54,7 +54,7 @@ def split(d, part_bytes):
 
 
 def tree_bytes(repo):
-    """Bytes of what a call carries from the repository: tracked and untracked-not-ignored files."""
+    """Bytes of what a transfer copies from the repository: tracked and untracked-not-ignored files."""
     out = subprocess.run(["git", "-C", repo, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
                          capture_output=True, check=True).stdout
     total = 0
@@ -69,7 +69,7 @@ def measured_budget(reserve=0):
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     tree = tree_bytes(repo)
     budget = CALL_LIMIT - tree - reserve - MiB
-    print(f"working tree {tree / MiB:.1f} MiB, {reserve / MiB:.1f} MiB reserved: {budget / MiB:.1f} MiB left a call "
+    print(f"working tree {tree / MiB:.1f} MiB, {reserve / MiB:.1f} MiB reserved: {budget / MiB:.1f} MiB left a transfer "
           "(1 MiB kept spare)")
     if budget <= 0:
         raise SystemExit("wheels.py: no room for wheels beside the working tree in a 64 MiB call")
@@ -83,7 +83,7 @@ def batches(d, budget):
     for f in items:
         size = os.path.getsize(os.path.join(d, f))
         if size > budget:
-            raise SystemExit(f"wheels.py: {f} ({size / MiB:.1f} MiB) exceeds the per-call budget "
+            raise SystemExit(f"wheels.py: {f} ({size / MiB:.1f} MiB) exceeds the per-transfer budget "
                              f"({budget / MiB:.1f} MiB): split with a smaller --part-mb")
         for c in calls:
             if c[0] + size <= budget:
@@ -97,7 +97,7 @@ def batches(d, budget):
         os.makedirs(sub, exist_ok=True)
         for f in files:
             shutil.move(os.path.join(d, f), os.path.join(sub, f))
-        print(f"call{i}: {used / MiB:.1f} MiB, {len(files)} files: carry {os.path.relpath(sub)}")
+        print(f"call{i}: {used / MiB:.1f} MiB, {len(files)} files: copy {os.path.relpath(sub)}")
     return len(calls)
 
 
@@ -136,7 +136,7 @@ def join(sources, dest):
                      {n[:-len(".sha256")] for n in files if n.endswith(".whl.sha256")})
     if missing or orphans:
         print("wheels.py: incomplete: " + ", ".join(missing + [f"{o}.sha256" for o in orphans]) +
-              " not found (carry every callN folder first)", file=sys.stderr)
+              " not found (copy every callN folder first)", file=sys.stderr)
         sys.exit(2)
 
 
@@ -146,12 +146,12 @@ def main():
     s = sub.add_parser("split")
     s.add_argument("dir")
     s.add_argument("--part-mb", type=float, default=30.0)
-    s.add_argument("--fit", action="store_true", help="parts no larger than the measured per-call budget")
-    s.add_argument("--reserve-mb", type=float, default=0.0, help="with --fit: room kept for other carried paths")
+    s.add_argument("--fit", action="store_true", help="parts no larger than the measured per-transfer budget")
+    s.add_argument("--reserve-mb", type=float, default=0.0, help="with --fit: room kept for other copied folders")
     b = sub.add_parser("batches")
     b.add_argument("dir")
-    b.add_argument("--budget-mb", type=float, help="MiB a call may carry beside the tree (default: measured)")
-    b.add_argument("--reserve-mb", type=float, default=0.0, help="room kept in each call for other carried paths")
+    b.add_argument("--budget-mb", type=float, help="MiB a transfer may hold beside the tree (default: measured)")
+    b.add_argument("--reserve-mb", type=float, default=0.0, help="room kept in each transfer for other copied folders")
     j = sub.add_parser("join")
     j.add_argument("sources", nargs="+")
     j.add_argument("--to", required=True)

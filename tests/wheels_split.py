@@ -38,7 +38,7 @@ def main():
     assert calls == ["call1", "call2"], calls  # 4 parts of 0.875 MiB, a 0.19 MiB wheel, the digest: 2 MiB calls
     for c in calls:
         assert sum(os.path.getsize(os.path.join(src, c, f)) for f in os.listdir(os.path.join(src, c))) <= 2 * MiB
-    # the other side: each call's folder copied under one place, then joined
+    # the other side: each transfer's folder copied under one place, then joined
     there = os.path.join(d, "there")
     for c in calls:
         shutil.copytree(os.path.join(src, c), os.path.join(there, c))
@@ -48,7 +48,7 @@ def main():
     assert sorted(os.listdir(dest)) == ["big-1.0-py3-none-any.whl", "small-1.0-py3-none-any.whl"]
     assert open(os.path.join(dest, "big-1.0-py3-none-any.whl"), "rb").read() == big
     assert open(os.path.join(dest, "small-1.0-py3-none-any.whl"), "rb").read() == small
-    # a call not carried: the missing part is named, exit 2
+    # a transfer missing: the missing part is named, exit 2
     part = next(os.path.join(r_, f) for r_, _, fs in os.walk(there) for f in fs if f.endswith(".part02"))
     data = open(part, "rb").read()
     os.remove(part)
@@ -61,7 +61,7 @@ def main():
     assert not os.path.exists(os.path.join(d, "w3", "big-1.0-py3-none-any.whl"))
     # a budget smaller than a part: a clear error
     r = run("batches", os.path.join(there, "call1"), "--budget-mb", "0.5")
-    assert r.returncode != 0 and "exceeds the per-call budget" in r.stderr, r
+    assert r.returncode != 0 and "exceeds the per-transfer budget" in r.stderr, r
     print("wheels.py split / batches / join checks passed")
 
 

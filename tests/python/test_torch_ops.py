@@ -507,8 +507,12 @@ class Cuda(unittest.TestCase):
                         grads = step()
                     graph.replay()
                     torch.cuda.synchronize()
+                    # A replay of stale inputs or buffers differs at O(1). The sparse ops' backward gathers with
+                    # atomic adds into bf16 gradients, whose order (and so bf16 roundings) varies run to run:
+                    # measured 1.5e-5 between two eager-equivalent runs of sparse_attention on an H200.
+                    replay_tol = 1e-3 if dtype == torch.bfloat16 else 1e-6
                     for c, e in zip(grads, eager):
-                        self.assertLess(rel(c.double(), e.double()), 1e-6, f"{op} {dtype}: graph backward")
+                        self.assertLess(rel(c.double(), e.double()), replay_tol, f"{op} {dtype}: graph backward")
                     print(f"{op} {dtype}: kernels {torch.ops.mixbench._kernel_notes()}", flush=True)
 
 
