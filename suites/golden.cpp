@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "harness/errors.h"
+#include "suites/unit_golden.h"
 
 namespace mixbench {
 
@@ -50,17 +51,8 @@ SafetensorsFile make_golden(const GoldenRequest& req) {
     for (size_t i = 0; i < g.size(); ++i) file.set("grad_" + names[i], g[i].defined() ? g[i] : at::zeros_like(diff[i]));
   }
   std::map<std::string, std::string>& meta = golden.metadata;
-  meta = {{"op", spec.name}};
-  for (const auto& f : spec.params.fields()) {
-    const auto& v = cfg.values().at(f.name);
-    std::visit([&](const auto& x) {
-      using T = std::decay_t<decltype(x)>;
-      if constexpr (std::is_same_v<T, std::string>) meta[f.name] = x;
-      else if constexpr (std::is_same_v<T, bool>) meta[f.name] = x ? "true" : "false";
-      else if constexpr (std::is_same_v<T, double>) meta[f.name] = fmt::format("{:.17g}", x);
-      else meta[f.name] = std::to_string(x);
-    }, v);
-  }
+  meta = config_metadata(spec.params, cfg);
+  meta["op"] = spec.name;
   if (cfg.f("scale") == 0.0 && spec.params.find("scale") && in.has("q"))
     meta["scale"] = fmt::format("{:.17g}", 1.0 / std::sqrt(double(in.at("q").size(-1))));
   return golden;

@@ -220,6 +220,13 @@ ParamAliases delta_fla_aliases(const DeltaDims& d) {
   return a;
 }
 
+void add_fla_decay_aliases(ParamAliases& a) {
+  a.aliases.push_back({"A_log", "A_log"});
+  a.aliases.push_back({"dt_bias", "dt_bias"});
+  a.deviations.push_back("gate_bias_offset (default 0) adds a constant inside the decay's softplus that fla's "
+                         "layer lacks: a golden from fla holds at 0 only");
+}
+
 std::vector<ParamDef> delta_common_params(const DeltaDims& d, const LayerCtx& ctx) {
   const double s = std::sqrt(3.0) / std::sqrt(double(d.d));
   const double c = 1.0 / std::sqrt(double(d.W));  // nn.Conv1d's default bound for fan-in W

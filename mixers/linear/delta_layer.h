@@ -83,6 +83,9 @@ struct DeltaMethodDesc {
 // k_proj.weight, v_proj.weight, b_proj.weight, q_conv1d.weight [C,1,W] as our q_conv [C,W], k_conv1d,
 // v_conv1d, o_norm.weight, o_proj.weight) and the deviations they share (value embeddings).
 ParamAliases delta_fla_aliases(const DeltaDims& d);
+// The decay gate's names (A_log, dt_bias, as fla's) and its deviation (gate_bias_offset), for the
+// layers with fla's per-head or per-channel decay (gdn, kda).
+void add_fla_decay_aliases(ParamAliases& a);
 
 // The MethodSpec of a delta-family layer (family linear, delta_method_config, the shared inputs,
 // cases and VE rule; forward / prefill / decode through `run`).

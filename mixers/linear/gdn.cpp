@@ -90,10 +90,7 @@ MethodSpec make_spec() {
   m.foreign_names["fla"] = [](const Config& c) {
     ParamAliases a = delta_fla_aliases(delta_dims(c));
     for (const char* n : {"a_proj", "g_proj"}) a.aliases.push_back({std::string(n) + ".weight", n});
-    a.aliases.push_back({"A_log", "A_log"});
-    a.aliases.push_back({"dt_bias", "dt_bias"});
-    a.deviations.push_back("gate_bias_offset (default 0) adds a constant inside the decay's softplus that fla's "
-                           "layer lacks: a golden from fla holds at 0 only");
+    add_fla_decay_aliases(a);
     return a;
   };
   return m;

@@ -98,10 +98,7 @@ MethodSpec make_spec() {
     a.aliases.push_back({"g_proj.0.weight", "g_proj1"});
     a.aliases.push_back({"g_proj.1.weight", "g_proj2"});
     a.aliases.push_back({"g_proj.1.bias", "g_proj2_bias"});
-    a.aliases.push_back({"A_log", "A_log"});
-    a.aliases.push_back({"dt_bias", "dt_bias"});
-    a.deviations.push_back("gate_bias_offset (default 0) adds a constant inside the decay's softplus that fla's "
-                           "layer lacks: a golden from fla holds at 0 only");
+    add_fla_decay_aliases(a);
     return a;
   };
   return m;
