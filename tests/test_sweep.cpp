@@ -16,6 +16,7 @@
 #include "harness/nvtx.h"
 #include "harness/registry.h"
 #include "harness/report.h"
+#include "suites/mfu.h"
 #include "suites/sweep.h"
 #include "suites/sweep_measure.h"
 #include "suites/sweep_units.h"
@@ -360,6 +361,26 @@ TEST(Sweep, DecodeReportsCacheGrowthFromTheAccountant) {
             << m;
         // warm-up + reps decode steps after the prefill
         EXPECT_EQ(x["cache"]["context_at_end"].get<int64_t>(), x["shape"]["T"].get<int64_t>() + 3);
+        // roofline: the step's reads over its median time, against the report's copy bandwidth
+        const Json& rf = x["roofline"];
+        for (const char* k : {"bytes", "weight_bytes", "embedding_row_bytes", "cache_bytes", "copy_bytes_per_s", "share"})
+          EXPECT_TRUE(std::isfinite(rf[k].get<double>()) && rf[k].get<double>() > 0) << m << " " << k;
+        EXPECT_DOUBLE_EQ(rf["cache_bytes"].get<double>(), x["accountant"]["cache_bytes"].get<double>());
+        EXPECT_DOUBLE_EQ(rf["bytes"].get<double>(), rf["weight_bytes"].get<double>() +
+                                                        rf["embedding_row_bytes"].get<double>() +
+                                                        rf["cache_bytes"].get<double>());
+        EXPECT_DOUBLE_EQ(rf["copy_bytes_per_s"].get<double>(), r["copy_bandwidth"]["bytes_per_s"].get<double>());
+        EXPECT_NEAR(rf["share"].get<double>(),
+                    rf["bytes"].get<double>() / x["timing"]["median_s"].get<double>() / rf["copy_bytes_per_s"].get<double>(),
+                    1e-12 * rf["share"].get<double>());
+        // the weights once plus one row per embedding table and token: with the tables whole, the
+        // accountant's fp32 parameter bytes (its prediction less the cache and the fp32 logits)
+        const double vocab = x["shape"]["vocab"].get<double>();
+        EXPECT_DOUBLE_EQ(rf["weight_bytes"].get<double>() + rf["embedding_row_bytes"].get<double>() * vocab / double(B),
+                         x["accountant"]["predicted_bytes"].get<double>() - x["accountant"]["cache_bytes"].get<double>() -
+                             4.0 * vocab * double(B))
+            << m;
+        EXPECT_EQ(rf["embedding_row_bytes"].get<double>(), double(B) * points(r, m, 1)[0]["roofline"]["embedding_row_bytes"].get<double>());
       }
       const Json &a = pts[0], &b = pts[1];
       ASSERT_EQ(a["shape"]["T"], 64);
@@ -385,7 +406,44 @@ TEST(Sweep, DecodeReportsCacheGrowthFromTheAccountant) {
                    2.0 * points(r, "gdn", 1)[0]["accountant"]["cache_bytes"].get<double>());
   EXPECT_DOUBLE_EQ(points(r, "gqa", 1)[1]["accountant"]["cache_bytes"].get<double>(),
                    0.5 * points(r, "dense_full", 1)[1]["accountant"]["cache_bytes"].get<double>());
+  // the copy bandwidth is measured once and recorded once
+  EXPECT_EQ(r["copy_bandwidth"]["device"], "cpu");
+  EXPECT_GT(r["copy_bandwidth"]["bytes_per_s"].get<double>(), 0);
+  EXPECT_EQ(r["copy_bandwidth"]["bytes_per_s"].get<double>(), copy_bandwidth("cpu").bytes_per_s);
+  // the schema wants a roofline's share and bandwidth, both positive (decode reports written before
+  // the roofline existed have none and stay valid)
+  Json bad = r;
+  bad["results"][0].erase("roofline");
+  EXPECT_TRUE(validate_json(bad, report_schema()).empty());
+  bad = r;
+  bad["results"][0]["roofline"]["share"] = 0.0;
+  EXPECT_FALSE(validate_json(bad, report_schema()).empty());
+  bad = r;
+  bad["results"][0]["roofline"].erase("copy_bytes_per_s");
+  EXPECT_FALSE(validate_json(bad, report_schema()).empty());
+  bad = r;
+  bad["copy_bandwidth"]["bytes_per_s"] = -1.0;
+  EXPECT_FALSE(validate_json(bad, report_schema()).empty());
   EXPECT_EQ(cli({"sweep", "--mode", "decode", "--methods", "gqa", "--level", "layer", "--quiet"}), 2);
+}
+
+// A decode point's roofline share: the bytes one step reads over its median time, as a share of the
+// copy bandwidth (numbers chosen by hand).
+TEST(Sweep, RooflineShareArithmetic) {
+  // 3 MB of weights, 24 kB of embedding rows and 1 MB of cache in 2 ms against 4 GB/s: 0.503 of the roofline
+  const Json rf = roofline_json(3e6, 24e3, 1e6, 2e-3, 4e9);
+  EXPECT_DOUBLE_EQ(rf["bytes"].get<double>(), 4.024e6);
+  EXPECT_DOUBLE_EQ(rf["share"].get<double>(), 4.024e6 / 2e-3 / 4e9);
+  EXPECT_NEAR(rf["share"].get<double>(), 0.503, 1e-12);
+  EXPECT_DOUBLE_EQ(rf["copy_bytes_per_s"].get<double>(), 4e9);
+  EXPECT_DOUBLE_EQ(roofline_share(1e9, 0.5, 1e9), 2.0);  // above the copy rate: reported as measured
+  EXPECT_EQ(roofline_share(1e9, 0, 1e9), 0);              // missing time or bandwidth: 0, never inf
+  EXPECT_EQ(roofline_share(1e9, 1, 0), 0);
+  EXPECT_EQ(roofline_share(0, 1, 1e9), 0);
+  const CopyBandwidth& b = copy_bandwidth("cpu");
+  EXPECT_EQ(&copy_bandwidth("cpu"), &b);  // measured once per process
+  EXPECT_EQ(b.bytes, int64_t(256) << 20);
+  EXPECT_TRUE(std::isfinite(b.bytes_per_s) && b.bytes_per_s > 0);
 }
 
 TEST(Sweep, BadInputExitsTwo) {
@@ -529,3 +587,4 @@ TEST(Sweep, StreamControlModelIgnoresTheStreamParameters) {
                                                        at::TensorOptions().dtype(at::kDouble)))
                    .has_value());
 }
+
