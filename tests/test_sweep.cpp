@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <regex>
 #include <set>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include "harness/nvtx.h"
 #include "harness/registry.h"
 #include "harness/report.h"
+#include "reports/plot.h"
 #include "suites/mfu.h"
 #include "suites/sweep.h"
 #include "suites/sweep_measure.h"
@@ -588,3 +590,96 @@ TEST(Sweep, StreamControlModelIgnoresTheStreamParameters) {
                    .has_value());
 }
 
+namespace {
+// A hand-made sweep report: methods a, b, c at B = 1 and 4, T = 128…512; decode points carry a roofline share.
+Json small_multiples_report(const std::string& mode) {
+  Json r = {{"kind", "sweep"}, {"command", "mixbench sweep"}, {"config", {{"mode", mode}, {"level", "model"}}},
+            {"results", Json::array()}};
+  if (mode == "decode")
+    r["copy_bandwidth"] = {{"device", "cpu"}, {"device_name", "Test CPU"}, {"bytes", 1}, {"reps", 1}, {"bytes_per_s", 2.5e10}};
+  int i = 0;
+  for (int64_t B : {1, 4})
+    for (const char* m : {"a", "b", "c"})
+      for (int64_t T : {128, 256, 512}) {
+        Json x = {{"method", m}, {"status", "ok"}, {"shape", {{"B", B}, {"T", T}}}, {"tokens_per_s", 1000.0 * (++i)}};
+        if (mode == "decode") x["roofline"] = {{"share", 0.1 * double(i % 10)}};
+        r["results"].push_back(x);
+      }
+  return r;
+}
+
+int count(const std::string& s, const std::string& what) {
+  int n = 0;
+  for (size_t p = s.find(what); p != std::string::npos; p = s.find(what, p + 1)) ++n;
+  return n;
+}
+
+// the legend rows' y positions, panel by panel
+std::vector<std::vector<double>> legend_rows(const std::string& page) {
+  std::vector<std::vector<double>> out;
+  std::regex re(R"~(<g class="panel"|<text class="legend" x="[0-9.]+" y="([0-9.]+)")~");
+  for (auto it = std::sregex_iterator(page.begin(), page.end(), re); it != std::sregex_iterator(); ++it) {
+    if ((*it)[1].matched) out.back().push_back(std::stod((*it)[1]));
+    else out.emplace_back();
+  }
+  return out;
+}
+}  // namespace
+
+// One throughput panel per batch size, each with its own legend of the three methods; every method
+// keeps one colour and one dash pattern, different from the others'; no roofline panel outside decode.
+TEST(Plot, SmallMultiplesOnePanelPerBatchSize) {
+  const std::string page = render_sweep_html(small_multiples_report("prefill"));
+  EXPECT_EQ(count(page, "<g class=\"panel\""), 2);
+  EXPECT_EQ(count(page, R"(<g class="panel" data-panel="throughput" data-batch="1">)"), 1);
+  EXPECT_EQ(count(page, R"(<g class="panel" data-panel="throughput" data-batch="4">)"), 1);
+  EXPECT_EQ(count(page, "data-panel=\"roofline\""), 0);
+  EXPECT_EQ(count(page, "class=\"roofline\""), 0);
+  EXPECT_EQ(count(page, "<text class=\"panel-title\""), 2);
+  EXPECT_NE(page.find("prefill throughput, B = 1"), std::string::npos);
+  EXPECT_NE(page.find("prefill throughput, B = 4"), std::string::npos);
+  EXPECT_EQ(page.find("<script"), std::string::npos);
+  EXPECT_EQ(count(page, "<path class=\"series\""), 6);
+  // each method's stroke: the same in both panels, distinct from the other methods'
+  std::regex re(R"~(<path class="series" data-method="([a-z]+)" data-batch="([0-9]+)" d="[^"]*" fill="none" stroke="([^"]+)" stroke-width="2"( stroke-dasharray="[^"]*")?/>)~");
+  std::map<std::string, std::set<std::string>> style;
+  for (auto it = std::sregex_iterator(page.begin(), page.end(), re); it != std::sregex_iterator(); ++it)
+    style[(*it)[1]].insert(std::string((*it)[3]) + "|" + std::string((*it)[4]));
+  ASSERT_EQ(style.size(), 3u);
+  std::set<std::string> colours, dashes;
+  for (const auto& [m, st] : style) {
+    ASSERT_EQ(st.size(), 1u) << m;
+    colours.insert(st.begin()->substr(0, st.begin()->find('|')));
+    dashes.insert(st.begin()->substr(st.begin()->find('|')));
+  }
+  EXPECT_EQ(colours.size(), 3u);
+  EXPECT_EQ(dashes.size(), 3u);
+  // a legend per panel, three rows, far enough apart for 12 px text
+  auto rows = legend_rows(page);
+  ASSERT_EQ(rows.size(), 2u);
+  for (const auto& p : rows) {
+    ASSERT_EQ(p.size(), 3u);
+    for (size_t i = 1; i < p.size(); ++i) EXPECT_GE(p[i] - p[i - 1], 14.0);
+  }
+}
+
+// A decode sweep adds a roofline panel under each throughput panel: the share of every point, in percent.
+TEST(Plot, DecodeSweepHasARooflinePanelPerBatchSize) {
+  Json r = small_multiples_report("decode");
+  const std::string page = render_sweep_html(r);
+  EXPECT_EQ(count(page, "<g class=\"panel\""), 4);
+  EXPECT_EQ(count(page, "data-panel=\"throughput\""), 2);
+  EXPECT_EQ(count(page, R"(<g class="panel" data-panel="roofline" data-batch="1">)"), 1);
+  EXPECT_EQ(count(page, R"(<g class="panel" data-panel="roofline" data-batch="4">)"), 1);
+  EXPECT_EQ(count(page, "<path class=\"roofline\""), 6);
+  EXPECT_EQ(count(page, "<text class=\"panel-title\""), 4);
+  EXPECT_NE(page.find("100 %"), std::string::npos);
+  EXPECT_NE(page.find("a B=1 c=128: 10.0 % of the copy bandwidth"), std::string::npos);
+  EXPECT_NE(page.find("25.00 GB/s on Test CPU"), std::string::npos);
+  for (const auto& p : legend_rows(page)) EXPECT_EQ(p.size(), 3u);
+  // a share above 1 extends the axis to the next quarter instead of leaving the panel
+  r["results"][0]["roofline"]["share"] = 1.1;
+  const std::string high = render_sweep_html(r);
+  EXPECT_NE(high.find("125 %"), std::string::npos);
+  EXPECT_EQ(page.find("125 %"), std::string::npos);
+}
