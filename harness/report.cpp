@@ -187,6 +187,8 @@ void validate_at(const nlohmann::json& v, const nlohmann::json& s, const nlohman
   if (v.is_number()) {
     if (s.contains("minimum") && v.get<double>() < s["minimum"].get<double>())
       errs.push_back(fmt::format("{}: {} below minimum {}", path, v.dump(), s["minimum"].dump()));
+    if (s.contains("exclusiveMinimum") && !(v.get<double>() > s["exclusiveMinimum"].get<double>()))
+      errs.push_back(fmt::format("{}: {} not above {}", path, v.dump(), s["exclusiveMinimum"].dump()));
     if (s.contains("maximum") && v.get<double>() > s["maximum"].get<double>())
       errs.push_back(fmt::format("{}: {} above maximum {}", path, v.dump(), s["maximum"].dump()));
   }

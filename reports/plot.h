@@ -1,5 +1,8 @@
-// Offline HTML page (inline SVG, no scripts) for a sweep report: throughput (tokens/s) against
-// length, log-log, one line per method and batch size, the OOM frontier marked with an x.
+// Offline HTML page (inline SVG, no scripts) for a sweep report: one figure per batch size (small
+// multiples on shared axes), its panel of throughput (tokens/s) against length, log-log, one line per
+// method (its own colour and dash pattern, the same in every panel), the OOM frontier marked with an
+// x, and for a decode sweep a second panel below with each point's roofline share (0-100 %).
+// Every panel has its own legend; panels are <g class="panel" data-panel="throughput|roofline">.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>

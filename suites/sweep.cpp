@@ -173,6 +173,12 @@ Json run_sweep(const SweepOptions& opt, SweepSummary& sum) {
     }
   }
 
+  if (opt.mode == "decode" && !units.empty()) {
+    // The roofline's copy bandwidth, measured once before the first point; its buffers go back to
+    // the device so that they do not count against the points' memory.
+    copy_bandwidth(opt.device);
+    free_device_cache(opt.device);
+  }
   for (Unit& u : units) {
     if (opt.device == "cuda") {
       const bool has = u.op.empty() ? method_has_cuda(reg.method(u.method)) : bool(reg.op(u.op).cuda);
@@ -249,7 +255,13 @@ Json run_sweep(const SweepOptions& opt, SweepSummary& sum) {
           }
           for (auto it = pred.extra_accountant.begin(); it != pred.extra_accountant.end(); ++it) acct[it.key()] = it.value();
           r["accountant"] = acct;
-          if (opt.mode == "decode") r["latency_per_token_s"] = med;
+          if (opt.mode == "decode") {
+            r["latency_per_token_s"] = med;
+            // the share of the device's copy bandwidth the step's reads achieve (probed once per run)
+            r["roofline"] = roofline_json(pred.step_weight_bytes, pred.step_embedding_row_bytes,
+                                          acct["cache_bytes"].get<double>(), med,
+                                          copy_bandwidth(opt.device).bytes_per_s);
+          }
           if (measured) r["cache"] = measured();
           if (!stream_share.is_null()) r["residual_stream"] = stream_share;
           r["memory"] = memory;

@@ -190,6 +190,9 @@ Unit decode_unit(const MethodSpec& method, const SweepOptions& opt) {
     p.fwd_flops_per_token = mc.decode_flops;
     p.bytes = pbytes + cache + 4.0 * double(d.vocab) * double(B);
     p.bytes_formula = "params·elem + (kv_cache_bytes/token·c + state_bytes)·B + fp32 logits 4·vocab·B";
+    const double tables = double(mc.params.wte + mc.params.value_embeds);
+    p.step_weight_bytes = (double(mc.params.total()) - tables) * double(eb);
+    p.step_embedding_row_bytes = tables / double(d.vocab) * double(B) * double(eb);  // one row per table per token
     p.extra_accountant = {{"context", c},
                           {"decode_flops_per_token", mc.decode_flops},
                           {"cache_bytes", cache},

@@ -27,6 +27,9 @@ struct Prediction {
   Json shape;
   Json config;
   Json extra_accountant = Json::object();  // mode-specific accountant numbers (decode: FLOPs, cache bytes)
+  // Decode: what one step reads besides its cache (the roofline): every parameter except the
+  // embedding tables, once, and the B rows it gathers from each table (wte, value embeddings).
+  double step_weight_bytes = NAN, step_embedding_row_bytes = NAN;
 };
 
 struct Point {

@@ -334,8 +334,8 @@ const char* kPinnedLeaderboardSummary = R"JSON({"baseline": "dense", "seeds": 1}
 // shows here.
 TEST(AppReports, PagesKeepTheirBytes) {
   const std::string sweep = render_sweep_html(Json::parse(kPinnedSweepReport));
-  EXPECT_EQ(sweep.size(), 6850u);
-  EXPECT_EQ(fnv1a_hex(sweep), "2d2e1417291ff34f");
+  EXPECT_EQ(sweep.size(), 9064u);
+  EXPECT_EQ(fnv1a_hex(sweep), "8d38b77fe4c971c1");
   EXPECT_TRUE(has(sweep, "a&lt;b&gt;&amp;&quot;c"));
   const std::string board =
       leaderboard_html(Json::parse(kPinnedLeaderboardResults), kPinnedLeaderboardTitle, Json::parse(kPinnedLeaderboardSummary));

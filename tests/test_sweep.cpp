@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <regex>
 #include <set>
 #include <unistd.h>
@@ -16,6 +17,8 @@
 #include "harness/nvtx.h"
 #include "harness/registry.h"
 #include "harness/report.h"
+#include "reports/plot.h"
+#include "suites/mfu.h"
 #include "suites/sweep.h"
 #include "suites/sweep_measure.h"
 #include "suites/sweep_units.h"
@@ -360,6 +363,26 @@ TEST(Sweep, DecodeReportsCacheGrowthFromTheAccountant) {
             << m;
         // warm-up + reps decode steps after the prefill
         EXPECT_EQ(x["cache"]["context_at_end"].get<int64_t>(), x["shape"]["T"].get<int64_t>() + 3);
+        // roofline: the step's reads over its median time, against the report's copy bandwidth
+        const Json& rf = x["roofline"];
+        for (const char* k : {"bytes", "weight_bytes", "embedding_row_bytes", "cache_bytes", "copy_bytes_per_s", "share"})
+          EXPECT_TRUE(std::isfinite(rf[k].get<double>()) && rf[k].get<double>() > 0) << m << " " << k;
+        EXPECT_DOUBLE_EQ(rf["cache_bytes"].get<double>(), x["accountant"]["cache_bytes"].get<double>());
+        EXPECT_DOUBLE_EQ(rf["bytes"].get<double>(), rf["weight_bytes"].get<double>() +
+                                                        rf["embedding_row_bytes"].get<double>() +
+                                                        rf["cache_bytes"].get<double>());
+        EXPECT_DOUBLE_EQ(rf["copy_bytes_per_s"].get<double>(), r["copy_bandwidth"]["bytes_per_s"].get<double>());
+        EXPECT_NEAR(rf["share"].get<double>(),
+                    rf["bytes"].get<double>() / x["timing"]["median_s"].get<double>() / rf["copy_bytes_per_s"].get<double>(),
+                    1e-12 * rf["share"].get<double>());
+        // the weights once plus one row per embedding table and token: with the tables whole, the
+        // accountant's fp32 parameter bytes (its prediction less the cache and the fp32 logits)
+        const double vocab = x["shape"]["vocab"].get<double>();
+        EXPECT_DOUBLE_EQ(rf["weight_bytes"].get<double>() + rf["embedding_row_bytes"].get<double>() * vocab / double(B),
+                         x["accountant"]["predicted_bytes"].get<double>() - x["accountant"]["cache_bytes"].get<double>() -
+                             4.0 * vocab * double(B))
+            << m;
+        EXPECT_EQ(rf["embedding_row_bytes"].get<double>(), double(B) * points(r, m, 1)[0]["roofline"]["embedding_row_bytes"].get<double>());
       }
       const Json &a = pts[0], &b = pts[1];
       ASSERT_EQ(a["shape"]["T"], 64);
@@ -385,7 +408,44 @@ TEST(Sweep, DecodeReportsCacheGrowthFromTheAccountant) {
                    2.0 * points(r, "gdn", 1)[0]["accountant"]["cache_bytes"].get<double>());
   EXPECT_DOUBLE_EQ(points(r, "gqa", 1)[1]["accountant"]["cache_bytes"].get<double>(),
                    0.5 * points(r, "dense_full", 1)[1]["accountant"]["cache_bytes"].get<double>());
+  // the copy bandwidth is measured once and recorded once
+  EXPECT_EQ(r["copy_bandwidth"]["device"], "cpu");
+  EXPECT_GT(r["copy_bandwidth"]["bytes_per_s"].get<double>(), 0);
+  EXPECT_EQ(r["copy_bandwidth"]["bytes_per_s"].get<double>(), copy_bandwidth("cpu").bytes_per_s);
+  // the schema wants a roofline's share and bandwidth, both positive (decode reports written before
+  // the roofline existed have none and stay valid)
+  Json bad = r;
+  bad["results"][0].erase("roofline");
+  EXPECT_TRUE(validate_json(bad, report_schema()).empty());
+  bad = r;
+  bad["results"][0]["roofline"]["share"] = 0.0;
+  EXPECT_FALSE(validate_json(bad, report_schema()).empty());
+  bad = r;
+  bad["results"][0]["roofline"].erase("copy_bytes_per_s");
+  EXPECT_FALSE(validate_json(bad, report_schema()).empty());
+  bad = r;
+  bad["copy_bandwidth"]["bytes_per_s"] = -1.0;
+  EXPECT_FALSE(validate_json(bad, report_schema()).empty());
   EXPECT_EQ(cli({"sweep", "--mode", "decode", "--methods", "gqa", "--level", "layer", "--quiet"}), 2);
+}
+
+// A decode point's roofline share: the bytes one step reads over its median time, as a share of the
+// copy bandwidth (numbers chosen by hand).
+TEST(Sweep, RooflineShareArithmetic) {
+  // 3 MB of weights, 24 kB of embedding rows and 1 MB of cache in 2 ms against 4 GB/s: 0.503 of the roofline
+  const Json rf = roofline_json(3e6, 24e3, 1e6, 2e-3, 4e9);
+  EXPECT_DOUBLE_EQ(rf["bytes"].get<double>(), 4.024e6);
+  EXPECT_DOUBLE_EQ(rf["share"].get<double>(), 4.024e6 / 2e-3 / 4e9);
+  EXPECT_NEAR(rf["share"].get<double>(), 0.503, 1e-12);
+  EXPECT_DOUBLE_EQ(rf["copy_bytes_per_s"].get<double>(), 4e9);
+  EXPECT_DOUBLE_EQ(roofline_share(1e9, 0.5, 1e9), 2.0);  // above the copy rate: reported as measured
+  EXPECT_EQ(roofline_share(1e9, 0, 1e9), 0);              // missing time or bandwidth: 0, never inf
+  EXPECT_EQ(roofline_share(1e9, 1, 0), 0);
+  EXPECT_EQ(roofline_share(0, 1, 1e9), 0);
+  const CopyBandwidth& b = copy_bandwidth("cpu");
+  EXPECT_EQ(&copy_bandwidth("cpu"), &b);  // measured once per process
+  EXPECT_EQ(b.bytes, int64_t(256) << 20);
+  EXPECT_TRUE(std::isfinite(b.bytes_per_s) && b.bytes_per_s > 0);
 }
 
 TEST(Sweep, BadInputExitsTwo) {
@@ -528,4 +588,98 @@ TEST(Sweep, StreamControlModelIgnoresTheStreamParameters) {
   EXPECT_FALSE(sweep_detail::control_model(build_model(Registry::get().method("residual_standard"), cfg, gen,
                                                        at::TensorOptions().dtype(at::kDouble)))
                    .has_value());
+}
+
+namespace {
+// A hand-made sweep report: methods a, b, c at B = 1 and 4, T = 128…512; decode points carry a roofline share.
+Json small_multiples_report(const std::string& mode) {
+  Json r = {{"kind", "sweep"}, {"command", "mixbench sweep"}, {"config", {{"mode", mode}, {"level", "model"}}},
+            {"results", Json::array()}};
+  if (mode == "decode")
+    r["copy_bandwidth"] = {{"device", "cpu"}, {"device_name", "Test CPU"}, {"bytes", 1}, {"reps", 1}, {"bytes_per_s", 2.5e10}};
+  int i = 0;
+  for (int64_t B : {1, 4})
+    for (const char* m : {"a", "b", "c"})
+      for (int64_t T : {128, 256, 512}) {
+        Json x = {{"method", m}, {"status", "ok"}, {"shape", {{"B", B}, {"T", T}}}, {"tokens_per_s", 1000.0 * (++i)}};
+        if (mode == "decode") x["roofline"] = {{"share", 0.1 * double(i % 10)}};
+        r["results"].push_back(x);
+      }
+  return r;
+}
+
+int count(const std::string& s, const std::string& what) {
+  int n = 0;
+  for (size_t p = s.find(what); p != std::string::npos; p = s.find(what, p + 1)) ++n;
+  return n;
+}
+
+// the legend rows' y positions, panel by panel
+std::vector<std::vector<double>> legend_rows(const std::string& page) {
+  std::vector<std::vector<double>> out;
+  std::regex re(R"~(<g class="panel"|<text class="legend" x="[0-9.]+" y="([0-9.]+)")~");
+  for (auto it = std::sregex_iterator(page.begin(), page.end(), re); it != std::sregex_iterator(); ++it) {
+    if ((*it)[1].matched) out.back().push_back(std::stod((*it)[1]));
+    else out.emplace_back();
+  }
+  return out;
+}
+}  // namespace
+
+// One throughput panel per batch size, each with its own legend of the three methods; every method
+// keeps one colour and one dash pattern, different from the others'; no roofline panel outside decode.
+TEST(Plot, SmallMultiplesOnePanelPerBatchSize) {
+  const std::string page = render_sweep_html(small_multiples_report("prefill"));
+  EXPECT_EQ(count(page, "<g class=\"panel\""), 2);
+  EXPECT_EQ(count(page, R"(<g class="panel" data-panel="throughput" data-batch="1">)"), 1);
+  EXPECT_EQ(count(page, R"(<g class="panel" data-panel="throughput" data-batch="4">)"), 1);
+  EXPECT_EQ(count(page, "data-panel=\"roofline\""), 0);
+  EXPECT_EQ(count(page, "class=\"roofline\""), 0);
+  EXPECT_EQ(count(page, "<text class=\"panel-title\""), 2);
+  EXPECT_NE(page.find("prefill throughput, B = 1"), std::string::npos);
+  EXPECT_NE(page.find("prefill throughput, B = 4"), std::string::npos);
+  EXPECT_EQ(page.find("<script"), std::string::npos);
+  EXPECT_EQ(count(page, "<path class=\"series\""), 6);
+  // each method's stroke: the same in both panels, distinct from the other methods'
+  std::regex re(R"~(<path class="series" data-method="([a-z]+)" data-batch="([0-9]+)" d="[^"]*" fill="none" stroke="([^"]+)" stroke-width="2"( stroke-dasharray="[^"]*")?/>)~");
+  std::map<std::string, std::set<std::string>> style;
+  for (auto it = std::sregex_iterator(page.begin(), page.end(), re); it != std::sregex_iterator(); ++it)
+    style[(*it)[1]].insert(std::string((*it)[3]) + "|" + std::string((*it)[4]));
+  ASSERT_EQ(style.size(), 3u);
+  std::set<std::string> colours, dashes;
+  for (const auto& [m, st] : style) {
+    ASSERT_EQ(st.size(), 1u) << m;
+    colours.insert(st.begin()->substr(0, st.begin()->find('|')));
+    dashes.insert(st.begin()->substr(st.begin()->find('|')));
+  }
+  EXPECT_EQ(colours.size(), 3u);
+  EXPECT_EQ(dashes.size(), 3u);
+  // a legend per panel, three rows, far enough apart for 12 px text
+  auto rows = legend_rows(page);
+  ASSERT_EQ(rows.size(), 2u);
+  for (const auto& p : rows) {
+    ASSERT_EQ(p.size(), 3u);
+    for (size_t i = 1; i < p.size(); ++i) EXPECT_GE(p[i] - p[i - 1], 14.0);
+  }
+}
+
+// A decode sweep adds a roofline panel under each throughput panel: the share of every point, in percent.
+TEST(Plot, DecodeSweepHasARooflinePanelPerBatchSize) {
+  Json r = small_multiples_report("decode");
+  const std::string page = render_sweep_html(r);
+  EXPECT_EQ(count(page, "<g class=\"panel\""), 4);
+  EXPECT_EQ(count(page, "data-panel=\"throughput\""), 2);
+  EXPECT_EQ(count(page, R"(<g class="panel" data-panel="roofline" data-batch="1">)"), 1);
+  EXPECT_EQ(count(page, R"(<g class="panel" data-panel="roofline" data-batch="4">)"), 1);
+  EXPECT_EQ(count(page, "<path class=\"roofline\""), 6);
+  EXPECT_EQ(count(page, "<text class=\"panel-title\""), 4);
+  EXPECT_NE(page.find("100 %"), std::string::npos);
+  EXPECT_NE(page.find("a B=1 c=128: 10.0 % of the copy bandwidth"), std::string::npos);
+  EXPECT_NE(page.find("25.00 GB/s on Test CPU"), std::string::npos);
+  for (const auto& p : legend_rows(page)) EXPECT_EQ(p.size(), 3u);
+  // a share above 1 extends the axis to the next quarter instead of leaving the panel
+  r["results"][0]["roofline"]["share"] = 1.1;
+  const std::string high = render_sweep_html(r);
+  EXPECT_NE(high.find("125 %"), std::string::npos);
+  EXPECT_EQ(page.find("125 %"), std::string::npos);
 }

@@ -8,6 +8,7 @@
 #include "harness/cli/common.h"
 #include "harness/report.h"
 #include "harness/cli/sweep_args.h"
+#include "suites/mfu.h"
 #include "suites/sweep.h"
 
 namespace mixbench {
@@ -26,6 +27,8 @@ int run_sweep_command(const Args& a, const std::vector<std::string>& args) {
   info.config = sweep_config_json(opt);
   info.seeds = {{"base", opt.seed}};
   Json report = make_report(info, results);
+  // the copy bandwidth the decode points' roofline shares are against (the measurement they used)
+  if (opt.mode == "decode") report["copy_bandwidth"] = copy_bandwidth_json(copy_bandwidth(opt.device));
   report["summary"] = {{"ok", sum.ok}, {"oom", sum.oom}, {"skipped", sum.skipped}, {"errors", sum.errors}};
   if (auto out = a.get("out")) write_report(*out, report);
   std::cout << fmt::format("sweep {}: {} ok, {} oom, {} skipped, {} errors\n", opt.mode, sum.ok, sum.oom, sum.skipped,
