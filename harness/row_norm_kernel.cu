@@ -291,15 +291,28 @@ Launch launch_of(const RowNorm& p, const void* g, std::initializer_list<const vo
     default: K<T, V, 8><<<grid, kWarps * 32, smem, s>>>(__VA_ARGS__); break;      \
   }
 
+// One warp per row, kWarps rows a block: the grid for `rows` rows (too many for a 1-D grid is an error).
+unsigned warp_row_grid(int64_t rows, const char* kernel) {
+  const int64_t blocks = (rows + kWarps - 1) / kWarps;
+  if (blocks > 2147483647) throw std::invalid_argument(std::string(kernel) + " kernel: too many rows");
+  return unsigned(blocks);
+}
+
+// The gated add's rows as the row kernels' launch arithmetic sees them (vector width from its buffers).
+Launch gated_add_launch(int64_t rows, int D, std::initializer_list<const void*> ptrs) {
+  RowNorm p;
+  p.rows = rows;
+  p.D = D;
+  return launch_of(p, nullptr, ptrs);
+}
+
 template <class T>
 void fwd_t(const RowNorm& p, const void* x, const void* w, const void* g, void* y, cudaStream_t s) {
   if (p.rows == 0) return;
   const Launch l = launch_of(p, g, {x, w, g, y});
-  const int64_t blocks = (p.rows + kWarps - 1) / kWarps;
-  if (blocks > 2147483647) throw std::invalid_argument("row norm kernel: too many rows");
+  const unsigned grid = warp_row_grid(p.rows, "row norm");
   const T *xp = static_cast<const T*>(x), *wp = static_cast<const T*>(w), *gp = static_cast<const T*>(g);
   T* yp = static_cast<T*>(y);
-  const unsigned grid = unsigned(blocks);
   if (l.V == 4) MIXBENCH_ROW_NORM_NIT(fwd_kernel, 4, l.nit, grid, 0, s, xp, wp, gp, yp, p)
   else MIXBENCH_ROW_NORM_NIT(fwd_kernel, 1, l.nit, grid, 0, s, xp, wp, gp, yp, p)
   check("row norm forward");
@@ -323,15 +336,10 @@ template <class T>
 void gated_add_fwd_t(int64_t rows, int D, float sc, const void* v, const void* z, const void* e, void* y,
                      cudaStream_t s) {
   if (rows == 0) return;
-  RowNorm p;
-  p.rows = rows;
-  p.D = D;
-  const Launch l = launch_of(p, nullptr, {v, e, y});
-  const int64_t blocks = (rows + kWarps - 1) / kWarps;
-  if (blocks > 2147483647) throw std::invalid_argument("gated add kernel: too many rows");
+  const Launch l = gated_add_launch(rows, D, {v, e, y});
+  const unsigned grid = warp_row_grid(rows, "gated add");
   const T *vp = static_cast<const T*>(v), *zp = static_cast<const T*>(z), *ep = static_cast<const T*>(e);
   T* yp = static_cast<T*>(y);
-  const unsigned grid = unsigned(blocks);
   if (l.V == 4) MIXBENCH_ROW_NORM_NIT(gated_add_fwd_kernel, 4, l.nit, grid, 0, s, vp, zp, ep, yp, rows, D, sc)
   else MIXBENCH_ROW_NORM_NIT(gated_add_fwd_kernel, 1, l.nit, grid, 0, s, vp, zp, ep, yp, rows, D, sc)
   check("gated add forward");
@@ -341,15 +349,10 @@ template <class T>
 void gated_add_bwd_t(int64_t rows, int D, float sc, const void* z, const void* e, const void* dy, void* de, void* dz,
                      cudaStream_t s) {
   if (rows == 0) return;
-  RowNorm p;
-  p.rows = rows;
-  p.D = D;
-  const Launch l = launch_of(p, nullptr, {e, dy, de});
-  const int64_t blocks = (rows + kWarps - 1) / kWarps;
-  if (blocks > 2147483647) throw std::invalid_argument("gated add kernel: too many rows");
+  const Launch l = gated_add_launch(rows, D, {e, dy, de});
+  const unsigned grid = warp_row_grid(rows, "gated add");
   const T *zp = static_cast<const T*>(z), *ep = static_cast<const T*>(e), *dyp = static_cast<const T*>(dy);
   T *dep = static_cast<T*>(de), *dzp = static_cast<T*>(dz);
-  const unsigned grid = unsigned(blocks);
   if (l.V == 4) MIXBENCH_ROW_NORM_NIT(gated_add_bwd_kernel, 4, l.nit, grid, 0, s, zp, ep, dyp, dep, dzp, rows, D, sc)
   else MIXBENCH_ROW_NORM_NIT(gated_add_bwd_kernel, 1, l.nit, grid, 0, s, zp, ep, dyp, dep, dzp, rows, D, sc)
   check("gated add backward");
