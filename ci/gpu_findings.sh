@@ -13,6 +13,8 @@
 #   MIXBENCH_TASK_ARGS      more `mixbench tasks` options for every process (e.g. "--vocab 64 --steps 4000 --lr 3e-3")
 #   MIXBENCH_FINDINGS_TAG   a prefix of every output name (several protocols side by side in one OUT_DIR)
 #   MIXBENCH_FINDINGS_JOBS  processes at once (default: the CPU cores; each keeps one core busy launching kernels)
+#   MIXBENCH_FINDINGS_DEADLINE_S  seconds after the start past which no further process is started (what
+#                                 is left is listed as not run; default: none)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: ci/gpu_findings.sh OUT_DIR [DEPS_DIR]}
@@ -31,11 +33,15 @@ read -r -a EXTRA <<< "${MIXBENCH_TASK_ARGS:-}"
 TAG=${MIXBENCH_FINDINGS_TAG:-}
 JOBS=${MIXBENCH_FINDINGS_JOBS:-$(nproc)}
 export OMP_NUM_THREADS=1
+DEADLINE=${MIXBENCH_FINDINGS_DEADLINE_S:-}
+START=$(date +%s)
 pids=()
+not_run=()
 launch() {  # task name args...
   local task=$1 name=$TAG$2; shift 2
   mkdir -p "$OUT/$task"
   while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do sleep 0.5; done
+  if [ -n "$DEADLINE" ] && [ $(( $(date +%s) - START )) -ge "$DEADLINE" ]; then not_run+=("$task/$name"); return; fi
   timeout "$LIMIT" build-gpu/mixbench tasks --preset gpu --device cuda --tasks "$task" "$@" "${EXTRA[@]}" \
       --out "$OUT/$task/$name.json" --quiet > "$OUT/$task/$name.log" 2>&1 &
   pids+=("$!:$task/$name")
@@ -58,5 +64,6 @@ for entry in "${pids[@]}"; do
   pid=${entry%%:*}
   if ! wait "$pid"; then rc=1; echo "failed or timed out: ${entry#*:}"; tail -3 "$OUT/${entry#*:}.log"; fi
 done
+[ ${#not_run[@]} -gt 0 ] && echo "not run (past the deadline): ${not_run[*]}"
 echo "== $(date +%H:%M:%S) done"
 exit $rc
