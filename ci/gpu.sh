@@ -47,7 +47,7 @@ if part gtests; then
   # the optimizer's device scalars and the training step's CUDA-graph scopes
   log "GPU unit tests"
   ninja -C build-gpu -j"$(nproc)" mixbench_tests > "$LOGS/build_tests.log" 2>&1 || { grep -E "error|FAILED" "$LOGS/build_tests.log" | head -20; exit 1; }
-  build-gpu/mixbench_tests --gtest_filter="${MIXBENCH_GTEST_FILTER:-CudaElementwise.*:SimpleGlaCudaKernel.*:TrainFast.DeviceConstants*:TrainFast.CudaGraph*:OptimizerDeviceScalars.Cuda*}" \
+  build-gpu/mixbench_tests --gtest_filter="${MIXBENCH_GTEST_FILTER:-CudaElementwise.*:SimpleGlaCudaKernel.*:TrainFast.DeviceConstants*:TrainFast.CudaGraph*:OptimizerDeviceScalars.Cuda*:DecodeCuda.*}" \
       --gtest_output="json:$OUT/gtests_cuda.json" 2>&1 | tail -25 || rc=1
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi

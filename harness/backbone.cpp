@@ -131,6 +131,8 @@ std::vector<ParamDef> backbone_defs(const MethodSpec& method, const Config& cfg,
 }
 
 at::Tensor rms_norm(const at::Tensor& x) {
+  // LibTorch's fused kernel on a GPU (one pass, fp32 statistics for half inputs, its own backward)
+  if (x.is_cuda() && x.scalar_type() != at::kDouble) return at::rms_norm(x, {x.size(-1)}, std::nullopt, kRmsEps);
   return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + kRmsEps);
 }
 }  // namespace
@@ -194,6 +196,17 @@ Model build_model(const MethodSpec& method, const Config& cfg, at::Generator& ge
   return m;
 }
 
+void set_model_config(Model& m, const Config& cfg) {
+  std::vector<LayerMethod> layers = layer_methods(*m.method, cfg);
+  if (layers.size() != m.layer_specs.size())
+    throw std::logic_error("set_model_config: the new config changes the number of layers");
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (layers[i].method != m.layer_specs[i]) throw std::logic_error("set_model_config: the new config changes a layer's method");
+    m.layer_cfgs[i] = std::move(layers[i].cfg);
+  }
+  m.cfg = cfg;
+}
+
 ParamCount count_params(const Model& m) {
   ParamCount c;
   for (const auto& [name, t] : m.params) {
@@ -239,7 +252,7 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
     throw std::logic_error("run_model needs a model made by build_model");
   const ExecPlan& plan = m.plan;
   const ResidualStream& stream = *m.stream;
-  if (pass == Pass::Prefill) cache->layers.assign(size_t(plan.n_slots), TensorMap());
+  if (pass == Pass::Prefill && !cache->capacity) cache->layers.assign(size_t(plan.n_slots), TensorMap());
   if (aux) *aux = ModelAux();
   TensorMap state = stream.begin(x, P, backend);
   const char* pass_name = pass == Pass::Forward ? "forward" : pass == Pass::Prefill ? "prefill" : "decode";
@@ -303,8 +316,17 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
     return 15.0 * at::tanh(logits / 15.0);
   };
   if (cache) {
-    cache->prev_embed = embed.slice(1, embed.size(1) - 1);
+    const at::Tensor last = embed.slice(1, embed.size(1) - 1);
+    if (cache->capacity && cache->prev_embed.defined() && cache->prev_embed.sizes() == last.sizes()) {
+      cache->prev_embed.copy_(last);  // in place: a captured step reads and writes the same buffer
+    } else {
+      cache->prev_embed = last.contiguous();
+    }
     cache->pos = pass == Pass::Decode ? cache->pos + 1 : T;
+    if (cache->capacity) {
+      if (pass == Pass::Decode) cache->pos_dev.add_(1);
+      else cache->pos_dev.fill_(T);
+    }
   }
   ResidualStream::Exits ex = stream.exits(state, P, backend);
   if (ex.hidden.empty()) return head(x);
@@ -354,16 +376,50 @@ std::string no_decode_message(const Model& m) {
 }
 }  // namespace
 
-at::Tensor model_prefill(const Model& m, const at::Tensor& idx, Backend backend, ModelCache* cache) {
+bool model_has_static_decode(const Model& m) {
+  if (!model_has_decode(m) || !m.stream || !m.stream->static_decode()) return false;
+  for (const MethodSpec* s : m.layer_specs)
+    if (!s->static_decode) return false;
+  return true;
+}
+
+at::Tensor model_prefill(const Model& m, const at::Tensor& idx, Backend backend, ModelCache* cache, int64_t capacity) {
   if (!cache) return run_model(m, idx, backend, Pass::Forward, nullptr, true);
   if (!model_has_decode(m)) throw UsageError(no_decode_message(m));
-  *cache = ModelCache();
+  if (capacity < 0) throw UsageError("a static decode cache needs capacity >= 1");
+  if (capacity == 0) {
+    *cache = ModelCache();
+    return run_model(m, idx, backend, Pass::Prefill, cache, true);
+  }
+  if (!model_has_static_decode(m))
+    throw UsageError(fmt::format("method {} cannot decode with static caches (a layer's hooks or its residual stream "
+                                 "keep no fixed-size state)",
+                                 m.method->name));
+  if (idx.dim() != 2 || idx.size(1) >= capacity)
+    throw InputError(fmt::format("a static cache of {} tokens cannot take a prefill of {} plus a decoded token", capacity,
+                                 idx.dim() == 2 ? idx.size(1) : -1));
+  const bool reuse = cache->capacity == capacity && cache->layers.size() == size_t(m.plan.n_slots) &&
+                     cache->prev_embed.defined() && cache->prev_embed.size(0) == idx.size(0) &&
+                     cache->pos_dev.defined() && cache->pos_dev.device() == idx.device();
+  if (!reuse) {
+    *cache = ModelCache();
+    cache->capacity = capacity;
+    cache->pos_dev = at::zeros({1}, idx.options().dtype(at::kLong));
+    const at::Tensor cap = at::scalar_tensor(capacity, at::TensorOptions().dtype(at::kLong));
+    cache->layers.assign(size_t(m.plan.n_slots), TensorMap());
+    for (auto& l : cache->layers) {
+      l.set("pos_dev", cache->pos_dev);
+      l.set("capacity", cap);
+    }
+  }
   return run_model(m, idx, backend, Pass::Prefill, cache, true);
 }
 
 at::Tensor model_decode_step(const Model& m, const at::Tensor& idx_t, ModelCache& cache, Backend backend) {
   if (!model_has_decode(m)) throw UsageError(no_decode_message(m));
   if (cache.layers.size() != size_t(m.plan.n_slots)) throw InputError("model_decode_step needs a cache filled by model_prefill");
+  if (cache.capacity && cache.pos >= cache.capacity)
+    throw InputError(fmt::format("the static cache ({} tokens) is full at position {}", cache.capacity, cache.pos));
   return run_model(m, idx_t, backend, Pass::Decode, &cache, true);
 }
 

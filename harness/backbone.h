@@ -51,6 +51,10 @@ struct LayerMethod {
   Config cfg;
 };
 std::vector<LayerMethod> layer_methods(const MethodSpec& method, const Config& cfg);
+struct Model;
+// A model's config replaced by one with the same parameters (a sweep's seq_len, which sets windows):
+// cfg and every layer's config follow it. std::logic_error when the layer methods would change.
+void set_model_config(Model& m, const Config& cfg);
 
 struct Model {
   const MethodSpec* method = nullptr;
@@ -100,14 +104,26 @@ struct ModelCache {
   std::vector<TensorMap> layers;  // one per plan slot (a block applied k times has k caches)
   at::Tensor prev_embed;  // [B,1,d]
   int64_t pos = 0;
+  // Static caches (capacity > 0, model_has_static_decode): every buffer is allocated once for
+  // `capacity` tokens and updated in place, and the position is also on the device (pos_dev, int64
+  // [1], advanced in place by each step), so that a CUDA graph can capture model_decode_step. A
+  // later prefill of the same batch size reuses the buffers.
+  int64_t capacity = 0;
+  at::Tensor pos_dev;
   int64_t bytes() const;  // Σ cache_bytes over layers (the smear's one embedding excluded)
 };
 // Whether every layer's method registers prefill/decode.
 bool model_has_decode(const Model& m);
+// Whether the model can decode with static caches: every layer's hooks keep them
+// (MethodSpec::static_decode) and its residual stream reads no host-side position.
+bool model_has_static_decode(const Model& m);
 // Forward over idx [B,T] returning only the last position's logits [B,1,vocab] (fp32,
 // softcapped): the lm_head runs on one position per sequence. With `cache` (every layer must have
-// a decode hook, else UsageError) the layers' prefill hooks fill it for model_decode_step.
-at::Tensor model_prefill(const Model& m, const at::Tensor& idx, Backend backend, ModelCache* cache = nullptr);
+// a decode hook, else UsageError) the layers' prefill hooks fill it for model_decode_step. With
+// `capacity` > 0 the cache is static (ModelCache::capacity; T < capacity; UsageError when the
+// model cannot keep one); a static cache of the same capacity and batch size is reused in place.
+at::Tensor model_prefill(const Model& m, const at::Tensor& idx, Backend backend, ModelCache* cache = nullptr,
+                         int64_t capacity = 0);
 // One token idx_t [B,1] at position cache.pos: smear with the previous embedding, the same
 // residual / x0 / backout stream as model_forward, each layer's decode hook; returns logits
 // [B,1,vocab] and advances the cache. model_prefill(T−n) then n steps == model_forward(T).

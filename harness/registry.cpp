@@ -31,8 +31,34 @@ void set_cache_pos(TensorMap& cache, int64_t pos) { cache.set("pos", at::scalar_
 int64_t cache_bytes(const TensorMap& cache) {
   int64_t n = 0;
   for (const auto& [name, t] : cache)
-    if (name != "pos" && t.defined()) n += int64_t(t.numel()) * int64_t(t.element_size());
+    if (name != "pos" && name != "pos_dev" && name != "capacity" && t.defined())
+      n += int64_t(t.numel()) * int64_t(t.element_size());
   return n;
+}
+
+bool cache_is_static(const TensorMap& cache) { return cache.has("pos_dev") && cache.has("capacity"); }
+
+int64_t cache_capacity(const TensorMap& cache) { return cache.has("capacity") ? cache.at("capacity").item<int64_t>() : 0; }
+
+const at::Tensor& cache_pos_dev(const TensorMap& cache) { return cache.at("pos_dev"); }
+
+void reset_cache(TensorMap& cache) {
+  if (cache_is_static(cache)) return;  // its buffers stay where a captured graph reads them; prefill overwrites them
+  TensorMap kept;
+  for (const char* k : {"pos_dev", "capacity"})
+    if (cache.has(k)) kept.set(k, cache.at(k));
+  cache = std::move(kept);
+}
+
+void cache_store(TensorMap& cache, const std::string& name, const at::Tensor& t) {
+  if (cache_is_static(cache) && cache.has(name)) {
+    const at::Tensor& buf = cache.at(name);
+    if (buf.sizes() != t.sizes())
+      throw std::logic_error(fmt::format("static cache '{}': shape {} cannot take {}", name, c10::str(buf.sizes()), c10::str(t.sizes())));
+    buf.copy_(t);
+    return;
+  }
+  cache.set(name, t.contiguous());
 }
 
 ParamCount& ParamCount::operator+=(const ParamCount& o) {

@@ -210,6 +210,11 @@ struct MethodSpec {
   DecodeFn prefill;
   DecodeFn decode;
   bool has_decode() const { return bool(prefill) && bool(decode); }
+  // The hooks also keep static caches (registry: cache_is_static): when the cache map holds
+  // "pos_dev" and "capacity" before prefill, every buffer is allocated once for `capacity` tokens
+  // (a window's keys in a ring of `window` slots), decode updates them in place and reads its
+  // position from the device, so that a CUDA graph can capture the decode step.
+  bool static_decode = false;
   // Hybrids (family "hybrid", mixers/hybrid/hybrid.cpp): layer i of an n_layer model runs
   // layout(cfg)[i] (cfg holds n_layer); every function above dispatches to that layer's method
   // with its overrides. Empty for a single mixer.
@@ -236,8 +241,20 @@ struct MethodSpec {
 // Position (tokens consumed) recorded in a decode cache; 0 when the cache is empty.
 int64_t cache_pos(const TensorMap& cache);
 void set_cache_pos(TensorMap& cache, int64_t pos);
-// Bytes held by a cache's tensors (the position counter excluded).
+// Bytes held by a cache's tensors (the position counters excluded).
 int64_t cache_bytes(const TensorMap& cache);
+// Static decode caches (MethodSpec::static_decode): the model puts "pos_dev" (int64 [1] on the
+// device: the position of the token the next decode step reads, advanced in place by the model)
+// and "capacity" (int64 scalar: tokens the buffers hold) into each layer's cache before prefill.
+bool cache_is_static(const TensorMap& cache);
+int64_t cache_capacity(const TensorMap& cache);
+const at::Tensor& cache_pos_dev(const TensorMap& cache);
+// Prepares a layer's cache for a new prefill: an eager cache is emptied; a static cache keeps its
+// buffers (prefill overwrites them, so a graph captured on them stays valid).
+void reset_cache(TensorMap& cache);
+// Stores a cache tensor: a static cache copies into the buffer it already holds under `name` (same
+// shape: the address a captured graph reads stays valid); otherwise (or the first time) sets it.
+void cache_store(TensorMap& cache, const std::string& name, const at::Tensor& t);
 
 class Registry {
  public:

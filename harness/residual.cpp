@@ -14,6 +14,7 @@ class NanochatStream final : public ResidualStream {
  public:
   explicit NanochatStream(int64_t backout_step) : backout_step_(backout_step) {}
   std::string name() const override { return "nanochat"; }
+  bool static_decode() const override { return true; }
 
   std::vector<ParamDef> params(const ModelDims&, const ExecPlan& plan) const override {
     const int64_t n = plan.n_steps();

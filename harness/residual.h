@@ -64,6 +64,10 @@ class ResidualStream {
   // plan's later applications): when false the backbone leaves the state and the step's cache slot
   // untouched. Both sublayers of a step must agree.
   virtual bool runs(const Sublayer& s, const TensorMap& state) const { return true; }
+  // Whether a decode step through this stream is the same work at every position with no host-side
+  // reads (no Sublayer::pos, no data-dependent skips): static decode caches and a captured decode
+  // step need it. Off unless a stream says so.
+  virtual bool static_decode() const { return false; }
   // Whether sublayer `s` runs without gradient (truncated backpropagation through early loop
   // applications): the backbone runs its read, layer and write under a no-grad scope.
   virtual bool truncated(const Sublayer& s, const TensorMap& state) const { return false; }

@@ -126,6 +126,7 @@ Json sweep_config_json(const SweepOptions& o) {
           {"config", o.config},
           {"reps", o.reps},
           {"warmup", o.warmup},
+          {"graph", o.mode == "decode" ? Json(o.graph) : Json(nullptr)},
           {"memory_limit_bytes", o.memory_limit > 0 ? Json(o.memory_limit) : Json(nullptr)},
           {"optimizer", o.mode == "train"
                             ? Json(fmt::format("plain in-place SGD update (lr {}) standing in for the optimizer step "

@@ -28,6 +28,8 @@ struct SweepOptions {
   uint64_t seed = 0;
   bool progress = true;              // one line per point on stderr
   double sgd_lr = 1e-4;              // train: plain in-place update standing in for the optimizer
+  std::string graph = "auto";        // decode on CUDA: auto = the step captured in a CUDA graph where the
+                                     // method keeps static caches (eager otherwise), off = eager
 };
 
 struct SweepSummary {

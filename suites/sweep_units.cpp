@@ -11,6 +11,7 @@
 
 #include "harness/args.h"
 #include "harness/backbone.h"
+#include "harness/decode_graph.h"
 #include "harness/errors.h"
 #include "harness/metrics.h"
 #include "harness/nvtx.h"
@@ -123,7 +124,7 @@ Unit model_unit(const MethodSpec& method, const SweepOptions& opt) {
     const at::Device dev = device_of(opt.device);
     const Backend backend = opt.device == "cuda" ? Backend::CUDA : Backend::CPU;
     Model& m = *st->model;
-    m.cfg = cfg;  // parameters do not depend on seq_len; windows may
+    set_model_config(m, cfg);  // parameters do not depend on seq_len; windows may
     for (auto& [n, p] : m.params) p.requires_grad_(train);
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(opt.seed + 1);
     const auto lopts = at::TensorOptions().dtype(at::kLong);
@@ -172,6 +173,9 @@ Unit decode_unit(const MethodSpec& method, const SweepOptions& opt) {
   const int64_t eb = int64_t(c10::elementSize(dt));
   struct State {
     std::optional<Model> model;
+    // the captured step of the current point (CUDA, static caches), and its cache
+    std::unique_ptr<ModelCache> cache;
+    std::unique_ptr<DecodeGraph> graph;
   };
   auto cs = std::make_shared<State>();
   Unit u;
@@ -219,10 +223,43 @@ Unit decode_unit(const MethodSpec& method, const SweepOptions& opt) {
     const at::Device dev = device_of(opt.device);
     const Backend backend = opt.device == "cuda" ? Backend::CUDA : Backend::CPU;
     Model& m = *cs->model;
-    m.cfg = sweep_method_config(method, opt, c);  // windows follow seq_len = c
+    set_model_config(m, sweep_method_config(method, opt, c));  // windows follow seq_len = c
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(opt.seed + 1);
     const auto lopts = at::TensorOptions().dtype(at::kLong);
     at::Tensor idx = at::randint(m.dims.vocab, {B, c}, gen, lopts).to(dev);
+    cs->graph.reset();
+    cs->cache.reset();
+    std::string no_graph;  // why this point decodes eagerly
+    if (opt.device != "cuda") no_graph = "CUDA graphs run on CUDA only";
+    else if (opt.graph == "off") no_graph = "--graph off";
+    else if (!model_has_static_decode(m)) no_graph = "the method keeps no static decode cache";
+    if (no_graph.empty()) {
+      // The step captured once for the point: static caches sized for the prefill, the warm-up step
+      // and every timed step; the position on the device.
+      const int64_t capacity = c + int64_t(opt.warmup + opt.reps) + 2;
+      cs->cache = std::make_unique<ModelCache>();
+      at::Tensor first = model_prefill(m, idx, backend, cs->cache.get(), capacity).argmax(-1);
+      const int64_t after_prefill = cs->cache->bytes();
+      try {
+        cs->graph = std::make_unique<DecodeGraph>(m, *cs->cache, first);
+      } catch (const std::runtime_error& e) {  // the capture failed: this point decodes eagerly
+        no_graph = e.what();
+        cs->cache.reset();
+      }
+      if (cs->graph) {
+        Point pt;
+        pt.step = [cs](const std::string& nv) {
+          NvtxRange r(sweep_phase_range(nv, "decode"));
+          cs->graph->step();
+        };
+        pt.measured = [cs, after_prefill, c, capacity]() -> Json {
+          return {{"bytes_after_prefill", after_prefill}, {"context_after_prefill", c},
+                  {"bytes_at_end", cs->cache->bytes()}, {"context_at_end", cs->cache->pos},
+                  {"static_capacity", capacity}, {"cuda_graph", true}};
+        };
+        return pt;
+      }
+    }
     auto cache = std::make_shared<ModelCache>();
     at::Tensor logits = model_prefill(m, idx, backend, cache.get());
     const int64_t after_prefill = cache->bytes();
@@ -233,13 +270,18 @@ Unit decode_unit(const MethodSpec& method, const SweepOptions& opt) {
       NvtxRange r(sweep_phase_range(nv, "decode"));
       *next = model_decode_step(*cs->model, *next, *cache, backend).argmax(-1);
     };
-    pt.measured = [cache, after_prefill, c]() -> Json {
+    pt.measured = [cache, after_prefill, c, no_graph]() -> Json {
       return {{"bytes_after_prefill", after_prefill}, {"context_after_prefill", c},
-              {"bytes_at_end", cache->bytes()}, {"context_at_end", cache->pos}};
+              {"bytes_at_end", cache->bytes()}, {"context_at_end", cache->pos},
+              {"cuda_graph", false}, {"cuda_graph_note", no_graph}};
     };
     return pt;
   };
-  u.release = [cs] { cs->model.reset(); };
+  u.release = [cs] {
+    cs->graph.reset();
+    cs->cache.reset();
+    cs->model.reset();
+  };
   return u;
 }
 

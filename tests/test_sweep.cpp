@@ -363,6 +363,9 @@ TEST(Sweep, DecodeReportsCacheGrowthFromTheAccountant) {
             << m;
         // warm-up + reps decode steps after the prefill
         EXPECT_EQ(x["cache"]["context_at_end"].get<int64_t>(), x["shape"]["T"].get<int64_t>() + 3);
+        // on the CPU the step runs eagerly and says why
+        EXPECT_EQ(x["cache"]["cuda_graph"], false) << m;
+        EXPECT_EQ(x["cache"]["cuda_graph_note"], "CUDA graphs run on CUDA only") << m;
         // roofline: the step's reads over its median time, against the report's copy bandwidth
         const Json& rf = x["roofline"];
         for (const char* k : {"bytes", "weight_bytes", "embedding_row_bytes", "cache_bytes", "copy_bytes_per_s", "share"})

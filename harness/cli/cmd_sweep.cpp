@@ -53,6 +53,9 @@ Command sweep_command() {
            {"preset", OptionKind::Value, "cpu-tiny|gpu-d12", "defaults for everything else (default cpu-tiny)"},
            {"config", OptionKind::Value, "k=v,...", "overrides applied to every method's config, after the preset's"},
            {"reps", OptionKind::Value, "N", "timed repetitions per point (default: the preset's)"},
+           {"graph", OptionKind::Value, "auto|off",
+            "decode on CUDA: auto captures the step in a CUDA graph over static caches where the method keeps them "
+            "(each point says whether it ran captured and why not), off decodes eagerly (default auto)"},
            {"warmup", OptionKind::Value, "N", "untimed repetitions before them (default: the preset's)"},
            {"memory-limit", OptionKind::Value, "BYTES|2G", "imposed allocation limit; points beyond it are oom"},
            {"seed", OptionKind::Value, "N", "seed of the inputs and weights (default 0)"},

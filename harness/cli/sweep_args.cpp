@@ -36,6 +36,8 @@ SweepOptions sweep_options_from_args(const Args& a) {
   if (o.reps < 1 || o.warmup < 0) throw UsageError("--reps must be >= 1 and --warmup >= 0");
   if (auto m = a.get("memory-limit")) o.memory_limit = parse_bytes(*m);
   o.seed = uint64_t(a.get_int("seed", 0));
+  o.graph = a.get_or("graph", o.graph);
+  if (o.graph != "auto" && o.graph != "off") throw UsageError(fmt::format("unknown --graph '{}' (use auto or off)", o.graph));
   Registry& reg = Registry::get();
   auto methods = a.list("methods");
   const bool all = methods.empty() || (methods.size() == 1 && methods[0] == "all");

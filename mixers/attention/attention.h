@@ -9,6 +9,17 @@ at::Tensor attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Ten
                          int64_t window, double logit_scale_a);
 at::Tensor attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                           int64_t window, double logit_scale_a);
+// One decode step over a static cache: q [B,H,D] (the token at position p = pos_dev [1], int64 on
+// q's device) attends to the first min(p + 1, cap) slots of K, V [B,cap,Hkv,D] (a full layer's cache
+// in position order, or a window's ring: slot = position mod cap), with the logit scale
+// log_a(p + a) when a > 0. Scores and softmax in FP32 for half inputs. -> o [B,H,D] in q's dtype.
+// On CUDA a split-KV kernel (head_dim 64/128/256), elsewhere LibTorch over the masked cache; both
+// read the position on the device, so a captured CUDA graph replays the step at any position.
+at::Tensor attention_decode_static(const at::Tensor& q, const at::Tensor& K, const at::Tensor& V, const at::Tensor& pos_dev,
+                                   double scale, double logit_scale_a);
+// The LibTorch path of attention_decode_static (what the kernel is checked against).
+at::Tensor attention_decode_static_reference(const at::Tensor& q, const at::Tensor& K, const at::Tensor& V,
+                                             const at::Tensor& pos_dev, double scale, double logit_scale_a);
 // q_t ×= log_a(t + a) (no-op for a <= 0)
 at::Tensor apply_logit_scale(const at::Tensor& q, double a);
 

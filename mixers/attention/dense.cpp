@@ -90,7 +90,7 @@ struct Qkv {
                        // input "positions" [B,T] when given), QK norm and ×1.2
 };
 
-Qkv project(const TensorMap& in, const Config& c, const AttnDims& d, int64_t offset) {
+Qkv project(const TensorMap& in, const Config& c, const AttnDims& d, int64_t offset, const at::Tensor& pos_dev = {}) {
   const at::Tensor& x = in.at("x");
   const int64_t B = x.size(0), T = x.size(1), H = d.m.n_head, Hkv = d.n_kv_head, dh = d.m.head_dim;
   at::Tensor q = at::linear(x, in.at("c_q")).view({B, T, H, dh});
@@ -99,6 +99,9 @@ Qkv project(const TensorMap& in, const Config& c, const AttnDims& d, int64_t off
   if (c.b("rope") && in.has("positions")) {  // a layer run on a subset of the tokens
     q = layers::rope_at(q, c.f("rope_base"), in.at("positions"));
     k = layers::rope_at(k, c.f("rope_base"), in.at("positions"));
+  } else if (c.b("rope") && pos_dev.defined()) {  // a decoded token at the position on the device
+    q = layers::rope_pos_dev(q, c.f("rope_base"), pos_dev);
+    k = layers::rope_pos_dev(k, c.f("rope_base"), pos_dev);
   } else if (c.b("rope")) {
     q = layers::rope(q, c.f("rope_base"), offset);
     k = layers::rope(k, c.f("rope_base"), offset);
@@ -133,18 +136,54 @@ at::Tensor keep_visible(const at::Tensor& kv, int64_t window) {
   return kv.slice(1, kv.size(1) - window).clone();
 }
 
+// A static cache's keys or values: [B,cap,Hkv,dh] allocated once (zeros), position t in slot t mod cap
+// (a full layer's cap exceeds every position; a window's cap is its visible keys, a ring). Writes
+// the last min(T, cap) of kv [B,T,Hkv,dh] (positions from 0).
+void store_static_kv(TensorMap& cache, const std::string& name, const at::Tensor& kv, int64_t cap) {
+  const int64_t T = kv.size(1), n = std::min(T, cap);
+  if (!cache.has(name)) cache.set(name, at::zeros({kv.size(0), cap, kv.size(2), kv.size(3)}, kv.options()));
+  const at::Tensor slots = at::arange(T - n, T, kv.options().dtype(at::kLong)).remainder(cap);
+  cache.at(name).index_copy_(1, slots, kv.slice(1, T - n));
+}
+
 // Decode cache: "pos", "k" [B,Tc,Hkv,dh], "v" [B,Tc,Hkv,dh] (post RoPE/norm, as the op sees them).
+// A static cache (cache_is_static) holds them in place: [B,cap,Hkv,dh] with cap = the cache's
+// capacity on full layers, the window's visible keys (a ring) on windowed ones.
 TensorMap prefill(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx& ctx, Backend backend) {
   AttnDims d = attn_dims(c);
   const int64_t T = in.at("x").size(1);
   Qkv p = project(in, c, d, 0);
   at::Tensor y = attend(p, c, ctx, d, backend);
   const int64_t w = layer_window(c, ctx);
-  cache = TensorMap();
+  reset_cache(cache);
   set_cache_pos(cache, T);
-  cache.set("k", keep_visible(p.k, w).contiguous());
-  cache.set("v", keep_visible(p.v, w).contiguous());
+  if (cache_is_static(cache)) {
+    const int64_t cap = w > 0 ? std::min(w, cache_capacity(cache)) : cache_capacity(cache);
+    store_static_kv(cache, "k", p.k, cap);
+    store_static_kv(cache, "v", p.v, cap);
+  } else {
+    cache.set("k", keep_visible(p.k, w).contiguous());
+    cache.set("v", keep_visible(p.v, w).contiguous());
+  }
   return {{"y", out_proj(y, in, c, d)}};
+}
+
+// One decoded token over a static cache: its k, v written at slot pos mod cap, then the split-KV
+// decode (attention_decode_static) over the valid slots; the position is read on the device only.
+TensorMap decode_static(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx& ctx) {
+  AttnDims d = attn_dims(c);
+  const at::Tensor& x = in.at("x");
+  const int64_t B = x.size(0), H = d.m.n_head, dh = d.m.head_dim;
+  const at::Tensor& pos = cache_pos_dev(cache);
+  Qkv p = project(in, c, d, 0, pos);
+  const at::Tensor& K = cache.at("k");
+  const at::Tensor& V = cache.at("v");
+  const at::Tensor slot = pos.remainder(K.size(1));
+  K.index_copy_(1, slot, p.k);
+  V.index_copy_(1, slot, p.v);
+  at::Tensor o = attention_decode_static(p.q.reshape({B, H, dh}), K, V, pos, 1.0 / std::sqrt(double(dh)),
+                                         logit_scale_in_effect(c, ctx));
+  return {{"y", out_proj(o.view({B, 1, H, dh}), in, c, d)}};
 }
 
 // One token at position pos: q attends to the cached keys plus its own (the last `window` of them
@@ -154,6 +193,7 @@ TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const L
   AttnDims d = attn_dims(c);
   const at::Tensor& x = in.at("x");
   if (x.dim() != 3 || x.size(1) != 1) throw InputError("attention decode takes x [B,1,d]");
+  if (cache_is_static(cache)) return decode_static(in, cache, c, ctx);
   const int64_t B = x.size(0), H = d.m.n_head, Hkv = d.n_kv_head, dh = d.m.head_dim, G = H / Hkv;
   const int64_t pos = cache_pos(cache);
   Qkv p = project(in, c, d, pos);
@@ -258,6 +298,7 @@ MethodSpec attention_method(const std::string& name, const std::string& summary,
   m.forward = forward;
   m.prefill = prefill;
   m.decode = decode;
+  m.static_decode = true;
 #if defined(MIXBENCH_WITH_CUDA)
   m.has_cuda = true;
 #endif

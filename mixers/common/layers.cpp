@@ -1,6 +1,7 @@
 #include "mixers/common/layers.h"
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 
 #include <map>
 #include <mutex>
@@ -91,6 +92,26 @@ at::Tensor rope(const at::Tensor& x, double base, int64_t offset) {
   if (is_half(x)) return rope(f32(x), base, offset).to(x.scalar_type());  // one rounding, not three
   const int64_t T = x.size(1);
   return rotate(x, at::arange(offset, offset + T, at::TensorOptions().dtype(at::kDouble)).view({1, T}), base);
+}
+
+at::Tensor rope_pos_dev(const at::Tensor& x, double base, const at::Tensor& pos_dev) {
+  if (x.dim() != 4 || x.size(1) != 1 || pos_dev.numel() != 1)
+    throw InputError("rope at a device position takes x [B,1,H,D] and the position as one int64");
+#if defined(MIXBENCH_WITH_CUDA)
+  // rope's fused GPU pass with the angle pos·θ_j formed on the device (the same double products)
+  if (x.is_cuda() && x.size(3) % 2 == 0 && x.scalar_type() != at::kDouble) {
+    const int64_t D = x.size(3), half = D / 2;
+    auto opts = at::TensorOptions().dtype(at::kDouble).device(x.device());
+    const at::Tensor inv = device_constant(fmt::format("rope_inv_freq/{}/{}", base, D), opts,
+                                           [&] { return at::pow(base, -at::arange(0, half, opts) * (2.0 / double(D))); });
+    const at::Tensor xc = x.contiguous();
+    at::Tensor y = at::empty_like(xc);
+    rope_cuda::apply_at_pos(rope_dtype(xc), xc.data_ptr(), y.data_ptr(), inv.data_ptr<double>(), pos_dev.data_ptr<int64_t>(),
+                            xc.numel() / xc.size(3), int(half), c10::cuda::getCurrentCUDAStream(xc.device().index()).stream());
+    return y;
+  }
+#endif
+  return rope_at(x, base, pos_dev.view({1, 1}));
 }
 
 at::Tensor rope_at(const at::Tensor& x, double base, const at::Tensor& positions) {

@@ -27,6 +27,10 @@ at::Tensor rms_norm(const at::Tensor& x);
 at::Tensor rope(const at::Tensor& x, double base, int64_t offset = 0);
 // The same rotation at given positions: `positions` [B,T] (int64) holds each token's position.
 at::Tensor rope_at(const at::Tensor& x, double base, const at::Tensor& positions);
+// rope for decoded tokens x [B,1,H,D] at the position held on the device (int64 [1], a static decode
+// cache's pos_dev): the values of rope(x, base, pos) without reading pos on the host, so that a
+// captured CUDA graph replays it at any position.
+at::Tensor rope_pos_dev(const at::Tensor& x, double base, const at::Tensor& pos_dev);
 // A constant computed on the host by `make` and moved to `opts`. On a GPU it is made once per key,
 // device and dtype and kept, so that a training step replayed from a CUDA graph copies nothing from
 // the host (a capture refuses host-to-device copies from pageable memory). On the CPU: make().to(opts).

@@ -12,5 +12,9 @@ enum class Dtype { F32, BF16, F16 };
 // heads; cos/sin [T_len, half] fp32. inverse: the rotation by −θ (rope's backward).
 void apply(Dtype dt, const void* x, void* y, const float* cos, const float* sin, int64_t rows, int T_len, int H, int half,
            bool inverse, cudaStream_t stream);
+// y = rope(x) for decoded tokens at the position *pos on the device: x, y [rows, 2·half]; the angle
+// pos·inv_freq[j] in fp64 (inv_freq [half] fp64), its cos and sin rounded to fp32 as rope's tables.
+void apply_at_pos(Dtype dt, const void* x, void* y, const double* inv_freq, const int64_t* pos, int64_t rows, int half,
+                  cudaStream_t stream);
 
 }  // namespace mixbench::layers::rope_cuda

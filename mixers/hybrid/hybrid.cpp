@@ -97,7 +97,7 @@ void complete(MethodSpec& m, const HybridDesc& desc) {
   }
   std::map<std::string, std::string> owner;  // field -> first method declaring it
   for (const auto& f : spec.fields()) owner[f.name] = m.name;
-  bool has_cuda = true, decode = true;
+  bool has_cuda = true, decode = true, static_decode = true;
   std::set<std::string> ops;
   for (const auto& cname : comps) {
     const MethodSpec& c = Registry::get().method(cname);
@@ -122,6 +122,7 @@ void complete(MethodSpec& m, const HybridDesc& desc) {
     }
     has_cuda = has_cuda && c.has_cuda;
     decode = decode && c.has_decode();
+    static_decode = static_decode && c.static_decode;
   }
   // Every layer's method validates its own config (its rules included).
   LayoutFn layout = desc.layout;
@@ -140,6 +141,7 @@ void complete(MethodSpec& m, const HybridDesc& desc) {
   m.config = spec;
   m.ops.assign(ops.begin(), ops.end());
   m.has_cuda = has_cuda;
+  m.static_decode = decode && static_decode;
   if (decode) {
     m.prefill = [layout](const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx& ctx, Backend b) {
       LayerMethod l = at_layer(layout, c, ctx);

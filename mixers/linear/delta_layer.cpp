@@ -15,6 +15,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "mixers/common/short_conv_kernel.h"
+#include "mixers/linear/decode_step_kernel.h"
 #endif
 
 namespace mixbench::linear {
@@ -148,18 +149,43 @@ DeltaQKV delta_qkv(const TensorMap& in, const DeltaDims& d) {
 }
 
 namespace {
+#if defined(MIXBENCH_WITH_CUDA)
+// The fused decode-step kernels take fp32, bf16 and fp16 on a GPU.
+bool fused_step_dtype(const at::Tensor& t, decode_cuda::Dtype& dt) {
+  if (!t.is_cuda()) return false;
+  switch (t.scalar_type()) {
+    case at::kFloat: dt = decode_cuda::Dtype::F32; return true;
+    case at::kBFloat16: dt = decode_cuda::Dtype::BF16; return true;
+    case at::kHalf: dt = decode_cuda::Dtype::F16; return true;
+    default: return false;
+  }
+}
+#endif
+
 at::Tensor conv_cached(const at::Tensor& xp, const at::Tensor& w, TensorMap& cache, const std::string& name, bool decode) {
   const int64_t T = xp.size(1), W = w.size(1);
   if (!decode) {
-    cache.set(name, at::constant_pad_nd(xp, {0, 0, W - 1, 0}).slice(1, T).contiguous());
+    cache_store(cache, name, at::constant_pad_nd(xp, {0, 0, W - 1, 0}).slice(1, T));
     return short_conv_silu(xp, w);
   }
   if (T != 1) throw InputError("delta decode takes x [B,1,d]");
+#if defined(MIXBENCH_WITH_CUDA)
+  // a static cache on a GPU: one kernel for the step and the tail's shift in place
+  decode_cuda::Dtype dt;
+  if (cache_is_static(cache) && cache.has(name) && W <= 8 && fused_step_dtype(xp, dt) && w.scalar_type() == xp.scalar_type() &&
+      cache.at(name).scalar_type() == xp.scalar_type()) {
+    const at::Tensor xc = xp.contiguous(), wc = w.contiguous();
+    at::Tensor y = at::empty_like(xc);
+    decode_cuda::conv_step(dt, xc.data_ptr(), cache.at(name).data_ptr(), wc.data_ptr(), y.data_ptr(), xp.size(0), xp.size(2),
+                           int(W), c10::cuda::getCurrentCUDAStream(xp.device().index()).stream());
+    return y;
+  }
+#endif
   at::Tensor tail = cache.has(name) ? cache.at(name) : at::zeros({xp.size(0), W - 1, xp.size(2)}, xp.options());
   at::Tensor full = at::cat({tail, xp}, 1);  // [B,W,C]
   at::Tensor y = full.narrow(1, 0, 1) * w.select(1, 0);
   for (int64_t i = 1; i < W; ++i) y = y + full.narrow(1, i, 1) * w.select(1, i);
-  cache.set(name, full.slice(1, 1).contiguous());
+  cache_store(cache, name, full.slice(1, 1));  // in place in a static cache
   return at::silu(y);
 }
 }  // namespace
@@ -182,18 +208,36 @@ at::Tensor delta_core_cached(const std::string& op, const DeltaQKV& qkv, const a
     TensorMap in{{"q", qkv.q}, {"k", qkv.k}, {"v", qkv.v}, {"beta", beta}};
     if (g.defined()) in.set("g", g);
     TensorMap out = call_op(op, backend, in, p);
-    cache.set("state", out.at("ht"));
+    cache_store(cache, "state", out.at("ht"));
     set_cache_pos(cache, qkv.q.size(1));
     return out.at("o");
   }
   const int64_t pos = cache_pos(cache);
+#if defined(MIXBENCH_WITH_CUDA)
+  // a static cache on a GPU: the state's update and readout in one kernel, in place
+  decode_cuda::Dtype dt;
+  if (cache_is_static(cache) && cache.has("state") && cache.at("state").scalar_type() == at::kFloat && K <= 256 &&
+      fused_step_dtype(qkv.q, dt)) {
+    auto one = [](const at::Tensor& t) { return t.select(1, 0).contiguous(); };
+    const at::Tensor q = one(qkv.q), k = one(qkv.k), v = one(qkv.v), b = one(beta.to(at::kFloat));
+    const at::Tensor gg = g.defined() ? one(g.to(at::kFloat)) : at::Tensor();
+    const auto decay = !g.defined() ? decode_cuda::Decay::None : gg.dim() == 2 ? decode_cuda::Decay::PerHead : decode_cuda::Decay::PerKey;
+    const int64_t B = q.size(0), H = q.size(1), V = v.size(2);
+    at::Tensor o = at::empty({B, H, V}, v.options());
+    decode_cuda::delta_step(dt, q.data_ptr(), k.data_ptr(), v.data_ptr(), b.data_ptr<float>(), gg.defined() ? gg.data_ptr<float>() : nullptr,
+                            decay, float(1.0 / std::sqrt(double(K))), cache.at("state").data_ptr<float>(), o.data_ptr(), B, H,
+                            K, V, c10::cuda::getCurrentCUDAStream(q.device().index()).stream());
+    set_cache_pos(cache, pos + 1);
+    return o.unsqueeze(1);
+  }
+#endif
   at::Tensor S = cache.has("state")
                      ? cache.at("state")
                      : at::zeros({qkv.q.size(0), qkv.q.size(2), K, qkv.v.size(3)},
                                  qkv.v.options().dtype(layers::is_half(qkv.v) ? at::kFloat : qkv.v.scalar_type()));
   DeltaResult r = delta_step(qkv.q.select(1, 0), qkv.k.select(1, 0), qkv.v.select(1, 0), beta.select(1, 0),
                              g.defined() ? g.select(1, 0) : g, 1.0 / std::sqrt(double(K)), S);
-  cache.set("state", r.ht);
+  cache_store(cache, "state", r.ht);
   set_cache_pos(cache, pos + 1);
   return r.o.unsqueeze(1).to(qkv.v.scalar_type());
 }
@@ -293,12 +337,13 @@ MethodSpec delta_method(const DeltaMethodDesc& desc) {
     return run(in, c, b, nullptr, false);
   };
   m.prefill = [run](const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx&, Backend b) {
-    cache = TensorMap();
+    reset_cache(cache);
     return run(in, c, b, &cache, false);
   };
   m.decode = [run](const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx&, Backend b) {
     return run(in, c, b, &cache, true);
   };
+  m.static_decode = true;  // fixed-size state and short-conv tails, stored in place (cache_store)
   ConfigSpec spec = m.config;
   const std::string extra = desc.case_extra;
   m.cases = [spec, extra]() { return delta_cases(spec, extra); };

@@ -119,7 +119,8 @@ struct Prepared {
 };
 
 // Projections, norms, feature map, RoPE from position `offset`, decays: everything before the op.
-Prepared prepare(const TensorMap& in, const Config& c, const Layer& ds, int64_t offset) {
+// A decoded token over a static cache: `pos_dev` (int64 [1] on the device) in place of `offset`.
+Prepared prepare(const TensorMap& in, const Config& c, const Layer& ds, int64_t offset, const at::Tensor& pos_dev = {}) {
   Dims m = dims(c, ds);
   const at::Tensor& x = in.at("x");
   const int64_t B = x.size(0), T = x.size(1), H = m.H, K = m.K, V = m.V;
@@ -134,7 +135,10 @@ Prepared prepare(const TensorMap& in, const Config& c, const Layer& ds, int64_t 
     q = at::elu(q) + 1.0;
     k = at::elu(k) + 1.0;
   }
-  if (ds.rope) {
+  if (ds.rope && pos_dev.defined()) {
+    q = layers::rope_pos_dev(q, c.f("rope_base"), pos_dev);
+    k = layers::rope_pos_dev(k, c.f("rope_base"), pos_dev);
+  } else if (ds.rope) {
     q = layers::rope(q, c.f("rope_base"), offset);
     k = layers::rope(k, c.f("rope_base"), offset);
   }
@@ -192,9 +196,9 @@ TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Bac
 TensorMap prefill(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx&, Backend backend,
                   const Layer& ds) {
   TensorMap out = run_op(prepare(in, c, ds, 0), c, backend, ds);
-  cache = TensorMap();
+  reset_cache(cache);
   set_cache_pos(cache, in.at("x").size(1));
-  cache.set("state", out.at("ht"));
+  cache_store(cache, "state", out.at("ht"));
   return {{"y", finish(out.at("o"), in, c, ds)}};
 }
 
@@ -204,13 +208,13 @@ TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const L
   if (x.dim() != 3 || x.size(1) != 1) throw InputError(ds.name + " decode takes x [B,1,d]");
   Dims m = dims(c, ds);
   const int64_t pos = cache_pos(cache);
-  Prepared p = prepare(in, c, ds, pos);
+  Prepared p = cache_is_static(cache) ? prepare(in, c, ds, 0, cache_pos_dev(cache)) : prepare(in, c, ds, pos);
   at::Tensor S = cache.has("state") ? cache.at("state")
                                     : at::zeros({x.size(0), m.H, m.K, m.V}, x.options().dtype(layers::is_half(x) ? at::kFloat : x.scalar_type()));
   const double scale = resolved_scale(ds, m.K);
   auto step = ds.per_key_decay ? gla_step : simple_gla_step;
   auto [o, S2] = step(p.q.select(1, 0), p.k.select(1, 0), p.v.select(1, 0), p.g.select(1, 0), scale, S);
-  cache.set("state", S2);
+  cache_store(cache, "state", S2);  // in place in a static cache
   set_cache_pos(cache, pos + 1);
   return {{"y", finish(o.unsqueeze(1).to(x.scalar_type()), in, c, ds)}};
 }
@@ -307,6 +311,7 @@ MethodSpec make_gla_family_method(const GlaFamilyDesc& desc) {
   m.decode = [ds](const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx& ctx, Backend b) {
     return decode(in, cache, c, ctx, b, ds);
   };
+  m.static_decode = true;  // a fixed-size state stored in place, RoPE at the device position
   ConfigSpec spec = m.config;
   m.cases = [spec]() { return cases_for(spec); };
   m.account = [ds](const Config& c, const LayerCtx& ctx, const CostQuery& q) { return account(c, ctx, q, ds); };

@@ -175,6 +175,7 @@ class MultiStream : public ResidualStream {
 class StandardStream final : public ResidualStream {
  public:
   std::string name() const override { return "standard"; }
+  bool static_decode() const override { return true; }
   std::vector<ParamDef> params(const ModelDims&, const ExecPlan&) const override { return {}; }
   TensorMap begin(const at::Tensor& x, const TensorMap&, Backend) const override { return TensorMap{{"h", x}}; }
   at::Tensor read(TensorMap& st, const Sublayer&, const TensorMap&) const override { return st.at("h"); }

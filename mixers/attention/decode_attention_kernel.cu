@@ -1,0 +1,231 @@
+// Split-KV decode attention (flash-decoding). Phase 1: grid (splits, B·Hkv, head groups), each block
+// walks its share of the valid cache slots with 4 warps, a warp taking every 4th key, 4 keys per
+// iteration with their loads issued together; scores, an online softmax and the weighted sum of V
+// in fp32 registers (each lane holds D/32 dimensions of every query head of its group). The 4 warps
+// merge in shared memory and write (max, sum, unnormalised output) per split. Phase 2 merges the
+// splits and rounds once to the cache's dtype.
+#include "mixers/attention/decode_attention_kernel.h"
+
+#include "harness/cuda_dtype.cuh"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+namespace mixbench::attn_decode_cuda {
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kUnroll = 4;
+constexpr int kGroupCap = 8;  // query heads per block; larger GQA groups take several head groups
+
+template <class T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+template <class T, int EPL>
+__device__ __forceinline__ void load_row(const T* p, float (&out)[EPL]) {
+  const Vec<T, EPL> r = *reinterpret_cast<const Vec<T, EPL>*>(p);
+#pragma unroll
+  for (int e = 0; e < EPL; ++e) out[e] = layers::load_f32(&r.v[e]);
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+// ws layout per (split, b, h): [m, l, acc[D]].
+template <class T, int D, int kMaxGroup>
+__global__ void __launch_bounds__(kWarps * 32) split_kernel(const T* __restrict__ q, const T* __restrict__ K,
+                                                          const T* __restrict__ V, const int64_t* __restrict__ pos_dev,
+                                                          int H, int Hkv, int cap, float scale, double logit_a,
+                                                          float* __restrict__ ws, int splits) {
+  constexpr int EPL = D / 32;
+  const int split = blockIdx.x, bk = blockIdx.y, b = bk / Hkv, hk = bk % Hkv;
+  const int G = H / Hkv, g0 = blockIdx.z * kMaxGroup, ng = min(kMaxGroup, G - g0);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t pos = *pos_dev;
+  const int n = int(pos + 1 < int64_t(cap) ? pos + 1 : int64_t(cap));
+  const int chunk = (n + splits - 1) / splits;
+  const int lo = min(n, split * chunk), hi = min(n, lo + chunk);
+  float s_mul = scale;
+  if (logit_a > 0) s_mul *= float(log(double(pos) + logit_a) / log(logit_a));
+
+  float qr[kMaxGroup][EPL];
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g) {
+    if (g < ng) {
+      load_row<T, EPL>(q + (int64_t(b) * H + hk * G + g0 + g) * D + lane * EPL, qr[g]);
+#pragma unroll
+      for (int e = 0; e < EPL; ++e) qr[g][e] *= s_mul;
+    } else {
+#pragma unroll
+      for (int e = 0; e < EPL; ++e) qr[g][e] = 0.f;
+    }
+  }
+  float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][EPL];
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.f;
+#pragma unroll
+    for (int e = 0; e < EPL; ++e) acc[g][e] = 0.f;
+  }
+  const int64_t row_stride = int64_t(Hkv) * D;
+  const T* Kb = K + int64_t(b) * cap * row_stride + int64_t(hk) * D + lane * EPL;
+  const T* Vb = V + int64_t(b) * cap * row_stride + int64_t(hk) * D + lane * EPL;
+  for (int j0 = lo + warp * kUnroll; j0 < hi; j0 += kWarps * kUnroll) {
+    float kr[kUnroll][EPL], vr[kUnroll][EPL];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = j0 + u;
+      if (j < hi) {
+        load_row<T, EPL>(Kb + int64_t(j) * row_stride, kr[u]);
+        load_row<T, EPL>(Vb + int64_t(j) * row_stride, vr[u]);
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) {
+      if (g >= ng) break;
+      float s[kUnroll];
+      float mx = m[g];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        float d = 0.f;
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) d += qr[g][e] * kr[u][e];
+        d = warp_sum(d);
+        s[u] = (j0 + u < hi) ? d : -INFINITY;
+        mx = fmaxf(mx, s[u]);
+      }
+      const float alpha = __expf(m[g] - mx);  // m = -inf the first time: alpha = 0
+      l[g] *= alpha;
+#pragma unroll
+      for (int e = 0; e < EPL; ++e) acc[g][e] *= alpha;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const float p = __expf(s[u] - mx);  // exp(-inf) = 0 past the range
+        l[g] += p;
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) acc[g][e] += p * (j0 + u < hi ? vr[u][e] : 0.f);
+      }
+      m[g] = mx;
+    }
+  }
+  // merge the warps: shared [warp][g] (m, l) and [warp][g][D] acc
+  __shared__ float sm_m[kWarps][kMaxGroup], sm_l[kWarps][kMaxGroup];
+  __shared__ float sm_acc[kWarps][kMaxGroup][D];
+  for (int g = 0; g < ng; ++g) {
+    if (lane == 0) {
+      sm_m[warp][g] = m[g];
+      sm_l[warp][g] = l[g];
+    }
+#pragma unroll
+    for (int e = 0; e < EPL; ++e) sm_acc[warp][g][lane * EPL + e] = acc[g][e];
+  }
+  __syncthreads();
+  const int B = gridDim.y / Hkv;
+  for (int i = threadIdx.x; i < ng * D; i += blockDim.x) {
+    const int g = i / D, d = i % D;
+    float M = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sm_m[w][g]);
+    float L = 0.f, A = 0.f;
+    if (M != -INFINITY)
+      for (int w = 0; w < kWarps; ++w) {
+        const float f = __expf(sm_m[w][g] - M);
+        L += f * sm_l[w][g];
+        A += f * sm_acc[w][g][d];
+      }
+    const int h = hk * G + g0 + g;
+    float* out = ws + ((int64_t(split) * B + b) * H + h) * (D + 2);
+    if (d == 0) {
+      out[0] = M;
+      out[1] = L;
+    }
+    out[2 + d] = A;
+  }
+}
+
+template <class T>
+__global__ void combine_kernel(const float* __restrict__ ws, T* __restrict__ o, int BH, int D, int splits) {
+  const int bh = blockIdx.x;
+  float M = -INFINITY;
+  for (int s = 0; s < splits; ++s) M = fmaxf(M, ws[(int64_t(s) * BH + bh) * (D + 2)]);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float L = 0.f, A = 0.f;
+    for (int s = 0; s < splits; ++s) {
+      const float* p = ws + (int64_t(s) * BH + bh) * (D + 2);
+      if (p[0] == -INFINITY) continue;
+      const float f = __expf(p[0] - M);
+      L += f * p[1];
+      A += f * p[2 + d];
+    }
+    o[int64_t(bh) * D + d] = layers::from_f32<T>(A / L);
+  }
+}
+
+template <class T, int D, int GM>
+void launch_split(const void* q, const void* K, const void* V, const int64_t* pos_dev, int B, int H, int Hkv, int cap,
+                  float scale, double logit_a, float* ws, int splits, cudaStream_t stream) {
+  const int G = H / Hkv;
+  dim3 grid(unsigned(splits), unsigned(B * Hkv), unsigned((G + GM - 1) / GM));
+  split_kernel<T, D, GM><<<grid, kWarps * 32, 0, stream>>>(static_cast<const T*>(q), static_cast<const T*>(K),
+                                                           static_cast<const T*>(V), pos_dev, H, Hkv, cap, scale, logit_a,
+                                                           ws, splits);
+}
+
+template <class T, int D>
+void launch(const void* q, const void* K, const void* V, void* o, const int64_t* pos_dev, int B, int H, int Hkv, int cap,
+            float scale, double logit_a, float* ws, int splits, cudaStream_t stream) {
+  // the query heads of one KV head in registers: as many as the group has, up to kGroupCap
+  const int G = H / Hkv;
+  if (G == 1) launch_split<T, D, 1>(q, K, V, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, stream);
+  else if (G == 2) launch_split<T, D, 2>(q, K, V, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, stream);
+  else if (G <= 4) launch_split<T, D, 4>(q, K, V, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, stream);
+  else launch_split<T, D, kGroupCap>(q, K, V, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, stream);
+  combine_kernel<T><<<unsigned(B * H), unsigned(std::min(D, 256)), 0, stream>>>(ws, static_cast<T*>(o), B * H, D, splits);
+}
+
+template <class T>
+void dispatch_d(int D, const void* q, const void* K, const void* V, void* o, const int64_t* pos_dev, int B, int H, int Hkv,
+                int cap, float scale, double logit_a, float* ws, int splits, cudaStream_t stream) {
+  switch (D) {
+    case 64: return launch<T, 64>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, stream);
+    case 128: return launch<T, 128>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, stream);
+    case 256: return launch<T, 256>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, stream);
+    default: throw std::invalid_argument("decode attention kernel: head_dim must be 64, 128 or 256");
+  }
+}
+
+}  // namespace
+
+bool supported_head_dim(int D) { return D == 64 || D == 128 || D == 256; }
+
+int choose_splits(int B, int Hkv, int cap, int sms) {
+  // about eight blocks (32 warps) per multiprocessor, enough loads in flight to stream the cache, and
+  // no split shorter than 64 slots at full capacity
+  const int rows = std::max(1, B * Hkv);
+  int s = (8 * sms + rows - 1) / rows;
+  s = std::min(s, std::max(1, cap / 64));
+  return std::max(1, std::min(s, 1024));
+}
+
+int64_t workspace_floats(int B, int H, int D, int splits) { return int64_t(splits) * B * H * (D + 2); }
+
+void decode(Dtype dt, const void* q, const void* K, const void* V, void* o, const int64_t* pos_dev, int B, int H, int Hkv,
+            int D, int cap, float scale, double logit_a, float* workspace, int splits, cudaStream_t stream) {
+  if (B == 0 || H == 0) return;
+  if (Hkv <= 0 || H % Hkv != 0) throw std::invalid_argument("decode attention kernel: H must be a multiple of Hkv");
+  switch (dt) {
+    case Dtype::F32: return dispatch_d<float>(D, q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, workspace, splits, stream);
+    case Dtype::BF16:
+      return dispatch_d<__nv_bfloat16>(D, q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, workspace, splits, stream);
+    case Dtype::F16: return dispatch_d<__half>(D, q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, workspace, splits, stream);
+  }
+}
+
+}  // namespace mixbench::attn_decode_cuda

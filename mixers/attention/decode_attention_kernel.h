@@ -1,0 +1,26 @@
+// Split-KV attention for one query token per row over a preallocated KV cache (flash-decoding):
+// the C entry point of mixers/attention/decode_attention_kernel.cu. The number of valid cache
+// slots is read on the device (n = min(*pos + 1, cap)), so a captured CUDA graph replays it at any
+// position; the LibTorch wrapper is attention_decode_static (mixers/attention/decode_attention.cpp).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace mixbench::attn_decode_cuda {
+
+enum class Dtype { F32, BF16, F16 };
+
+// Head dimensions the kernel is built for (others take the LibTorch path).
+bool supported_head_dim(int D);
+// Key splits for B·Hkv rows over `cap` slots on a GPU with `sms` multiprocessors.
+int choose_splits(int B, int Hkv, int cap, int sms);
+// fp32 workspace the kernel needs: splits · B · H · (D + 2).
+int64_t workspace_floats(int B, int H, int D, int splits);
+// o[b,h] = Σ_j softmax_j(scale · s · q[b,h]·K[b,j,h/G]) V[b,j,h/G] over the first n = min(pos + 1, cap)
+// slots, pos = *pos_dev, s = log(pos + a) / log(a) when logit_a > 0 (else 1), G = H / Hkv.
+// q, o [B,H,D]; K, V [B,cap,Hkv,D]; all contiguous, of type dt.
+void decode(Dtype dt, const void* q, const void* K, const void* V, void* o, const int64_t* pos_dev, int B, int H, int Hkv,
+            int D, int cap, float scale, double logit_a, float* workspace, int splits, cudaStream_t stream);
+
+}  // namespace mixbench::attn_decode_cuda
