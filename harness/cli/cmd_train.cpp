@@ -366,7 +366,7 @@ Command leaderboard_command() {
            {"from", OptionKind::Multi, "a.json,b.json",
             "earlier reports of parts of this leaderboard (e.g. one per method and seed, run in parallel): their "
             "finished cells are kept as a resumed --out report's are; each must have this run's preset, config, "
-            "steps, batch, data, device, probes and budgets (exit 2 naming the file and the field), while methods "
+            "steps, batch, micro-batch, data, device, probes and budgets (exit 2 naming the file and the field), while methods "
             "and seeds may differ. A cell in several files (or in --out too) is kept from the first; exit 2 when "
             "their val_bpb/val_bits_per_token differ. The report lists them under merged_from"},
            {"no-train", OptionKind::Flag, "",
