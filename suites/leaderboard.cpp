@@ -196,11 +196,11 @@ Json leaderboard_config(const LeaderboardOptions& opt) {
 void check_leaderboard_resume(const Json& report, const Json& config) {
   if (!report.is_object() || report.value("kind", std::string()) != "leaderboard" || !report.contains("config") ||
       !report["config"].is_object() || !report.contains("results") || !report["results"].is_array())
-    throw InputError("the report to resume is not a leaderboard report");
+    throw InputError("not a leaderboard report");
   const Json& theirs = report["config"];
   for (const char* f : kCellFields)
     if (!theirs.contains(f) || theirs[f] != config.at(f))
-      throw InputError(fmt::format("the report to resume was written with {} = {}, this run has {} = {}", f,
+      throw InputError(fmt::format("the report was written with {} = {}, this run has {} = {}", f,
                                    theirs.contains(f) ? theirs[f].dump() : std::string("(none)"), f, config.at(f).dump()));
 }
 
@@ -457,12 +457,23 @@ Json run_leaderboard(const LeaderboardOptions& opt, std::string& md, Json* summa
   // With several budgets (--budgets) each cell trains the method to every budget in one pass
   // (run_budgets) and each budget is ranked on its own, with Kendall's tau between the rankings.
   const size_t n_budgets = std::max<size_t>(1, opt.budgets.size());
-  // Cells finished by an earlier run with the same options: per budget (a row of a report with
-  // several budgets names its budget), kept where every budget has the cell.
-  std::vector<std::map<std::pair<std::string, uint64_t>, Json>> kept_at(n_budgets);
-  if (!opt.resume.is_null()) {
-    check_leaderboard_resume(opt.resume, leaderboard_config(opt));
-    for (const auto& row : opt.resume["results"]) {
+  // Cells finished by earlier runs with the same options (the report being resumed, then the --from
+  // reports in order): per budget (a row of a report with several budgets names its budget), kept
+  // where every budget has the cell. Failed cells are remembered apart (shown with no_train).
+  using Cell = std::pair<std::string, uint64_t>;
+  std::vector<std::map<Cell, Json>> kept_at(n_budgets), failed_at(n_budgets);
+  std::vector<std::map<Cell, std::string>> kept_source(n_budgets);
+  std::vector<std::pair<std::string, const Json*>> sources;
+  if (!opt.resume.is_null()) sources.emplace_back(opt.out.empty() ? std::string("the report to resume") : opt.out, &opt.resume);
+  for (const auto& [name, report] : opt.from) sources.emplace_back(name, &report);
+  const Json config = sources.empty() ? Json() : leaderboard_config(opt);
+  for (const auto& [name, report] : sources) {
+    try {
+      check_leaderboard_resume(*report, config);
+    } catch (const InputError& e) {
+      throw InputError(fmt::format("'{}': {}", name, e.what()));
+    }
+    for (const auto& row : (*report)["results"]) {
       size_t k = 0;
       if (n_budgets > 1) {
         const std::string label = row.contains("budget") && row["budget"].is_object()
@@ -471,9 +482,29 @@ Json run_leaderboard(const LeaderboardOptions& opt, std::string& md, Json* summa
         while (k < n_budgets && opt.budgets[k].str() != label) ++k;
         if (k == n_budgets) continue;
       }
-      for (const auto& run : row.value("runs", Json::array()))
-        if (run.value("status", std::string()) == "ok" && run.contains("seed"))
-          kept_at[k][{run["method"].get<std::string>(), run["seed"].get<uint64_t>()}] = run;
+      for (const auto& run : row.value("runs", Json::array())) {
+        if (!run.is_object() || !run.contains("seed") || !run["seed"].is_number_unsigned() || !run.contains("method") ||
+            !run["method"].is_string())
+          continue;
+        const Cell cell{run["method"].get<std::string>(), run["seed"].get<uint64_t>()};
+        if (run.value("status", std::string()) != "ok") {
+          failed_at[k].emplace(cell, run);
+          continue;
+        }
+        const auto it = kept_at[k].find(cell);
+        if (it == kept_at[k].end()) {
+          kept_at[k][cell] = run;
+          kept_source[k][cell] = name;
+          continue;
+        }
+        // the same cell twice: kept from the first where the values the ranking reads agree
+        for (const char* f : {"val_bpb", "val_bits_per_token"})
+          if (run.value(f, Json()) != it->second.value(f, Json()))
+            throw InputError(fmt::format("'{}' and '{}' both hold {} seed {}{} with different {} ({} and {}); keep one of them",
+                                         kept_source[k][cell], name, cell.first, cell.second,
+                                         n_budgets > 1 ? " at budget " + opt.budgets[k].str() : std::string(), f,
+                                         it->second.value(f, Json()).dump(), run.value(f, Json()).dump()));
+      }
     }
   }
   Json seed_values = Json::array();
@@ -481,6 +512,7 @@ Json run_leaderboard(const LeaderboardOptions& opt, std::string& md, Json* summa
   const int64_t cells = int64_t(methods.size()) * n_seeds;
   std::vector<std::vector<Json>> runs(n_budgets);
   int64_t trained = 0;
+  Json missing = Json::array();  // [method, seed] cells neither trained nor kept
   Json results, summary;
   auto update = [&] {
     if (n_budgets == 1) {
@@ -503,9 +535,14 @@ Json run_leaderboard(const LeaderboardOptions& opt, std::string& md, Json* summa
         }
       }
     }
+    if (opt.no_train && !missing.empty()) {
+      std::string names;
+      for (const auto& c : missing) names += fmt::format("{}{} seed {}", names.empty() ? "" : ", ", c[0].get<std::string>(), c[1].get<uint64_t>());
+      md += fmt::format("\n{} of {} cells missing (in no earlier report; not trained): {}\n", missing.size(), cells, names);
+    }
     summary = {{"seeds", n_seeds}, {"seed_values", seed_values}, {"cells", cells}, {"cells_done", int64_t(runs[0].size())},
                {"cells_trained", trained}, {"complete", int64_t(runs[0].size()) == cells}, {"single_seed", n_seeds == 1},
-               {"baseline", P.baseline}};
+               {"baseline", P.baseline}, {"missing", missing}};
     if (n_budgets > 1) {
       const Json per_budget = budget_rankings(results);
       summary["budgets"] = per_budget["budgets"];
@@ -526,11 +563,23 @@ Json run_leaderboard(const LeaderboardOptions& opt, std::string& md, Json* summa
       const Calibration& cal = cals.at(m);
       std::vector<Json> rows(n_budgets);
       Json& row = rows[0];
-      bool reuse = true;
-      for (size_t k = 0; k < n_budgets; ++k) reuse = reuse && kept_at[k].count({m, seed});
-      if (!reuse && opt.stop_after > 0 && trained >= opt.stop_after) continue;
+      bool reuse = true, failed_before = true;
+      for (size_t k = 0; k < n_budgets; ++k) {
+        reuse = reuse && kept_at[k].count({m, seed});
+        failed_before = failed_before && (kept_at[k].count({m, seed}) || failed_at[k].count({m, seed}));
+      }
+      // with no_train a cell an earlier report holds failed is shown failed, as that run had it
+      if (!reuse && opt.no_train && failed_before) {
+        for (size_t k = 0; k < n_budgets; ++k) rows[k] = kept_at[k].count({m, seed}) ? kept_at[k].at({m, seed}) : failed_at[k].at({m, seed});
+        reuse = true;
+      }
+      if (!reuse && (opt.no_train || (opt.stop_after > 0 && trained >= opt.stop_after))) {
+        missing.push_back({m, seed});
+        continue;
+      }
       if (reuse) {
-        for (size_t k = 0; k < n_budgets; ++k) rows[k] = kept_at[k].at({m, seed});
+        if (rows[0].is_null())
+          for (size_t k = 0; k < n_budgets; ++k) rows[k] = kept_at[k].at({m, seed});
       } else {
         TrainOptions to;
         to.method = m;
@@ -587,13 +636,13 @@ Json run_leaderboard(const LeaderboardOptions& opt, std::string& md, Json* summa
         if (opt.progress == 1) std::cout << line.dump() << std::endl;
         else
           std::cout << fmt::format("leaderboard cell {}/{}: {} seed {} {}\n", runs[0].size(), cells, m, seed,
-                                   reuse ? "kept from the report" : "trained")
+                                   reuse ? "kept from an earlier report" : "trained")
                     << std::flush;
       }
       update();
       if (opt.on_cell) opt.on_cell(results, md, summary);
     }
-  if (runs[0].empty()) update();
+  update();  // the summary also names the cells left out at the end
   if (summary_out) *summary_out = summary;
   return results;
 }

@@ -8,6 +8,7 @@
 #include <memory>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "suites/budgets.h"
@@ -53,6 +54,15 @@ struct LeaderboardOptions {
   // instead of trained again. InputError naming the field when its config (leaderboard_config:
   // preset, config, steps, batch, micro-batch, data and its hash, device, probes) differs.
   nlohmann::json resume;
+  // Earlier leaderboard reports of parts of this leaderboard (name, report), e.g. one process per
+  // method and seed: their finished cells are kept as the resumed report's are (each checked the
+  // same way; the method list and the seeds may differ). A (method, seed, budget) cell in several of
+  // them (or in `resume` too) is kept from the first when their values agree; InputError naming
+  // both otherwise.
+  std::vector<std::pair<std::string, nlohmann::json>> from;
+  // Train nothing: cells that no earlier report holds are left out (summary "missing"); a failed
+  // cell of an earlier report is shown as failed.
+  bool no_train = false;
   // Called after each finished cell with the results so far, their Markdown table and the summary.
   std::function<void(const nlohmann::json& results, const std::string& markdown, const nlohmann::json& summary)> on_cell;
 };
@@ -68,7 +78,7 @@ void check_leaderboard_resume(const nlohmann::json& report, const nlohmann::json
 // seconds and mfu over the seeds, the per-seed values, sd, 95% interval, the paired difference to
 // the baseline with its interval, the shared rank, and every seed's result under "runs".
 // `summary` (if given) receives {seeds, seed_values, cells, cells_done, cells_trained, complete,
-// single_seed, baseline}.
+// single_seed, baseline, missing: the [method, seed] cells neither trained nor kept}.
 nlohmann::json run_leaderboard(const LeaderboardOptions& opt, std::string& markdown, nlohmann::json* summary = nullptr);
 // The rows and the Markdown table from per-seed train results (rows of train_result_json plus
 // "seed" and "calibration"), grouped by method in `methods` order.

@@ -189,6 +189,9 @@ int run_leaderboard_command(const Args& a, const std::vector<std::string>& args)
   o.stop_after = a.get_int("stop-after", 0);
   if (a.get("seeds") && o.seeds < 1) throw UsageError("--seeds must be >= 1");
   if (o.stop_after < 0) throw UsageError("--stop-after must be >= 0");
+  o.no_train = a.flag("no-train");
+  // --from: earlier reports of parts of this leaderboard; read (and checked) in leaderboard_rank
+  for (const auto& f : a.list("from")) o.from.emplace_back(f, Json());
   if (auto rc = spawn_ranks(a, "leaderboard", args)) return *rc;
   o.data_parallel = join_ranks(a, o.device);
   return as_rank(o.data_parallel, [&] { return leaderboard_rank(o, args); });
@@ -203,10 +206,12 @@ int leaderboard_rank(LeaderboardOptions o, const std::vector<std::string>& args)
   info.config = leaderboard_config(o);
   info.seeds = {{"base", o.seed}};
   const std::string title = fmt::format("mixbench leaderboard, preset {}", o.preset);
+  Json merged_from = Json::array();  // the --from reports
   auto report_of = [&](const Json& results, const std::string& md, const Json& summary) {
     Json report = make_report(info, results);
     report["markdown"] = md;
     report["summary"] = summary;
+    if (!merged_from.empty()) report["merged_from"] = merged_from;
     if (summary.contains("budgets")) {  // --budgets: each budget's ranking and Kendall's tau between them
       report["budgets"] = summary["budgets"];
       report["kendall_tau"] = summary["kendall_tau"];
@@ -224,6 +229,20 @@ int leaderboard_rank(LeaderboardOptions o, const std::vector<std::string>& args)
     } catch (const InputError& e) {
       throw InputError(fmt::format("'{}': {}; remove it or use another --out", o.out, e.what()));
     }
+  }
+  for (auto& [path, report] : o.from) {  // earlier reports of parts of this leaderboard
+    if (!std::filesystem::is_regular_file(path)) throw InputError(fmt::format("--from '{}': no such file", path));
+    try {
+      report = Json::parse(read_file(path));
+    } catch (const Json::parse_error& e) {
+      throw InputError(fmt::format("--from '{}': not a JSON report ({})", path, e.what()));
+    }
+    try {
+      check_leaderboard_resume(report, info.config);
+    } catch (const InputError& e) {
+      throw InputError(fmt::format("--from '{}': {}", path, e.what()));
+    }
+    merged_from.push_back(path);
   }
   if (!o.out.empty() && rank0)
     o.on_cell = [&](const Json& results, const std::string& md, const Json& summary) {
@@ -243,7 +262,10 @@ int leaderboard_rank(LeaderboardOptions o, const std::vector<std::string>& args)
     write_file_atomic(html.string(), leaderboard_html(results, title, summary));
   }
   std::cerr << md;
-  if (!summary.value("complete", false))
+  if (o.no_train && !summary.value("missing", Json::array()).empty())
+    std::cerr << fmt::format("{} of {} cells missing (in no earlier report; --no-train trains none)\n",
+                             summary["missing"].size(), summary["cells"].get<int64_t>());
+  else if (!summary.value("complete", false))
     std::cerr << fmt::format("stopped after {} of {} cells; the same command continues it\n", summary["cells_done"].get<int64_t>(),
                              summary["cells"].get<int64_t>());
   int rc = 0;
@@ -341,6 +363,15 @@ Command leaderboard_command() {
            {"out", OptionKind::Value, "report.json",
             "write the JSON report (after every finished method/seed cell; a rerun keeps the cells it holds), "
             "with .md and .html beside it"},
+           {"from", OptionKind::Multi, "a.json,b.json",
+            "earlier reports of parts of this leaderboard (e.g. one per method and seed, run in parallel): their "
+            "finished cells are kept as a resumed --out report's are; each must have this run's preset, config, "
+            "steps, batch, micro-batch, data, device, probes and budgets (exit 2 naming the file and the field), while methods "
+            "and seeds may differ. A cell in several files (or in --out too) is kept from the first; exit 2 when "
+            "their val_bpb/val_bits_per_token differ. The report lists them under merged_from"},
+           {"no-train", OptionKind::Flag, "",
+            "train nothing: combine the cells of --out and --from; the others are listed as missing "
+            "(summary.missing, the .md)"},
            {"stop-after", OptionKind::Value, "N", "stop as if interrupted after N trained cells (0 = never)"},
            kQuiet,
            kNproc,

@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# A leaderboard's (method, seed) cells trained in parallel processes on one machine, then combined.
+#
+# Usage: ci/leaderboard_cells.sh [--methods a,b|all] [--seeds N] [--seed S] OUT_DIR JOBS [-- LEADERBOARD_ARGS...]
+#   --methods   the methods (comma list, or all: every registered method; also $MIXBENCH_CELLS_METHODS; required)
+#   --seeds N   seeds per method, S..S+N-1 (default 1; also $MIXBENCH_CELLS_SEEDS)
+#   --seed S    the first seed (default 0)
+#   JOBS        cells trained at once (xargs -P)
+#   LEADERBOARD_ARGS  the other `mixbench leaderboard` options (--preset, --steps, --device, ...), the
+#               same for every cell; not --methods, --seed, --seeds, --out, --from or --no-train
+# Environment:
+#   MIXBENCH_BIN               the mixbench binary (default build/mixbench)
+#   MIXBENCH_CELLS_DEADLINE_S  launch no cell later than this many seconds after the start (default: no limit);
+#                              running cells finish, the rest stay missing until the next run
+#
+# Each cell is `mixbench leaderboard LEADERBOARD_ARGS --methods M --seed S --seeds 1
+# --out OUT_DIR/cells/M.sS.json` (its log in OUT_DIR/logs/M.sS.log); a cell whose file already
+# holds a finished cell is skipped, so a stopped run continues where it was. Then the cells are
+# combined, training nothing: `mixbench leaderboard LEADERBOARD_ARGS --methods ... --seed S --seeds N
+# --from <cell files> --no-train --out OUT_DIR/leaderboard.json` (and .md, .html); a cell without a
+# file is listed as missing there. Running this script again trains the missing cells.
+#
+# Cells trained concurrently share the machine: on one GPU their tokens/s and MFU are measured while
+# sharing it with the other cells (and on the CPU, its cores), so they are not a lone run's. The
+# validation values do not depend on it.
+#
+# Exit status: 0 when every cell is in the combined report and none failed; 1 when a cell failed or
+# is missing; 2 for bad arguments (or a combine that refuses its inputs).
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+usage() { sed -n '4,5p' "$0" | sed 's/^# //' >&2; exit 2; }
+
+methods=${MIXBENCH_CELLS_METHODS:-}
+seeds=${MIXBENCH_CELLS_SEEDS:-1}
+seed=0
+pos=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --methods) [ $# -ge 2 ] || usage; methods=$2; shift 2 ;;
+    --methods=*) methods=${1#*=}; shift ;;
+    --seeds) [ $# -ge 2 ] || usage; seeds=$2; shift 2 ;;
+    --seeds=*) seeds=${1#*=}; shift ;;
+    --seed) [ $# -ge 2 ] || usage; seed=$2; shift 2 ;;
+    --seed=*) seed=${1#*=}; shift ;;
+    --) shift; break ;;
+    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "leaderboard_cells.sh: unknown option $1" >&2; usage ;;
+    *) pos+=("$1"); shift ;;
+  esac
+done
+[ ${#pos[@]} -eq 2 ] || usage
+OUT=${pos[0]}
+JOBS=${pos[1]}
+LB_ARGS=("$@")
+fail() { echo "leaderboard_cells.sh: $*" >&2; exit 2; }
+[[ "$JOBS" =~ ^[1-9][0-9]*$ ]] || fail "JOBS must be a positive integer, not '$JOBS'"
+[[ "$seeds" =~ ^[1-9][0-9]*$ ]] || fail "--seeds must be a positive integer, not '$seeds'"
+[[ "$seed" =~ ^[0-9]+$ ]] || fail "--seed must be a non-negative integer, not '$seed'"
+[ -n "$methods" ] || fail "no methods: give --methods a,b (or all) or MIXBENCH_CELLS_METHODS"
+deadline=${MIXBENCH_CELLS_DEADLINE_S:-}
+[ -z "$deadline" ] || [[ "$deadline" =~ ^[0-9]+$ ]] || fail "MIXBENCH_CELLS_DEADLINE_S must be whole seconds, not '$deadline'"
+for a in "${LB_ARGS[@]}"; do
+  case "$a" in
+    --methods|--methods=*|--seed|--seed=*|--seeds|--seeds=*|--out|--out=*|--from|--from=*|--no-train)
+      fail "$a is set by this script (give --methods/--seed/--seeds before OUT_DIR)" ;;
+  esac
+done
+BIN=${MIXBENCH_BIN:-$ROOT/build/mixbench}
+[ -x "$BIN" ] || fail "no mixbench binary at '$BIN' (set MIXBENCH_BIN)"
+
+# the cells: every method (all: every registered one) at every seed
+if [ "$methods" = all ]; then
+  names=$("$BIN" list --json | python3 -c 'import json, sys; print(" ".join(m["name"] for m in json.load(sys.stdin)["methods"]))') ||
+    fail "'$BIN list --json' failed"
+else
+  names=${methods//,/ }
+fi
+mkdir -p "$OUT/cells" "$OUT/logs" || exit 2
+START=$(date +%s)
+export BIN OUT START deadline
+LB_ARGS_Q=""
+[ ${#LB_ARGS[@]} -eq 0 ] || LB_ARGS_Q=$(printf '%q ' "${LB_ARGS[@]}")
+export LB_ARGS_Q
+
+# shellcheck disable=SC2317  # run by xargs
+# One cell: skipped when its file holds a finished cell, not started past the deadline.
+run_cell() {
+  local m=$1 s=$2 file="$OUT/cells/$1.s$2.json" log="$OUT/logs/$1.s$2.log"
+  if [ -f "$file" ] && python3 - "$file" <<'PY' 2>/dev/null; then
+import json, sys
+r = json.load(open(sys.argv[1]))
+ok = r["summary"]["complete"] and all(x.get("status") == "ok" for x in r["results"])
+sys.exit(0 if ok else 1)
+PY
+    echo "cell $m seed $s: finished before, kept"
+    return 0
+  fi
+  if [ -n "$deadline" ] && [ $(( $(date +%s) - START )) -ge "$deadline" ]; then
+    echo "cell $m seed $s: not started (past MIXBENCH_CELLS_DEADLINE_S=$deadline)"
+    return 0
+  fi
+  local t0 rc
+  t0=$(date +%s)
+  eval "\"\$BIN\" leaderboard $LB_ARGS_Q --methods \"\$m\" --seed \"\$s\" --seeds 1 --out \"\$file\"" > "$log" 2>&1
+  rc=$?
+  if [ "$rc" -eq 0 ]; then
+    echo "cell $m seed $s: trained in $(( $(date +%s) - t0 )) s"
+  else
+    echo "cell $m seed $s: failed (exit $rc; $log)"
+  fi
+  return 0
+}
+export -f run_cell
+
+# shellcheck disable=SC2016  # $1, $2: run_cell's arguments in the child shell
+for m in $names; do
+  for ((k = 0; k < seeds; k++)); do
+    printf '%s\0%s\0' "$m" $((seed + k))
+  done
+done | xargs -0 -n 2 -P "$JOBS" bash -c 'run_cell "$1" "$2"' _
+
+# the combine: the cell files there are, training nothing (the combined report is made afresh from them)
+files=()
+for m in $names; do
+  for ((k = 0; k < seeds; k++)); do
+    f="$OUT/cells/$m.s$((seed + k)).json"
+    [ -f "$f" ] && files+=("$f")
+  done
+done
+rm -f "$OUT/leaderboard.json"
+if [ ${#files[@]} -eq 0 ]; then
+  echo "no cell finished: nothing to combine" >&2
+  exit 1
+fi
+"$BIN" leaderboard "${LB_ARGS[@]}" --methods "$methods" --seed "$seed" --seeds "$seeds" --from "${files[@]}" --no-train \
+  --out "$OUT/leaderboard.json" > "$OUT/logs/combine.log" 2>&1
+rc=$?
+cat "$OUT/logs/combine.log" >&2
+[ $rc -eq 2 ] && exit 2
+python3 - "$OUT/leaderboard.json" <<'PY' || exit 1
+import json, sys
+s = json.load(open(sys.argv[1]))["summary"]
+print(f"{s['cells_done']} of {s['cells']} cells in {sys.argv[1]}" +
+      (f"; missing: {', '.join(f'{m} seed {k}' for m, k in s['missing'])}" if s["missing"] else ""))
+sys.exit(0 if s["complete"] else 1)
+PY
+exit $rc
