@@ -236,7 +236,6 @@ TEST(StaticDecode, EveryAttentionAndLinearLayerKeepsStaticCachesFp64) {
   for (const auto& name : decode_methods()) {
     const MethodSpec& m = Registry::get().method(name);
     if (m.family != "attention" && m.family != "linear") continue;
-    if (name.rfind("mla", 0) == 0) continue;  // the latent cache has no static form yet
     EXPECT_TRUE(m.static_decode) << name;
     for (const CaseDef& c : m.cases()) {
       if (c.T < 2) continue;
@@ -283,7 +282,7 @@ TEST(StaticDecode, WindowedLayersKeepARingOfTheWindow) {
 TEST(StaticDecode, ModelStepsMatchModelForwardAndReuseTheirBuffers) {
   c10::NoGradGuard ng;
   for (const std::string name : {"dense", "dense_full", "mqa", "lightning", "retnet", "gla", "gdn", "kda", "deltanet",
-                                 "gdn_hybrid_swa"}) {
+                                 "gdn_hybrid_swa", "mla", "mla_qknorm", "kda_hybrid"}) {
     const MethodSpec& m = Registry::get().method(name);
     std::string over = "n_layer=4,d_model=64,head_dim=16,seq_len=24,vocab=50";
     if (name == "dense" || name == "gdn_hybrid_swa") over += ",short_window=5";
@@ -330,7 +329,7 @@ TEST(StaticDecode, RefusesWhatItCannotHold) {
   EXPECT_THROW(model_prefill(model, idx, Backend::CPU, &cache, 6), InputError);  // no room for a decoded token
   EXPECT_THROW(model_prefill(model, idx, Backend::CPU, &cache, -1), UsageError);
   // methods whose hooks or stream keep no fixed-size state
-  for (const std::string name : {"mla", "huginn"}) {
+  for (const std::string name : {"huginn", "ut_act"}) {
     const MethodSpec& other = Registry::get().method(name);
     Model om = build_model(other, other.config.parse("n_layer=4,d_model=64,head_dim=16,seq_len=8,vocab=32"), gen,
                            at::TensorOptions().dtype(at::kDouble), true);
@@ -340,7 +339,7 @@ TEST(StaticDecode, RefusesWhatItCannotHold) {
       EXPECT_THROW(model_prefill(om, idx, Backend::CPU, &oc, 16), UsageError) << name;
     }
   }
-  for (const std::string name : {"dense", "gdn", "gdn_hybrid", "residual_standard"}) {
+  for (const std::string name : {"dense", "gdn", "gdn_hybrid", "residual_standard", "mla", "kda_hybrid"}) {
     const MethodSpec& ok = Registry::get().method(name);
     Model om = build_model(ok, ok.config.parse("n_layer=4,d_model=64,head_dim=16,seq_len=8,vocab=32"), gen,
                            at::TensorOptions().dtype(at::kDouble), true);

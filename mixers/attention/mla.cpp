@@ -100,22 +100,28 @@ struct Latents {
   at::Tensor cq, ckv, kr;  // [B,T,ql], [B,T,kvl], [B,T,1,dr] (after RoPE) or undefined
 };
 
-Latents latents(const TensorMap& in, const Config& c, const MlaDims& d, int64_t offset) {
+// `pos_dev` (a static cache's device position, int64 [1]): RoPE at it in place of `offset`.
+Latents latents(const TensorMap& in, const Config& c, const MlaDims& d, int64_t offset, const at::Tensor& pos_dev = {}) {
   const at::Tensor& x = in.at("x");
   Latents l;
   l.cq = rms_gain(at::linear(x, in.at("w_dq")), in.at("q_norm"));
   l.ckv = rms_gain(at::linear(x, in.at("w_dkv")), in.at("kv_norm"));
-  if (d.dr > 0)
-    l.kr = layers::rope(at::linear(x, in.at("w_kr")).view({x.size(0), x.size(1), 1, d.dr}), rope_base(c, d), offset);
+  if (d.dr > 0) {
+    const at::Tensor kr = at::linear(x, in.at("w_kr")).view({x.size(0), x.size(1), 1, d.dr});
+    l.kr = pos_dev.defined() ? layers::rope_pos_dev(kr, rope_base(c, d), pos_dev) : layers::rope(kr, rope_base(c, d), offset);
+  }
   return l;
 }
 
 // Query heads [B,T,H,dh] and their rotary parts [B,T,H,dr] (undefined without RoPE).
 std::pair<at::Tensor, at::Tensor> queries(const Latents& l, const TensorMap& in, const Config& c, const MlaDims& d,
-                                          int64_t offset) {
+                                          int64_t offset, const at::Tensor& pos_dev = {}) {
   const int64_t B = l.cq.size(0), T = l.cq.size(1);
   at::Tensor qc = at::linear(l.cq, in.at("w_uq")).view({B, T, d.H, d.dh}), qr;
-  if (d.dr > 0) qr = layers::rope(at::linear(l.cq, in.at("w_qr")).view({B, T, d.H, d.dr}), rope_base(c, d), offset);
+  if (d.dr > 0) {
+    const at::Tensor q = at::linear(l.cq, in.at("w_qr")).view({B, T, d.H, d.dr});
+    qr = pos_dev.defined() ? layers::rope_pos_dev(q, rope_base(c, d), pos_dev) : layers::rope(q, rope_base(c, d), offset);
+  }
   return {qc, qr};
 }
 
@@ -164,22 +170,40 @@ TensorMap forward(const TensorMap& in, const Config& c, const MlaVariant& v, Bac
   return {{"y", attend(in, c, d, latents(in, c, d, 0), backend)}};
 }
 
-// Decode cache: "pos", "ckv" [B,Tc,kvl], with RoPE "kr" [B,Tc,dr], with QK-norm "kf" [B,Tc,H] (key factors).
+// Stores the prefill's per-token tensor t [B,T,X] under `name`: as it is, or in a static cache into
+// a buffer [B,capacity,X] (zeros past T) allocated once.
+void store(TensorMap& cache, const std::string& name, const at::Tensor& t) {
+  if (!cache_is_static(cache)) {
+    cache.set(name, t.contiguous());
+    return;
+  }
+  if (!cache.has(name)) cache.set(name, at::zeros({t.size(0), cache_capacity(cache), t.size(2)}, t.options()));
+  cache.at(name).slice(1, 0, t.size(1)).copy_(t);
+}
+
+// Decode cache: "pos", "ckv" [B,Tc,kvl], with RoPE "kr" [B,Tc,dr], with QK-norm "kf" [B,Tc,H] (key
+// factors); a static cache holds them in buffers of the cache's capacity, token t in slot t.
 TensorMap prefill(const TensorMap& in, TensorMap& cache, const Config& c, const MlaVariant& v, Backend backend) {
   const MlaDims d = mla_dims(c, v);
   const Latents l = latents(in, c, d, 0);
-  cache = TensorMap();
+  reset_cache(cache);
   set_cache_pos(cache, in.at("x").size(1));
-  cache.set("ckv", l.ckv.contiguous());
-  if (d.dr > 0) cache.set("kr", l.kr.squeeze(2).contiguous());
+  store(cache, "ckv", l.ckv);
+  if (d.dr > 0) store(cache, "kr", l.kr.squeeze(2));
   at::Tensor k;
   at::Tensor y = attend(in, c, d, l, backend, &k);
-  if (d.qk_norm) cache.set("kf", key_factor(k).contiguous());
+  if (d.qk_norm) store(cache, "kf", key_factor(k));
   return {{"y", y}};
 }
 
-// Appends `t` along the tokens to cache[name] (or starts it) and returns the whole.
+// Appends `t` along the tokens to cache[name] (or starts it) and returns the whole; a static cache
+// writes it into its slot (the device position) and returns the whole buffer.
 at::Tensor append(TensorMap& cache, const std::string& name, const at::Tensor& t) {
+  if (cache_is_static(cache)) {
+    const at::Tensor& buf = cache.at(name);
+    buf.index_copy_(1, cache_pos_dev(cache), t);
+    return buf;
+  }
   at::Tensor all = cache.has(name) ? at::cat({cache.at(name), t}, 1) : t;
   cache.set(name, all);
   return all;
@@ -193,8 +217,10 @@ TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const M
   const at::Tensor& x = in.at("x");
   if (x.dim() != 3 || x.size(1) != 1) throw InputError("mla decode takes x [B,1,d]");
   const int64_t B = x.size(0), pos = cache_pos(cache);
-  Latents l = latents(in, c, d, pos);
-  auto [qc, qr] = queries(l, in, c, d, pos);
+  const bool is_static = cache_is_static(cache);
+  const at::Tensor pos_dev = is_static ? cache_pos_dev(cache) : at::Tensor();
+  Latents l = latents(in, c, d, pos, pos_dev);
+  auto [qc, qr] = queries(l, in, c, d, pos, pos_dev);
   at::Tensor ckv = append(cache, "ckv", l.ckv), kr, kf;
   if (d.dr > 0) kr = append(cache, "kr", l.kr.squeeze(2));
   if (d.qk_norm) {
@@ -211,6 +237,8 @@ TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const M
   at::Tensor s = at::matmul(qa, f(ckv).transpose(1, 2));                                   // [B,H,Tc]
   if (d.dr > 0) s = s + at::matmul(f(qr).reshape({B, d.H, d.dr}), f(kr).transpose(1, 2));
   if (d.qk_norm) s = s * f(kf).transpose(1, 2);
+  // a static cache: only the slots up to the position count (the buffers hold zeros past it)
+  if (is_static) s = s.masked_fill(at::arange(s.size(2), pos_dev.options()).gt(pos_dev).view({1, 1, -1}), -INFINITY);
   at::Tensor mix = at::matmul(at::softmax(s * scale_of(d), -1), f(ckv));                    // [B,H,kvl]
   at::Tensor o = at::einsum("bhl,hdl->bhd", {mix, wuv}).reshape({B, 1, d.H * d.dh}).to(x.scalar_type());
   return {{"y", at::linear(o, in.at("c_proj"))}};
@@ -275,6 +303,7 @@ MethodSpec mla_method(const std::string& name, const MlaVariant& v, const std::s
   m.decode = [v](const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx&, Backend b) {
     return decode(in, cache, c, v, b);
   };
+  m.static_decode = true;  // latent buffers of the cache's capacity, the masked absorbed step
 #if defined(MIXBENCH_WITH_CUDA)
   m.has_cuda = true;
 #endif
