@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# On a CUDA machine: build (tests included), the decode GPU tests (the split-KV kernel, captured
+# steps against eager ones), compute-sanitizer memcheck and racecheck on the decode kernels, and the
+# decode sweeps with the step captured (and the eager baseline), each sweep with its plot.
+# Usage: ci/gpu_decode.sh OUT_DIR [DEPS_DIR]   (DEPS_DIR from ci/gpu_stage.sh; default .deps if present)
+#   MIXBENCH_DECODE_LIMIT  seconds the sweeps may take in all (default 300); a sweep that would pass it
+#                          is not started, one that is stopped writes no file
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:?usage: ci/gpu_decode.sh OUT_DIR [DEPS_DIR]}
+DEPS=${2:-$PWD/.deps}
+mkdir -p "$OUT/sweeps" "$OUT/sanitizer" "$OUT/logs"
+CMAKE_DEPS=()
+[ -d "$DEPS" ] && CMAKE_DEPS=(-DMIXBENCH_DEPS="$(cd "$DEPS" && pwd)")
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMIXBENCH_CUDA=ON -DMIXBENCH_CUDA_ARCH=90 "${CMAKE_DEPS[@]}" \
+    > "$OUT/logs/cmake.log" 2>&1 || { tail -30 "$OUT/logs/cmake.log"; exit 1; }
+ninja -C build-gpu -j"$(nproc)" mixbench mixbench_tests > "$OUT/logs/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/logs/build.log" | head -30; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
+rc=0
+T=build-gpu/mixbench_tests
+$T --gtest_filter='DecodeCuda.*' --gtest_output="json:$OUT/gtests_decode_cuda.json" > "$OUT/logs/gtests.log" 2>&1 || rc=1
+tail -3 "$OUT/logs/gtests.log"
+# compute-sanitizer on the small cases (MIXBENCH_DECODE_SMALL) and one method per kernel family
+san() { # name tool test methods
+  MIXBENCH_DECODE_SMALL=1 MIXBENCH_DECODE_METHODS=$4 timeout "${MIXBENCH_SANITIZER_LIMIT:-240}" \
+    compute-sanitizer --tool "$2" --error-exitcode 9 $T --gtest_filter="$3" > "$OUT/sanitizer/$1.log" 2>&1 || rc=1
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitizer/$1.log" | tail -1 | sed "s/^/$1: /"
+}
+san memcheck_splitkv memcheck 'DecodeCuda.SplitKv*' dense
+san racecheck_splitkv racecheck 'DecodeCuda.SplitKv*' dense
+san memcheck_steps_dense memcheck 'DecodeCuda.CapturedSteps*' dense
+san memcheck_steps_gdn memcheck 'DecodeCuda.CapturedSteps*' gdn
+san racecheck_steps_gdn racecheck 'DecodeCuda.CapturedSteps*' gdn
+# the sweeps (d12, bf16)
+START=$(date +%s)
+LIMIT=${MIXBENCH_DECODE_LIMIT:-300}
+sw() { # name args...
+  local n=$1 left; shift
+  left=$(( LIMIT - ($(date +%s) - START) ))
+  [ "$left" -lt 30 ] && { echo "not run (time): $n"; rc=1; return; }
+  timeout "$left" build-gpu/mixbench sweep --mode decode --preset gpu-d12 --device cuda --dtype bf16 --reps 20 --warmup 3 \
+      "$@" --out "$OUT/sweeps/$n.json" > "$OUT/logs/$n.log" 2>&1 || rc=1
+  [ -f "$OUT/sweeps/$n.json" ] && build-gpu/mixbench plot "$OUT/sweeps/$n.json" --out "$OUT/sweeps/$n.html" > /dev/null 2>&1
+}
+sw eager_targets --methods dense_full,gdn --batch 1,8 --lengths 1k,8k --graph off
+sw decode_attention --methods dense_full,gdn,gdn_hybrid,dense,gqa,mqa --batch 1,2,4,8 --lengths 1k,4k,16k,64k,128k
+sw decode_linear --methods lightning,retnet,deltanet,kda,gla,elu_norm --batch 1,8 --lengths 1k,16k,128k
+sw decode_hybrids --methods gdn_hybrid_swa,hypenet,deltanet_hybrid,mla,kda_hybrid --batch 1,8 --lengths 1k,16k,128k
+sw decode_512k --methods dense_full,gdn --batch 1 --lengths 256k,512k
+exit $rc
