@@ -44,10 +44,7 @@ const at::Tensor& cache_pos_dev(const TensorMap& cache) { return cache.at("pos_d
 
 void reset_cache(TensorMap& cache) {
   if (cache_is_static(cache)) return;  // its buffers stay where a captured graph reads them; prefill overwrites them
-  TensorMap kept;
-  for (const char* k : {"pos_dev", "capacity"})
-    if (cache.has(k)) kept.set(k, cache.at(k));
-  cache = std::move(kept);
+  cache = TensorMap();
 }
 
 void cache_store(TensorMap& cache, const std::string& name, const at::Tensor& t) {

@@ -7,9 +7,11 @@
 
 #include <cstdint>
 
+#include "mixers/common/rope_kernel.h"
+
 namespace mixbench::attn_decode_cuda {
 
-enum class Dtype { F32, BF16, F16 };
+using Dtype = layers::rope_cuda::Dtype;  // the element types every fused kernel here takes
 
 // Head dimensions the kernel is built for (others take the LibTorch path).
 bool supported_head_dim(int D);

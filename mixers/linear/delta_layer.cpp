@@ -150,15 +150,10 @@ DeltaQKV delta_qkv(const TensorMap& in, const DeltaDims& d) {
 
 namespace {
 #if defined(MIXBENCH_WITH_CUDA)
-// The fused decode-step kernels take fp32, bf16 and fp16 on a GPU.
-bool fused_step_dtype(const at::Tensor& t, decode_cuda::Dtype& dt) {
-  if (!t.is_cuda()) return false;
-  switch (t.scalar_type()) {
-    case at::kFloat: dt = decode_cuda::Dtype::F32; return true;
-    case at::kBFloat16: dt = decode_cuda::Dtype::BF16; return true;
-    case at::kHalf: dt = decode_cuda::Dtype::F16; return true;
-    default: return false;
-  }
+// The fused decode-step kernels take what the short-conv kernels take: fp32, bf16 and fp16 on a GPU.
+bool fused_step_dtype(const at::Tensor& t) {
+  const auto s = t.scalar_type();
+  return t.is_cuda() && (s == at::kFloat || s == at::kBFloat16 || s == at::kHalf);
 }
 #endif
 
@@ -171,12 +166,11 @@ at::Tensor conv_cached(const at::Tensor& xp, const at::Tensor& w, TensorMap& cac
   if (T != 1) throw InputError("delta decode takes x [B,1,d]");
 #if defined(MIXBENCH_WITH_CUDA)
   // a static cache on a GPU: one kernel for the step and the tail's shift in place
-  decode_cuda::Dtype dt;
-  if (cache_is_static(cache) && cache.has(name) && W <= 8 && fused_step_dtype(xp, dt) && w.scalar_type() == xp.scalar_type() &&
+  if (cache_is_static(cache) && cache.has(name) && W <= 8 && fused_step_dtype(xp) && w.scalar_type() == xp.scalar_type() &&
       cache.at(name).scalar_type() == xp.scalar_type()) {
     const at::Tensor xc = xp.contiguous(), wc = w.contiguous();
     at::Tensor y = at::empty_like(xc);
-    decode_cuda::conv_step(dt, xc.data_ptr(), cache.at(name).data_ptr(), wc.data_ptr(), y.data_ptr(), xp.size(0), xp.size(2),
+    decode_cuda::conv_step(conv_dtype(xc), xc.data_ptr(), cache.at(name).data_ptr(), wc.data_ptr(), y.data_ptr(), xp.size(0), xp.size(2),
                            int(W), c10::cuda::getCurrentCUDAStream(xp.device().index()).stream());
     return y;
   }
@@ -215,16 +209,15 @@ at::Tensor delta_core_cached(const std::string& op, const DeltaQKV& qkv, const a
   const int64_t pos = cache_pos(cache);
 #if defined(MIXBENCH_WITH_CUDA)
   // a static cache on a GPU: the state's update and readout in one kernel, in place
-  decode_cuda::Dtype dt;
   if (cache_is_static(cache) && cache.has("state") && cache.at("state").scalar_type() == at::kFloat && K <= 256 &&
-      fused_step_dtype(qkv.q, dt)) {
+      fused_step_dtype(qkv.q)) {
     auto one = [](const at::Tensor& t) { return t.select(1, 0).contiguous(); };
     const at::Tensor q = one(qkv.q), k = one(qkv.k), v = one(qkv.v), b = one(beta.to(at::kFloat));
     const at::Tensor gg = g.defined() ? one(g.to(at::kFloat)) : at::Tensor();
     const auto decay = !g.defined() ? decode_cuda::Decay::None : gg.dim() == 2 ? decode_cuda::Decay::PerHead : decode_cuda::Decay::PerKey;
     const int64_t B = q.size(0), H = q.size(1), V = v.size(2);
     at::Tensor o = at::empty({B, H, V}, v.options());
-    decode_cuda::delta_step(dt, q.data_ptr(), k.data_ptr(), v.data_ptr(), b.data_ptr<float>(), gg.defined() ? gg.data_ptr<float>() : nullptr,
+    decode_cuda::delta_step(conv_dtype(q), q.data_ptr(), k.data_ptr(), v.data_ptr(), b.data_ptr<float>(), gg.defined() ? gg.data_ptr<float>() : nullptr,
                             decay, float(1.0 / std::sqrt(double(K))), cache.at("state").data_ptr<float>(), o.data_ptr(), B, H,
                             K, V, c10::cuda::getCurrentCUDAStream(q.device().index()).stream());
     set_cache_pos(cache, pos + 1);
