@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "tests/source_dir.h"
 #include "harness/cli/cli.h"
 #include "harness/cli/commands.h"
 #include "harness/config.h"
@@ -160,7 +161,7 @@ TEST(AppLayering, RulesCatchViolations) {
 }
 
 TEST(AppLayering, SourceTreeKeepsItsLayers) {
-  const fs::path root(MIXBENCH_SOURCE_DIR);
+  const fs::path root(mixbench_test::source_dir());
   const std::regex include_re(R"re(^\s*#\s*include\s*"([^"]+)")re");
   std::vector<std::string> violations;
   int files = 0, cli_files = 0;

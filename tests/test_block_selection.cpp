@@ -19,6 +19,7 @@
 #include <vector>
 #include <unistd.h>
 
+#include "tests/source_dir.h"
 #include "harness/backbone.h"
 #include "harness/cli/cli.h"
 #include "harness/errors.h"
@@ -38,7 +39,7 @@ using namespace mixbench::conformance_detail;
 
 namespace {
 
-const fs::path kGoldens = fs::path(MIXBENCH_SOURCE_DIR) / "tests" / "goldens";
+const fs::path kGoldens = fs::path(mixbench_test::source_dir()) / "tests" / "goldens";
 
 at::Generator gen_of(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
 at::TensorOptions f64() { return at::TensorOptions().dtype(at::kDouble); }

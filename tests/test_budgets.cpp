@@ -10,6 +10,7 @@
 #include <fstream>
 #include <unistd.h>
 
+#include "tests/source_dir.h"
 #include "harness/cli/cli.h"
 #include "harness/errors.h"
 #include "harness/io.h"
@@ -349,7 +350,7 @@ TEST(TextCorpus, BuilderCleansDeduplicatesSplitsAndTrainReadsIt) {
   write_text(root / "alpha/usr/share/doc/alpha/d.png", "not text");
   write_text(root / "alpha/usr/share/doc/alpha/e.txt", "\n\n  \n");  // empty once cleaned
   for (int i = 0; i < 120; ++i) write_text(root / fmt::format("beta/doc/{:03d}.txt", i), fmt::format("doc {} of beta, long enough for a row\n", i));
-  const std::string cmd = fmt::format("python3 '{}/ci/text_corpus.py' '{}' '{}' > /dev/null", MIXBENCH_SOURCE_DIR,
+  const std::string cmd = fmt::format("python3 '{}/ci/text_corpus.py' '{}' '{}' > /dev/null", mixbench_test::source_dir(),
                                       root.string(), out.string());
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
 

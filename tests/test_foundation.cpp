@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "tests/source_dir.h"
 #include "harness/alloc.h"
 #include "harness/backbone.h"
 #include "harness/cli/cli.h"
@@ -47,7 +48,7 @@ void expect_valid_report(const fs::path& p) {
   EXPECT_TRUE(errs.empty()) << p << ": " << (errs.empty() ? "" : errs[0]);
 }
 
-std::string golden_dir() { return std::string(MIXBENCH_SOURCE_DIR) + "/tests/goldens"; }
+std::string golden_dir() { return std::string(mixbench_test::source_dir()) + "/tests/goldens"; }
 
 }  // namespace
 

@@ -11,6 +11,7 @@
 
 #include <filesystem>
 
+#include "tests/source_dir.h"
 #include "harness/backbone.h"
 #include "harness/errors.h"
 #include "harness/foreign_names.h"
@@ -113,7 +114,7 @@ TEST(ForeignNames, FlaConvReshapeAndRetnetRotationSign) {
 // nanochat's init_weights() constants (recorded in the original golden's metadata by
 // tests/goldens/make_original_goldens.py) against mixbench's initialisation of the same model.
 TEST(NanochatInit, ScalarsAndZeroInitsMatchTheOriginal) {
-  const std::string path = MIXBENCH_SOURCE_DIR "/tests/goldens/original/nanochat_dense.safetensors";
+  const std::string path = std::string(mixbench_test::source_dir()) + "/tests/goldens/original/nanochat_dense.safetensors";
   const SafetensorsFile f = read_safetensors(path);
   const MethodSpec& m = Registry::get().method("dense");
   const Config cfg = config_from_metadata(m, f.metadata, path);

@@ -8,6 +8,7 @@
 
 #include <cmath>
 
+#include "tests/source_dir.h"
 #include "harness/backbone.h"
 #include "harness/cli/cli.h"
 #include "harness/errors.h"
@@ -282,7 +283,7 @@ TEST(LoopConformance, WrongAlphaFails) {
 // A plan that applies the shared blocks the wrong number of times (same step count) is caught by
 // fixed_recursive's model golden: the logits differ from the stored ones.
 TEST(LoopConformance, WrongPlanFailsTheModelGolden) {
-  const std::string path = std::string(MIXBENCH_SOURCE_DIR) + "/tests/goldens/model/fixed_recursive.safetensors";
+  const std::string path = std::string(mixbench_test::source_dir()) + "/tests/goldens/model/fixed_recursive.safetensors";
   SafetensorsFile f = read_safetensors(path);
   MethodSpec m = Registry::get().method("fixed_recursive");
   const Config cfg = m.config.parse(f.metadata.at("config"));

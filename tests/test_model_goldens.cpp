@@ -8,6 +8,7 @@
 #include <fstream>
 #include <set>
 
+#include "tests/source_dir.h"
 #include "harness/errors.h"
 #include "harness/io.h"
 #include "harness/registry.h"
@@ -18,7 +19,7 @@ namespace mixbench {
 namespace {
 
 namespace fs = std::filesystem;
-const fs::path kDir = fs::path(MIXBENCH_SOURCE_DIR) / "tests" / "goldens" / "model";
+const fs::path kDir = fs::path(mixbench_test::source_dir()) / "tests" / "goldens" / "model";
 
 TEST(ModelGoldens, EveryMethodHasAFileAndEveryFileAMethod) {
   std::set<std::string> files;

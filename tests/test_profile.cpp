@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <tuple>
 
+#include "tests/source_dir.h"
 #include "harness/cli/cli.h"
 #include "harness/errors.h"
 #include "harness/io.h"
@@ -25,7 +26,7 @@ namespace fs = std::filesystem;
 
 TEST(Profile, ReadsNcuRawCsv) {
   // ncu 2025.3.1 on an H200: two kernels under one range, one launched from another thread
-  const std::string text = read_file((fs::path(MIXBENCH_SOURCE_DIR) / "tests" / "data" / "ncu_raw_h200.csv").string());
+  const std::string text = read_file((fs::path(mixbench_test::source_dir()) / "tests" / "data" / "ncu_raw_h200.csv").string());
   std::vector<KernelProfile> k = parse_ncu_raw_csv(text);
   ASSERT_EQ(k.size(), 3u);
   EXPECT_EQ(k[0].name, "k_other(float *, int)");
@@ -48,7 +49,7 @@ TEST(Profile, ReadsNcuRawCsv) {
 }
 
 TEST(Profile, ReportTotalsRatioAndTruncation) {
-  const std::string text = read_file((fs::path(MIXBENCH_SOURCE_DIR) / "tests" / "data" / "ncu_raw_h200.csv").string());
+  const std::string text = read_file((fs::path(mixbench_test::source_dir()) / "tests" / "data" / "ncu_raw_h200.csv").string());
   std::vector<KernelProfile> k = parse_ncu_raw_csv(text);
   ProfileOptions o;
   o.method = "dense";

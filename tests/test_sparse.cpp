@@ -8,6 +8,7 @@
 
 #include <filesystem>
 
+#include "tests/source_dir.h"
 #include "harness/errors.h"
 #include "harness/metrics.h"
 #include "harness/registry.h"
@@ -24,7 +25,7 @@ namespace {
 auto f64 = at::TensorOptions().dtype(at::kDouble);
 auto i64 = at::TensorOptions().dtype(at::kLong);
 
-std::string golden_dir() { return std::string(MIXBENCH_SOURCE_DIR) + "/tests/goldens"; }
+std::string golden_dir() { return std::string(mixbench_test::source_dir()) + "/tests/goldens"; }
 
 TensorMap inputs_for(const std::string& op, const std::string& cfg, int64_t B, int64_t T, uint64_t seed = 5) {
   const OpSpec& s = Registry::get().op(op);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/source_dir.h"
 #include "harness/args.h"
 #include "harness/errors.h"
 #include "harness/io.h"
@@ -159,7 +160,7 @@ TEST(TrainPresets, HybridsTakeTheirComponentsOverrides) {
 // registered, and the presets' lineups and anchors in suites/presets.json (the one table, checked
 // above). No suite source holds a registered method's name as a string literal.
 TEST(TrainPresets, NoSuiteSourceNamesAMethod) {
-  const fs::path dir = fs::path(MIXBENCH_SOURCE_DIR) / "suites";
+  const fs::path dir = fs::path(mixbench_test::source_dir()) / "suites";
   int files = 0;
   for (const auto& e : fs::recursive_directory_iterator(dir)) {
     if (!e.is_regular_file() || e.path().filename() == "presets.json") continue;
