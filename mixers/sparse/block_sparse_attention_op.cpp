@@ -210,6 +210,12 @@ at::Tensor block_sparse_attention_cpu(const at::Tensor& q, const at::Tensor& k, 
   return o.slice(1, 0, T);
 }
 
+at::Tensor block_sparse_attention_fast(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const at::Tensor& block_indices, int64_t bs, int64_t qb, double scale) {
+  return block_sparse_attention_cpu(up_to_fp32(q), up_to_fp32(k), up_to_fp32(v), block_indices, bs, qb, scale)
+      .to(q.scalar_type());
+}
+
 MIXBENCH_REGISTER(make_spec());
 
 }  // namespace mixbench

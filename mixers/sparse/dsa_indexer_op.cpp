@@ -183,6 +183,11 @@ at::Tensor dsa_indexer_cpu(const at::Tensor& q_idx, const at::Tensor& k_idx, con
   return out;
 }
 
+at::Tensor dsa_indexer_fast(const at::Tensor& q_idx, const at::Tensor& k_idx, const at::Tensor& w_idx, int64_t topk,
+                            double scale, bool relu) {
+  return dsa_indexer_cpu(up_to_fp32(q_idx), up_to_fp32(k_idx), up_to_fp32(w_idx), topk, scale, relu);
+}
+
 MIXBENCH_REGISTER(make_spec());
 
 }  // namespace mixbench

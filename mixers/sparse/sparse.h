@@ -37,6 +37,23 @@ at::Tensor block_topk_cpu(const at::Tensor& scores, int64_t block_size, int64_t 
 // would flip near-tied keys and round the index_add accumulations.
 TensorMap run_in_fp32(const OpFn& fn, const TensorMap& in, const Config& p);
 
+// The layers' entry points: the same contracts as the functions above, without the ops' value checks
+// and without host synchronisation, for inputs that are valid by construction (selections made by
+// block_topk / dsa_indexer), so that a captured CUDA graph can hold them. They run the dedicated
+// CUDA kernels where one exists for the device, dtype and shape; otherwise the LibTorch code above
+// (half-precision inputs computed in fp32, the outputs cast back). Attention outputs are
+// differentiable in q, k, v; selections carry no gradient.
+at::Tensor block_sparse_attention_fast(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const at::Tensor& block_indices, int64_t block_size, int64_t q_block,
+                                       double scale);
+at::Tensor sparse_attention_fast(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const at::Tensor& indices, double scale);
+at::Tensor dsa_indexer_fast(const at::Tensor& q_idx, const at::Tensor& k_idx, const at::Tensor& w_idx, int64_t topk,
+                            double scale, bool relu);
+at::Tensor block_topk_fast(const at::Tensor& scores, int64_t block_size, int64_t topk, bool counted);
+// x in fp32 when it is bf16 / fp16, else x itself.
+at::Tensor up_to_fp32(const at::Tensor& x);
+
 // Invariant of the sparse ops: with every causal key (or block) selected (`full`: the op's inputs,
 // `pf`: its params), the op's FP64 reference and its optimized path (inputs in dtype dt) equal dense
 // causal attention (the attention op's reference) with the same scale. Defined in sparse_attention_op.cpp.

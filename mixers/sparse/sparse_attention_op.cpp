@@ -199,6 +199,15 @@ at::Tensor sparse_attention_cpu(const at::Tensor& q, const at::Tensor& k, const 
 
 MIXBENCH_REGISTER(make_spec());
 
+at::Tensor up_to_fp32(const at::Tensor& x) {
+  return x.defined() && (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf) ? x.to(at::kFloat) : x;
+}
+
+at::Tensor sparse_attention_fast(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const at::Tensor& indices, double scale) {
+  return sparse_attention_cpu(up_to_fp32(q), up_to_fp32(k), up_to_fp32(v), indices, scale).to(q.scalar_type());
+}
+
 TensorMap run_in_fp32(const OpFn& fn, const TensorMap& in, const Config& p) {
   at::ScalarType half = at::kFloat;
   TensorMap up;
