@@ -17,15 +17,75 @@
 
 namespace mixbench {
 
+struct CapturedWork::Impl {
+#if defined(MIXBENCH_WITH_CUDA)
+  std::unique_ptr<c10::cuda::CUDAStream> side;
+  std::unique_ptr<at::cuda::CUDAGraph> graph;
+#endif
+};
+
+CapturedWork::CapturedWork(int device) : impl_(std::make_unique<Impl>()) {
+#if defined(MIXBENCH_WITH_CUDA)
+  if (device < 0) device = c10::cuda::current_device();
+  impl_->side = std::make_unique<c10::cuda::CUDAStream>(c10::cuda::getStreamFromPool(false, device));
+  c10::cuda::getCurrentCUDAStream(device).synchronize();
+#else
+  (void)device;
+  throw UsageError("a captured CUDA graph needs a CUDA build");
+#endif
+}
+
+CapturedWork::~CapturedWork() = default;
+
+void CapturedWork::run(const std::function<void()>& work) {
+#if defined(MIXBENCH_WITH_CUDA)
+  {
+    c10::cuda::CUDAStreamGuard sg(*impl_->side);
+    work();
+  }
+  impl_->side->synchronize();
+#else
+  (void)work;
+#endif
+}
+
+void CapturedWork::capture(const std::function<void()>& work) {
+#if defined(MIXBENCH_WITH_CUDA)
+  impl_->graph = std::make_unique<at::cuda::CUDAGraph>();
+  try {
+    c10::cuda::CUDAStreamGuard sg(*impl_->side);
+    impl_->graph->capture_begin();
+    work();
+    impl_->graph->capture_end();
+  } catch (const std::exception& e) {
+    try {
+      impl_->graph->capture_end();
+    } catch (const std::exception&) {
+    }
+    (void)cudaGetLastError();
+    impl_->graph.reset();
+    const std::string what = e.what();
+    throw std::runtime_error("capture failed: " + what.substr(0, what.find('\n')));
+  }
+#else
+  (void)work;
+#endif
+}
+
+void CapturedWork::replay() {
+#if defined(MIXBENCH_WITH_CUDA)
+  if (!impl_->graph) throw UsageError("nothing was captured to replay");
+  impl_->graph->replay();
+#endif
+}
+
 struct DecodeGraph::Impl {
   const Model* model = nullptr;
   ModelCache* cache = nullptr;
   at::Tensor input, logits;  // logits: the captured step's output buffer
   at::Tensor warm_logits;     // the warm-up step's, until the first replay
   bool replayed = false;
-#if defined(MIXBENCH_WITH_CUDA)
-  std::unique_ptr<at::cuda::CUDAGraph> graph;
-#endif
+  std::unique_ptr<CapturedWork> work;
 };
 
 namespace {
@@ -48,35 +108,19 @@ DecodeGraph::DecodeGraph(const Model& m, ModelCache& cache, const at::Tensor& fi
   impl_->model = &m;
   impl_->cache = &cache;
   impl_->input = first.clone();
-  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, first.device().index());
   auto one_step = [this] {
     impl_->logits = model_decode_step(*impl_->model, impl_->input, *impl_->cache, Backend::CUDA);
     impl_->input.copy_(impl_->logits.argmax(-1));
   };
-  c10::cuda::getCurrentCUDAStream(first.device().index()).synchronize();
-  {
-    c10::cuda::CUDAStreamGuard sg(side);
-    one_step();  // the warm-up: a real step (constants, workspaces and the allocator's blocks settle)
-  }
-  side.synchronize();
+  impl_->work = std::make_unique<CapturedWork>(first.device().index());
+  impl_->work->run(one_step);  // the warm-up: a real step
   impl_->warm_logits = impl_->logits;  // the capture below rebinds logits to the graph's output buffer
-  impl_->graph = std::make_unique<at::cuda::CUDAGraph>();
   const int64_t pos = cache.pos;
   try {
-    c10::cuda::CUDAStreamGuard sg(side);
-    impl_->graph->capture_begin();
-    one_step();
-    impl_->graph->capture_end();
+    impl_->work->capture(one_step);
   } catch (const std::exception& e) {
-    try {
-      impl_->graph->capture_end();
-    } catch (const std::exception&) {
-    }
-    (void)cudaGetLastError();
-    impl_->graph.reset();
     cache.pos = pos;
-    const std::string what = e.what();
-    throw std::runtime_error("decode step capture failed: " + what.substr(0, what.find('\n')));
+    throw std::runtime_error(std::string("decode step ") + e.what());
   }
   cache.pos = pos;  // the capture recorded the step without running it
 #else
@@ -94,7 +138,7 @@ void DecodeGraph::step() {
   ModelCache& c = *impl_->cache;
   if (c.pos >= c.capacity)
     throw InputError(fmt::format("the static cache ({} tokens) is full at position {}", c.capacity, c.pos));
-  impl_->graph->replay();
+  impl_->work->replay();
   impl_->replayed = true;
   impl_->warm_logits = at::Tensor();
   c.pos += 1;

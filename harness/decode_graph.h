@@ -6,11 +6,34 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <memory>
 
 #include "harness/backbone.h"
 
 namespace mixbench {
+
+// A piece of device work run eagerly and captured in a CUDA graph on one side stream of a GPU (a
+// capture cannot use the default stream): run() calls it on that stream and waits for it (the warm-up
+// before a capture: constants, workspaces and the allocator's blocks settle); capture() records it
+// without running it; replay() launches the recording, on the tensors it captured, on the caller's
+// current stream (work queued after it on that stream sees its results). Throws
+// std::runtime_error with the reason when the capture fails (a host read, an allocation the graph
+// cannot replay, ...), UsageError without a CUDA build.
+class CapturedWork {
+ public:
+  explicit CapturedWork(int device);  // device < 0: the current one
+  ~CapturedWork();
+  CapturedWork(const CapturedWork&) = delete;
+  CapturedWork& operator=(const CapturedWork&) = delete;
+  void run(const std::function<void()>& work);
+  void capture(const std::function<void()>& work);
+  void replay();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 class DecodeGraph {
  public:

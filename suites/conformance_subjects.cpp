@@ -7,8 +7,9 @@
 #include <algorithm>
 #include <cmath>
 
-#include "harness/nvtx.h"
+#include "harness/decode_graph.h"
 #include "harness/errors.h"
+#include "harness/nvtx.h"
 #include "harness/metrics.h"
 
 namespace mixbench::conformance_detail {
@@ -38,6 +39,13 @@ Subject seeded_subject(std::vector<CaseDef> cases, const std::string& name, cons
     return k;
   };
   return s;
+}
+
+// The check of a decode path's outputs against the forward's when the path could not run (a capture
+// failure): a failed check with the reason.
+Json failed_check(const std::string& tensor, double thr, const std::string& why) {
+  return {{"tensor", tensor}, {"kind", "invariant"}, {"rel_rms", nullptr}, {"max_abs", nullptr},
+          {"threshold", thr},  {"status", "fail"},    {"message", why}};
 }
 
 // An invariant after the case; its row's case label is the case's plus suffix.
@@ -75,6 +83,28 @@ Json run_model_decode_case(const Model& proto, const TensorMap& inputs64, const 
   for (const Json& c : {c1, c2}) {
     ok = ok && c["status"] == "pass";
     checks.push_back(c);
+  }
+  // On a GPU a model with static caches also decodes as the sweeps do, its whole step captured in a
+  // CUDA graph (DecodeGraph, static caches of capacity T): "decode_logits_graph" = the first step
+  // (the graph's eager warm-up) and n − 1 replays, each fed the forward's next token.
+  if (opt.backend == Backend::CUDA && n >= 2 && model_has_static_decode(mm)) {
+    Json c3;
+    try {
+      ModelCache sc;
+      model_prefill(mm, idx.slice(1, 0, Tp), opt.backend, &sc, T);
+      DecodeGraph g(mm, sc, idx.slice(1, Tp, Tp + 1));
+      std::vector<at::Tensor> gsteps = {g.logits().clone()};
+      for (int64_t t = Tp + 1; t < T; ++t) {
+        g.input().copy_(idx.slice(1, t, t + 1));
+        g.step();
+        gsteps.push_back(g.logits().clone());
+      }
+      c3 = check_json("decode_logits_graph", "invariant", compare(full.slice(1, Tp), at::cat(gsteps, 1)), thr);
+    } catch (const std::exception& e) {
+      c3 = failed_check("decode_logits_graph", thr, e.what());
+    }
+    ok = ok && c3["status"] == "pass";
+    checks.push_back(c3);
   }
   Json r = {{"status", ok ? "pass" : "fail"}, {"checks", checks}};
   r["shape"]["decode_steps"] = n;
@@ -115,6 +145,43 @@ Json run_decode_case(const MethodSpec& m, const Config& cfg, const LayerCtx& ctx
   for (const Json& c : {c1, c2}) {
     ok = ok && c["status"] == "pass";
     checks.push_back(c);
+  }
+  // On a GPU a method with static caches also decodes with its step captured in a CUDA graph, as the
+  // sweeps do: "decode_y_graph" = prefill into buffers of capacity T, the first step eager (the
+  // warm-up), then n − 1 replays of one capture that reads x (and ve) from fixed buffers and advances
+  // the device position.
+  if (opt.backend == Backend::CUDA && n >= 2 && m.static_decode) {
+    Json c3;
+    try {
+      TensorMap sc;
+      sc.set("pos_dev", at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(dev)));
+      sc.set("capacity", at::scalar_tensor(T, at::TensorOptions().dtype(at::kLong)));
+      m.prefill(slice_in(0, Tp), sc, cfg, ctx, opt.backend);
+      sc.at("pos_dev").fill_(Tp);
+      TensorMap step_in = slice_in(Tp, Tp + 1);
+      for (const char* name : {"x", "ve"})
+        if (step_in.has(name)) step_in.set(name, step_in.at(name).clone());
+      at::Tensor y;
+      auto step = [&] {
+        y = m.decode(step_in, sc, cfg, ctx, opt.backend).at("y");
+        sc.at("pos_dev").add_(1);
+      };
+      CapturedWork w(-1);
+      w.run(step);
+      std::vector<at::Tensor> gsteps = {y.clone()};
+      w.capture(step);
+      for (int64_t t = Tp + 1; t < T; ++t) {
+        for (const char* name : {"x", "ve"})
+          if (step_in.has(name)) step_in.at(name).copy_(in.at(name).slice(1, t, t + 1));
+        w.replay();
+        gsteps.push_back(y.clone());
+      }
+      c3 = check_json("decode_y_graph", "invariant", compare(full.slice(1, Tp), at::cat(gsteps, 1)), thr);
+    } catch (const std::exception& e) {
+      c3 = failed_check("decode_y_graph", thr, e.what());
+    }
+    ok = ok && c3["status"] == "pass";
+    checks.push_back(c3);
   }
   Json r = {{"status", ok ? "pass" : "fail"}, {"checks", checks}};
   r["shape"]["decode_steps"] = n;
