@@ -11,6 +11,7 @@
 #include "harness/io.h"
 #include "harness/report.h"
 #include "suites/leaderboard.h"
+#include "tests/test_util.h"
 
 namespace fs = std::filesystem;
 using namespace mixbench;
@@ -18,16 +19,11 @@ using Json = nlohmann::json;
 
 namespace {
 const fs::path& merge_tmp() {
-  static const fs::path dir = fs::temp_directory_path() / fmt::format("mixbench_lb_merge_test_{}", ::getpid());
-  fs::create_directories(dir);
+  static const fs::path dir = mixbench_test::scratch_dir("lb_merge_test");
   return dir;
 }
 
-size_t count(const std::string& text, const std::string& part) {
-  size_t n = 0;
-  for (size_t p = text.find(part); p != std::string::npos; p = text.find(part, p + 1)) ++n;
-  return n;
-}
+using mixbench_test::count_of;
 
 // The options every part and the combine share.
 const std::vector<std::string> kBase = {"leaderboard", "--config", "seq_len=32", "--steps", "2", "--batch", "1", "--probes", "0"};
@@ -66,8 +62,8 @@ TEST(LeaderboardMerge, PartsCombineToTheWholeRun) {
   };
   const std::string combined = path("combined.json");
   ASSERT_EQ(run(with({"--from", a + "," + b, "--from", c, "--out", combined}), &out, &err), 0) << err;
-  EXPECT_EQ(count(out, "\"state\":\"trained\""), 0u) << out;
-  EXPECT_EQ(count(out, "\"state\":\"kept\""), 4u) << out;
+  EXPECT_EQ(count_of(out, "\"state\":\"trained\""), 0u) << out;
+  EXPECT_EQ(count_of(out, "\"state\":\"kept\""), 4u) << out;
   const Json w = Json::parse(read_file(whole)), r = Json::parse(read_file(combined));
   EXPECT_TRUE(validate_json(r, report_schema()).empty());
   EXPECT_EQ(r["merged_from"], Json({a, b, c}));
@@ -91,7 +87,7 @@ TEST(LeaderboardMerge, PartsCombineToTheWholeRun) {
   // --no-train: what the parts hold, the rest listed as missing; nothing trained
   const std::string partial = path("partial.json");
   ASSERT_EQ(run(with({"--from", a, b, "--no-train", "--out", partial}), &out, &err), 0) << err;
-  EXPECT_EQ(count(out, "\"state\":\"trained\""), 0u) << out;
+  EXPECT_EQ(count_of(out, "\"state\":\"trained\""), 0u) << out;
   EXPECT_NE(err.find("1 of 4 cells missing"), std::string::npos) << err;
   const Json p = Json::parse(read_file(partial));
   EXPECT_FALSE(p["summary"]["complete"].get<bool>());

@@ -19,6 +19,7 @@
 #include "reports/plot.h"
 #include "suites/stats.h"
 #include "suites/train.h"
+#include "tests/test_util.h"
 
 namespace fs = std::filesystem;
 using namespace mixbench;
@@ -27,16 +28,11 @@ using Json = nlohmann::json;
 namespace {
 // This process's scratch folder.
 const fs::path& lb_tmp() {
-  static const fs::path dir = fs::temp_directory_path() / fmt::format("mixbench_lb_stats_test_{}", ::getpid());
-  fs::create_directories(dir);
+  static const fs::path dir = mixbench_test::scratch_dir("lb_stats_test");
   return dir;
 }
 
-size_t count(const std::string& text, const std::string& part) {
-  size_t n = 0;
-  for (size_t p = text.find(part); p != std::string::npos; p = text.find(part, p + 1)) ++n;
-  return n;
-}
+using mixbench_test::count_of;
 
 // A per-seed train result as run_leaderboard collects it.
 Json run_row(const std::string& method, uint64_t seed, double bpb, double tps) {
@@ -310,24 +306,24 @@ TEST(LeaderboardStats, PageHasTablesScatterPlotsAndTheParetoFront) {
   const Json rows = leaderboard_rows({"best", "fast", "dominated", "<same>&"}, runs, "best", md);
   const std::string page = leaderboard_html(rows, "board", {{"baseline", "best"}});
   EXPECT_EQ(page.find("<pre"), std::string::npos);
-  EXPECT_EQ(count(page, "<table"), 2u);  // the ranking and the probes
-  EXPECT_EQ(count(page, "<svg"), 3u);
+  EXPECT_EQ(count_of(page, "<table"), 2u);  // the ranking and the probes
+  EXPECT_EQ(count_of(page, "<svg"), 3u);
   EXPECT_NE(page.find("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"560\" height=\"400\" viewBox=\"0 0 560 400\" "
                       "font-family=\"sans-serif\" class=\"bpb-speed\">"),
             std::string::npos);
   EXPECT_NE(page.find("<th class=\"num\">Δ vs best</th>"), std::string::npos);
   EXPECT_NE(page.find("<td>&lt;same&gt;&amp;</td>"), std::string::npos);
   EXPECT_EQ(page.find("<same>"), std::string::npos);
-  EXPECT_EQ(count(page, "<g class=\"ci\""), 8u);     // an error bar per method per scatter plot
-  EXPECT_EQ(count(page, "<circle class=\"front\""), 2u);  // best and fast
-  EXPECT_EQ(count(page, "<polyline class=\"pareto\""), 1u);
-  EXPECT_EQ(count(page, "<text class=\"label\""), 8u);
+  EXPECT_EQ(count_of(page, "<g class=\"ci\""), 8u);     // an error bar per method per scatter plot
+  EXPECT_EQ(count_of(page, "<circle class=\"front\""), 2u);  // best and fast
+  EXPECT_EQ(count_of(page, "<polyline class=\"pareto\""), 1u);
+  EXPECT_EQ(count_of(page, "<text class=\"label\""), 8u);
   EXPECT_NE(page.find("<tr class=\"tie\">"), std::string::npos);  // dominated and <same>& share a rank
   // one seed: the page says so
   const Json single = leaderboard_rows({"best", "fast"}, {runs[0], runs[1]}, "best", md);
   const std::string p1 = leaderboard_html(single, "board", {{"baseline", "best"}});
   EXPECT_NE(p1.find("single seed"), std::string::npos);
-  EXPECT_EQ(count(p1, "<g class=\"ci\""), 0u);
+  EXPECT_EQ(count_of(p1, "<g class=\"ci\""), 0u);
 }
 
 // ------------------------------------------------------------------ interrupted and resumed
@@ -351,7 +347,7 @@ TEST(LeaderboardStats, AnInterruptedRunIsFinishedByARerun) {
   std::string out, err;
   // interrupted after 2 of the 4 cells: the report holds them
   ASSERT_EQ(run({"--out", part, "--stop-after", "2"}, &out, &err), 0) << err;
-  EXPECT_EQ(count(out, "\"state\":\"trained\""), 2u) << out;
+  EXPECT_EQ(count_of(out, "\"state\":\"trained\""), 2u) << out;
   EXPECT_NE(err.find("stopped after 2 of 4 cells"), std::string::npos) << err;
   Json r = Json::parse(read_file(part));
   EXPECT_TRUE(validate_json(r, report_schema()).empty());
@@ -361,8 +357,8 @@ TEST(LeaderboardStats, AnInterruptedRunIsFinishedByARerun) {
   EXPECT_EQ(r["results"][0]["seeds"], Json({3}));  // seed by seed: both methods at the first seed
   // the rerun trains only the two missing cells
   ASSERT_EQ(run({"--out", part}, &out, &err), 0) << err;
-  EXPECT_EQ(count(out, "\"state\":\"trained\""), 2u) << out;
-  EXPECT_EQ(count(out, "\"state\":\"kept\""), 2u) << out;
+  EXPECT_EQ(count_of(out, "\"state\":\"trained\""), 2u) << out;
+  EXPECT_EQ(count_of(out, "\"state\":\"kept\""), 2u) << out;
   const Json resumed = Json::parse(read_file(part));
   EXPECT_TRUE(resumed["summary"]["complete"].get<bool>());
   // an uninterrupted run gives the same numbers
