@@ -57,7 +57,12 @@ std::vector<TaskSetting> task_grid(const TasksPreset& p, const std::vector<std::
     const TaskInfo& info = task_info(t);
     auto add = [&](int64_t length, int64_t d, int64_t pairs = 0, int64_t vocab = 0) {
       TaskSetting s{t, length, pairs, d, vocab, {length}};
-      if (info.length_generalisation) s.test_lengths = {length, 2 * length, 4 * length};
+      if (!p.test_scales.empty()) {
+        s.test_lengths.clear();
+        for (int64_t k : p.test_scales) s.test_lengths.push_back(k * length);
+      } else if (info.length_generalisation) {
+        s.test_lengths = {length, 2 * length, 4 * length};
+      }
       check_task_setting(s);
       grid.push_back(s);
     };
@@ -84,6 +89,7 @@ std::string task_model_config(const MethodSpec& method, const TasksPreset& p, co
                                 std::min(p.head_dim, s.d_model), task_model_seq_len(s), task_vocab(s) + 1);
   auto it = method.presets.find("tiny");
   if (it != method.presets.end() && !it->second.config.empty()) cfg += "," + it->second.config;
+  if (!p.config.empty()) cfg += "," + p.config;
   return cfg;
 }
 
@@ -235,7 +241,22 @@ Json run_tasks(const TasksOptions& o) {
   }
   if (o.mqar_vocab < 0) throw UsageError(fmt::format("--vocab takes a positive integer, not {}", o.mqar_vocab));
   if (o.mqar_vocab > 0) P.mqar_vocab = o.mqar_vocab;
+  for (int64_t k : o.test_scales)
+    if (k < 1) throw UsageError(fmt::format("--test-scales takes positive multiples of the training length, not {}", k));
+  if (!o.test_scales.empty()) P.test_scales = o.test_scales;
+  P.config = o.config;
   const std::vector<std::string> methods = tasks_methods(P, o.methods);
+  // A bad override is the user's mistake, not a method's refusal of a setting: check it on every
+  // method's config spec before training anything.
+  if (!P.config.empty())
+    for (const auto& m : methods) {
+      const MethodSpec& ms = Registry::get().method(m);
+      try {
+        ms.config.parse(P.config);
+      } catch (const InputError& e) {
+        throw UsageError(fmt::format("--config '{}' for {}: {}", P.config, m, e.what()));
+      }
+    }
   const std::vector<TaskSetting> grid = task_grid(P, o.tasks);
   if (grid.empty())
     throw UsageError("the grid is empty: no MQAR (length, pairs) with 4 x pairs <= length, and no other task");

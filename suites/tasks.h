@@ -33,6 +33,11 @@ struct TasksPreset {
   int64_t mqar_vocab = 8192;
   int64_t mad_length = 128, mad_width = 128;  // MAD's tasks (selective copy: 2 x mad_length, as MAD's 256)
   int64_t state_length = 16, state_width = 128;  // s3/s5/parity: trained at L, held out at L, 2L, 4L
+  // Held-out lengths as multiples of each setting's training length (length extrapolation, e.g.
+  // {1, 2, 4, 8}); empty = the task's own rule (L; L, 2L, 4L for state tracking).
+  std::vector<int64_t> test_scales;
+  // Config overrides "k=v,..." of every method's model, after the method's tiny-preset overrides.
+  std::string config;
 };
 // "cpu-tiny" or "gpu"; UsageError otherwise.
 TasksPreset tasks_preset(const std::string& name);
@@ -41,7 +46,7 @@ TasksPreset tasks_preset(const std::string& name);
 std::vector<TaskSetting> task_grid(const TasksPreset& p, const std::vector<std::string>& tasks);
 
 // The config of `method`'s model for a setting: n_layer, d_model, head_dim, seq_len (the longest
-// instance + BOS), vocab (the task's + BOS), then the method's tiny-preset overrides.
+// instance + BOS), vocab (the task's + BOS), then the method's tiny-preset overrides, then p.config.
 std::string task_model_config(const MethodSpec& method, const TasksPreset& p, const TaskSetting& s);
 
 // Instances as model rows: idx [N, T] with BOS first and BOS padding on the right, targets [N, T]
@@ -59,6 +64,8 @@ struct TasksOptions {
   // MQAR grid overrides (empty = the preset's); every value must be positive
   std::vector<int64_t> mqar_lengths, mqar_pairs, mqar_widths;
   int64_t mqar_vocab = 0;            // MQAR token ids (0 = the preset's): keys [1, V/2), values [V/2, V)
+  std::vector<int64_t> test_scales;  // TasksPreset::test_scales (empty = the preset's)
+  std::string config;                // TasksPreset::config
   std::string device = "cpu";
   int progress = 0;                  // 0 none, 1 JSON lines, 2 human lines
 };

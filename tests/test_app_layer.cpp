@@ -3,6 +3,8 @@
 // without the command line, and the HTML pages keep their exact bytes.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <ATen/ATen.h>
 
 #include <filesystem>

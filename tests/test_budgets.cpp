@@ -4,6 +4,10 @@
 // (ci/text_corpus.py) on a hand-made input and `--data text` on its output.
 #include <gtest/gtest.h>
 
+#include <ATen/ATen.h>
+
+#include <fmt/format.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>

@@ -4,6 +4,10 @@
 // others stop within the timeout naming it, with the last checkpoint intact; bad input exits 2.
 #include <gtest/gtest.h>
 
+#include <ATen/ATen.h>
+
+#include <fmt/format.h>
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>

@@ -2,6 +2,8 @@
 // NVTX naming, accountant audits — and mutation tests proving every conformance check can fail.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>

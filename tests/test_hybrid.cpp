@@ -4,6 +4,8 @@
 // sweeps and `mixbench list`.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>

@@ -4,6 +4,8 @@
 // with the key factors cached, the accountant's audit and the iso-FLOP calibration at every preset.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 

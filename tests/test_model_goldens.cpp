@@ -4,6 +4,8 @@
 // with `mixbench golden --model all --out-dir tests/goldens/model`.
 #include <gtest/gtest.h>
 
+#include <ATen/ATen.h>
+
 #include <filesystem>
 #include <fstream>
 #include <set>

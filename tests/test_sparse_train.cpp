@@ -4,6 +4,8 @@
 // attention while the KL still trains the indexer, and `mixbench train` logs the auxiliary loss.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/autograd.h>

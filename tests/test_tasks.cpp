@@ -4,6 +4,8 @@
 // schema, pages and command line; and the cpu-tiny preset end to end.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -388,6 +390,45 @@ TEST(TaskTraining, MqarVocabularyOption) {
   EXPECT_DOUBLE_EQ(rows[0]["chance"].get<double>(), 1.0 / 20.0);  // values from [20, 40)
   o.mqar_vocab = -1;
   EXPECT_THROW(run_tasks(o), UsageError);
+}
+
+// Length extrapolation and model overrides: --test-scales scores each trained model at multiples of
+// its training length (the model's sequence length covering the longest), --config reaches every
+// method's model config, and bad values of either are refused before any training.
+TEST(TaskTraining, HeldOutScalesAndConfigOverrides) {
+  TasksOptions o;
+  o.methods = {"dense_full"};
+  o.tasks = {"mqar"};
+  o.steps = 2;
+  o.mqar_lengths = {16};
+  o.mqar_pairs = {2};
+  o.mqar_widths = {64};
+  o.test_scales = {1, 2, 4};
+  o.config = "rope=false";
+  const Json rows = run_tasks(o);
+  ASSERT_EQ(rows.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(rows[i]["status"], "ok") << rows[i].dump();
+    EXPECT_EQ(rows[i]["setting"]["length"], 16);
+    EXPECT_EQ(rows[i]["setting"]["test_length"], 16 << i) << rows[i].dump();
+  }
+  TasksPreset p = tasks_preset("cpu-tiny");
+  p.test_scales = {1, 8};
+  const TaskSetting s = task_grid(p, {"mqar"}).at(0);
+  EXPECT_EQ(s.test_lengths, (std::vector<int64_t>{s.length, 8 * s.length}));
+  EXPECT_EQ(task_model_seq_len(s), 8 * s.length + 1);
+  const MethodSpec& ms = Registry::get().method("dense_full");
+  EXPECT_TRUE(ms.config.parse(task_model_config(ms, p, s)).b("rope"));
+  p.config = "rope=false";
+  EXPECT_FALSE(ms.config.parse(task_model_config(ms, p, s)).b("rope"));
+  TasksOptions bad = o;
+  bad.test_scales = {0};
+  EXPECT_THROW(run_tasks(bad), UsageError);
+  bad = o;
+  bad.config = "no_such_knob=1";
+  EXPECT_THROW(run_tasks(bad), UsageError);
+  EXPECT_EQ(run_cli({"tasks", "--tasks", "mqar", "--test-scales", "0", "--quiet"}), 2);
+  EXPECT_EQ(run_cli({"tasks", "--tasks", "mqar", "--config", "no_such_knob=1", "--quiet"}), 2);
 }
 
 TEST(TaskTraining, SkippedRowsAndReportMatchTheSchema) {

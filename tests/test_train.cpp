@@ -3,6 +3,8 @@
 // the equal-FLOP leaderboard's calibration and reproducibility.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 

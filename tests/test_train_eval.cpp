@@ -3,6 +3,8 @@
 // re-computation written here from the same parameter tensors.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 

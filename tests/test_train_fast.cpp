@@ -4,6 +4,8 @@
 // without one) the CUDA-graph scopes of the training step.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 

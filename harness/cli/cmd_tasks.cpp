@@ -52,6 +52,8 @@ int run_tasks_command(const Args& a, const std::vector<std::string>& args) {
   o.mqar_widths = counts(a, "widths", "MQAR width");
   o.mqar_vocab = a.get_int("vocab", 0);
   if (o.mqar_vocab < 0) throw UsageError(fmt::format("--vocab takes a positive integer, not {}", o.mqar_vocab));
+  o.test_scales = counts(a, "test-scales", "held-out length multiple");
+  o.config = a.get_or("config", "");
   o.progress = progress_mode(a.flag("quiet"));
   if (o.seeds < 0 || o.steps < 0) throw UsageError("--seeds and --steps must be >= 0");
   parse_device(o.device);
@@ -70,6 +72,8 @@ int run_tasks_command(const Args& a, const std::vector<std::string>& args) {
                  {"mqar_vocab", o.mqar_vocab > 0 ? o.mqar_vocab : P.mqar_vocab},
                  {"n_layer", P.n_layer},
                  {"eval_instances", P.eval_instances},
+                 {"test_scales", o.test_scales},
+                 {"model_config", o.config},
                  {"device", o.device}};
   info.seeds = {{"base", o.seed}};
   Json report = make_report(info, results);
@@ -114,6 +118,8 @@ Command tasks_command() {
            {"pairs", OptionKind::Multi, "N1,N2", "MQAR key-value pairs (4 x pairs <= length; default: the preset's)"},
            {"widths", OptionKind::Multi, "D1,D2", "MQAR model widths (default: the preset's)"},
            {"vocab", OptionKind::Value, "V", "MQAR token ids: keys from [1, V/2), values from [V/2, V) (default: the preset's)"},
+           {"test-scales", OptionKind::Multi, "1,2,4,8", "held-out lengths as multiples of each setting's training length (length extrapolation; default: L, and L, 2L, 4L for state tracking)"},
+           {"config", OptionKind::Value, "k=v,...", "config overrides of every method's model (e.g. rope=false)"},
            {"device", OptionKind::Value, "cpu|cuda", "device the training runs on (default cpu)"},
            {"out", OptionKind::Value, "report.json", "write the JSON report, with .md and .html beside it"},
            {"quiet", OptionKind::Flag, "", "no progress output"}},
