@@ -331,7 +331,10 @@ struct BlockSparseCudaFn : public torch::autograd::Function<BlockSparseCudaFn> {
 at::Tensor block_sparse_attention_fast(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                        const at::Tensor& block_indices, int64_t bs, int64_t qb, double scale) {
 #if defined(MIXBENCH_WITH_CUDA)
-  if (bsa_kernel_applies(q, k, v, block_indices, bs, qb)) return BlockSparseCudaFn::apply(q, k, v, block_indices, bs, qb, scale);
+  if (bsa_kernel_applies(q, k, v, block_indices, bs, qb)) {
+    note_kernel("block_sparse_cuda");
+    return BlockSparseCudaFn::apply(q, k, v, block_indices, bs, qb, scale);
+  }
 #endif
   return block_sparse_attention_cpu(up_to_fp32(q), up_to_fp32(k), up_to_fp32(v), block_indices, bs, qb, scale)
       .to(q.scalar_type());
