@@ -242,14 +242,9 @@ at::Tensor block_sparse_attention(const at::Tensor& q, const at::Tensor& k, cons
   TensorMap in{{"q", q.contiguous()}, {"k", k.contiguous()}, {"v", v.contiguous()},
                {"block_indices", block_indices.contiguous()}};
   if (backend_of(q, op) == Backend::CPU) return run(op, in, p, q).at("o");
+  // the layers' entry point: the CUDA kernels where they apply, else the LibTorch path in fp32
   const double s = scale ? *scale : 1.0 / std::sqrt(double(q.size(3)));
-  return run_in_fp32(
-             [s, block_size, qb](const TensorMap& m, const Config&) {
-               return TensorMap{{"o", block_sparse_attention_cpu(m.at("q"), m.at("k"), m.at("v"), m.at("block_indices"),
-                                                                 block_size, qb, s)}};
-             },
-             in, p)
-      .at("o");
+  return block_sparse_attention_fast(in.at("q"), in.at("k"), in.at("v"), in.at("block_indices"), block_size, qb, s);
 }
 
 // ------------------------------------------------------------------ DSA lightning indexer

@@ -16,6 +16,10 @@
 // [B,Hkv,NQ,topk·bs,D] — and the row's q_block·G queries attend to them with two batched matmuls
 // and a masked softmax. Every slot is computed, including empty (−1) slots and the masked future
 // part of a block: per query 4·D·topk·bs FLOPs (times NQ·q_block/T for the padded last row).
+//
+// CUDA path (after the op's checks) = block_sparse_attention_fast: the kernels of
+// block_sparse_kernel.cu for fp32 / bf16 / fp16 with D = Dv ∈ {64, 128} (only the visible keys of
+// the listed blocks are computed), otherwise the LibTorch code above in fp32.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
@@ -26,6 +30,14 @@
 #include "mixers/common/qkv_op.h"
 #include "mixers/sparse/sparse.h"
 #include "reference/sparse.h"
+
+#if defined(MIXBENCH_WITH_CUDA)
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "mixers/sparse/block_sparse_kernel.h"
+#endif
 
 namespace mixbench {
 
@@ -90,6 +102,15 @@ TensorMap cpu_fn(const TensorMap& in, const Config& p) {
                                            q_block_of(p), resolve_scale(p, q.size(3)))}};
 }
 
+// The layers' entry point after the op's checks: the CUDA kernels where they apply (fp32 / bf16 /
+// fp16, D = Dv ∈ {64, 128}), else the LibTorch path in fp32.
+TensorMap cuda_fn(const TensorMap& in, const Config& p) {
+  check_block_inputs(in, p);
+  const auto& q = in.at("q");
+  return {{"o", block_sparse_attention_fast(q, in.at("k"), in.at("v"), in.at("block_indices"), p.i("block_size"),
+                                            q_block_of(p), resolve_scale(p, q.size(3)))}};
+}
+
 // Random causal block selections: each row picks min(topk, available) distinct blocks among those
 // starting at or before its last query, shuffled across the slots with the −1 padding.
 at::Tensor random_block_indices(int64_t B, int64_t Hkv, int64_t T, int64_t bs, int64_t qb, int64_t topk,
@@ -138,6 +159,9 @@ std::vector<CaseDef> cases() {
       {"block1_tokens", c("H=2,Hkv=2,D=8,block_size=1,topk=5"), 1, 17},
       {"gqa_T150", c("H=4,Hkv=2,D=16,block_size=16,topk=4"), 2, 150},
       {"scale_Dv", c("H=2,Hkv=2,D=8,Dv=12,scale=0.3,block_size=6,topk=2"), 2, 19},
+      // head dims of the CUDA kernels (per-token rows with GQA; q_block = block_size, a partial block)
+      {"kernel_d64_rows", c("H=4,Hkv=2,D=64,block_size=4,q_block=1,topk=5"), 2, 41},
+      {"kernel_d128", c("H=2,Hkv=1,D=128,block_size=16,topk=3"), 1, 70},
   };
 }
 
@@ -165,8 +189,7 @@ OpSpec make_spec() {
   s.make_inputs = make_inputs;
   s.reference = reference_fn;
   s.cpu = cpu_fn;
-  // device-agnostic LibTorch (gathers and batched products) in fp32; no dedicated kernel
-  s.cuda = [](const TensorMap& in, const Config& p) { return run_in_fp32(cpu_fn, in, p); };
+  s.cuda = cuda_fn;
   s.cases = cases;
   s.invariants = dense_equivalence;
   return s;
@@ -210,8 +233,109 @@ at::Tensor block_sparse_attention_cpu(const at::Tensor& q, const at::Tensor& k, 
   return o.slice(1, 0, T);
 }
 
+#if defined(MIXBENCH_WITH_CUDA)
+namespace {
+
+// The CUDA kernels take q, k, v of one floating type on one GPU, D = Dv ∈ {64, 128}, index ranges
+// that fit int32 (the transposed selection's offsets) and B·Hkv ≤ 65535.
+bool bsa_kernel_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& idx,
+                        int64_t bs, int64_t qb) {
+  if (!q.is_cuda() || !k.is_cuda() || !v.is_cuda() || k.device() != q.device() || v.device() != q.device()) return false;
+  const auto dt = q.scalar_type();
+  if (dt != at::kFloat && dt != at::kBFloat16 && dt != at::kHalf) return false;
+  if (k.scalar_type() != dt || v.scalar_type() != dt || idx.scalar_type() != at::kLong) return false;
+  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || idx.dim() != 4) return false;
+  const int64_t D = q.size(3);
+  if (!bsa_cuda::supported_head_dim(int(D)) || k.size(3) != D || v.size(3) != D) return false;
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Hkv = k.size(2);
+  if (Hkv <= 0 || H % Hkv != 0 || bs <= 0 || qb <= 0 || B * T * H == 0) return false;
+  const int64_t lim = std::numeric_limits<int32_t>::max() / 2;
+  return idx.numel() < lim && T < lim && B * Hkv * ((T + bs - 1) / bs) < lim && B * Hkv <= 65535;  // grid.y = B·Hkv
+}
+
+bsa_cuda::Dtype bsa_dtype(const at::Tensor& x) {
+  return x.scalar_type() == at::kFloat ? bsa_cuda::Dtype::F32
+         : x.scalar_type() == at::kBFloat16 ? bsa_cuda::Dtype::BF16
+                                            : bsa_cuda::Dtype::F16;
+}
+
+bsa_cuda::Shape bsa_shape(const at::Tensor& q, const at::Tensor& k, const at::Tensor& idx, int64_t bs, int64_t qb,
+                          double scale) {
+  return {int(q.size(0)), int(q.size(1)), int(q.size(2)), int(k.size(2)), int(q.size(3)), int(bs), int(qb),
+          int(idx.size(2)), int(idx.size(3)), float(scale)};
+}
+
+// The kernels' forward (o and the row log-sum-exp) and backward (dq query-stationary; dk, dv
+// key-block-stationary over the transposed selection, built on the device).
+struct BlockSparseCudaFn : public torch::autograd::Function<BlockSparseCudaFn> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, const at::Tensor& idx, int64_t bs, int64_t qb, double scale) {
+    const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+    const at::Tensor ic = idx.to(q.device()).contiguous();
+    const bsa_cuda::Shape s = bsa_shape(qc, kc, ic, bs, qb, scale);
+    at::Tensor o = at::empty_like(qc);
+    at::Tensor lse = at::empty({s.B, s.T, s.H}, qc.options().dtype(at::kFloat));
+    bsa_cuda::forward(bsa_dtype(qc), s, qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), ic.data_ptr<int64_t>(), o.data_ptr(),
+                      lse.data_ptr<float>(), c10::cuda::getCurrentCUDAStream(q.device().index()).stream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    ctx->save_for_backward({qc, kc, vc, ic, o, lse});
+    ctx->saved_data["bs"] = bs;
+    ctx->saved_data["qb"] = qb;
+    ctx->saved_data["scale"] = scale;
+    return o;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list g) {
+    const auto sv = ctx->get_saved_variables();
+    const at::Tensor &q = sv[0], &k = sv[1], &v = sv[2], &idx = sv[3], &o = sv[4], &lse = sv[5];
+    if (!g[0].defined()) return {at::zeros_like(q), at::zeros_like(k), at::zeros_like(v), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const bsa_cuda::Shape s = bsa_shape(q, k, idx, ctx->saved_data["bs"].toInt(), ctx->saved_data["qb"].toInt(),
+                                        ctx->saved_data["scale"].toDouble());
+    const at::Tensor dout = g[0].to(q.scalar_type()).contiguous();
+    const cudaStream_t st = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+    const auto dt = bsa_dtype(q);
+    auto i32 = q.options().dtype(at::kInt);
+    at::Tensor dq = at::empty_like(q), delta = at::empty({s.B, s.T, s.H}, q.options().dtype(at::kFloat));
+    bsa_cuda::backward_dq(dt, s, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), dout.data_ptr(),
+                          idx.data_ptr<int64_t>(), lse.data_ptr<float>(), dq.data_ptr(), delta.data_ptr<float>(), st);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    // The transposed selection: rows[row_off[seg] …] = the query rows listing block seg = (b, h_kv, i).
+    const int64_t S = s.segments();
+    at::Tensor count = at::zeros({S}, i32);
+    bsa_cuda::count_selections(s, idx.data_ptr<int64_t>(), count.data_ptr<int>(), st);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    at::Tensor row_off = at::zeros({S + 1}, i32), item_off = at::zeros({S + 1}, i32);
+    const int R = s.rows_per_item();
+    row_off.slice(0, 1).copy_(at::cumsum(count, 0, at::kInt));
+    item_off.slice(0, 1).copy_(at::cumsum(at::div(count + (R - 1), R, "floor"), 0, at::kInt));
+    at::Tensor cursor = at::zeros({S}, i32), rows = at::empty({std::max<int64_t>(s.entries(), 1)}, i32);
+    bsa_cuda::fill_selections(s, idx.data_ptr<int64_t>(), row_off.data_ptr<int>(), cursor.data_ptr<int>(),
+                              rows.data_ptr<int>(), st);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    const bool f32 = q.scalar_type() == at::kFloat;
+    at::Tensor dk = at::zeros(k.sizes(), k.options().dtype(at::kFloat)), dv = at::zeros(v.sizes(), v.options().dtype(at::kFloat));
+    bsa_cuda::backward_dkdv(dt, s, q.data_ptr(), k.data_ptr(), v.data_ptr(), dout.data_ptr(), lse.data_ptr<float>(),
+                            delta.data_ptr<float>(), row_off.data_ptr<int>(), item_off.data_ptr<int>(), rows.data_ptr<int>(),
+                            dk.data_ptr<float>(), dv.data_ptr<float>(), st);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    if (!f32) {
+      dk = dk.to(k.scalar_type());
+      dv = dv.to(v.scalar_type());
+    }
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+#endif
+
 at::Tensor block_sparse_attention_fast(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                        const at::Tensor& block_indices, int64_t bs, int64_t qb, double scale) {
+#if defined(MIXBENCH_WITH_CUDA)
+  if (bsa_kernel_applies(q, k, v, block_indices, bs, qb)) {
+    note_kernel("block_sparse_cuda");
+    return BlockSparseCudaFn::apply(q, k, v, block_indices, bs, qb, scale);
+  }
+#endif
   return block_sparse_attention_cpu(up_to_fp32(q), up_to_fp32(k), up_to_fp32(v), block_indices, bs, qb, scale)
       .to(q.scalar_type());
 }
