@@ -57,7 +57,7 @@ at::Tensor block_topk_fast(const at::Tensor& scores, int64_t block_size, int64_t
 at::Tensor dsa_indexer_topk(const at::Tensor& q_idx, const at::Tensor& k_idx, const at::Tensor& w_idx, int64_t topk,
                             double scale, bool relu, int64_t budget_bytes = int64_t(256) << 20);
 // Queries per block of dsa_indexer_topk: the most (1 … T) whose per-block tensors — similarities
-// [B,n,H_I,T] fp32, scores, int64 keys and the top-k's work space, about B·n·T·(4·H_I + 24) bytes —
+// [B,n,H_I,T] fp32, scores, int64 keys and the top-k's work space, about B·n·T·(4·H_I + 40) bytes —
 // fit in budget_bytes.
 int64_t dsa_indexer_block(int64_t B, int64_t T, int64_t HI, int64_t budget_bytes);
 // block_topk_cpu's contract through topk_lowest_index (fp32 scores; others: block_topk_cpu).

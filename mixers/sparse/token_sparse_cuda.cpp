@@ -17,6 +17,7 @@
 #endif
 
 #include "harness/errors.h"
+#include "harness/registry.h"
 
 namespace mixbench {
 
@@ -94,6 +95,7 @@ at::Tensor sparse_attention_kernel(const at::Tensor& q, const at::Tensor& k, con
 #if defined(MIXBENCH_WITH_CUDA)
   if (!sparse_attention_kernel_applies(q, k, v, indices))
     throw InputError("sparse_attention_kernel: inputs the token-sparse kernels are not built for");
+  note_kernel("token_sparse_attention");
   return TokenSparseFn::apply(q, k, v, indices, scale)[0];
 #else
   (void)q, (void)k, (void)v, (void)indices, (void)scale;

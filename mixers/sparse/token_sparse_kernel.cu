@@ -12,6 +12,13 @@
 //     atomics (each (query, selected key, KV head) adds 2·D values).
 // Shared-memory rows of the key tile are Hkv·D + 1 floats long, so that the threads of a warp,
 // reading one dim of consecutive keys, hit distinct banks.
+//
+// Cost notes. The products run on the CUDA cores in fp32 from shared memory (no tensor cores), and
+// the tile is stored in fp32, so d12's shape (H = Hkv = 6, D = 128) gets 16-key tiles and two
+// blocks per multiprocessor. The backward's atomics: 2·K·Hkv·D per query — at K = 256, Hkv = 6,
+// D = 128 that is 393K fp32 reductions per query, 12.9·10⁹ (51 GB of read-modify-write) per batch
+// row at T = 32K, into 2·T·Hkv·D·4 B = 201 MB of buffers (more than the L2): the backward's largest
+// cost there. A key-major pass over the transposed selection would replace them.
 #include "mixers/sparse/token_sparse_kernel.h"
 
 #include "harness/cuda_dtype.cuh"
@@ -145,10 +152,12 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const T* __restrict__
         p = expf(s - m_new);          // 0 for an empty slot
       }
       const float psum = warp_sum(p);
+      const float l_old = l_s[h];
+      __syncwarp();  // every lane has read this head's state before lane 0 rewrites it
       if (lane < KT) p_s[h * KT + lane] = p;
       if (lane == 0) {
         m_s[h] = m_new;
-        l_s[h] = l_s[h] * alpha + psum;
+        l_s[h] = l_old * alpha + psum;
         a_s[h] = alpha;
       }
     }
