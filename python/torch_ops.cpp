@@ -212,13 +212,9 @@ at::Tensor sparse_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const Config p = op_params(op, {{"scale", scale_param(op, scale)}, {"topk", indices.size(2)}});
   TensorMap in{{"q", q.contiguous()}, {"k", k.contiguous()}, {"v", v.contiguous()}, {"indices", indices.contiguous()}};
   if (backend_of(q, op) == Backend::CPU) return run(op, in, p, q).at("o");
+  // the token-sparse kernels where they apply (fp32 / bf16 / fp16, D = Dv ∈ {64, 128}), else fp32 LibTorch
   const double s = scale ? *scale : 1.0 / std::sqrt(double(q.size(3)));
-  return run_in_fp32(
-             [s](const TensorMap& m, const Config&) {
-               return TensorMap{{"o", sparse_attention_cpu(m.at("q"), m.at("k"), m.at("v"), m.at("indices"), s)}};
-             },
-             in, p)
-      .at("o");
+  return sparse_attention_fast(in.at("q"), in.at("k"), in.at("v"), in.at("indices"), s);
 }
 
 at::Tensor block_sparse_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

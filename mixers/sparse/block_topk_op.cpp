@@ -10,8 +10,10 @@
 //   counted (moba): the candidates are the blocks i ≤ c (i < N), the own block always chosen and
 //     counted among the topk; K = min(topk, N): the own block first, then the best other
 //     candidates in descending score, −1 padded.
-// Ties go to the lower block (a stable descending sort, in both paths). Another top-k (torch.topk)
-// keeps other tied blocks, which is as correct: the selection is compared as a set per row and
+// Ties go to the lower block: a stable descending sort on CPU; on CUDA (and in block_topk_fast for
+// fp32 scores on any device) the same order through topk_lowest_index, at::topk on int64 keys that
+// pack score and block, with no sort of the whole row. Another top-k (torch.topk) keeps other tied
+// blocks, which is as correct: the selection is compared as a set per row and
 // blocks tied with the k-th score may be exchanged (OpSpec::selection_scores: the scores of the
 // candidates, −inf for the blocks that are none, +inf for the own block, which is forced and never
 // a tie). Scores carry no gradient.
@@ -130,7 +132,10 @@ OpSpec make_spec() {
   s.make_inputs = make_inputs;
   s.reference = reference_fn;
   s.cpu = cpu_fn;
-  s.cuda = [](const TensorMap& in, const Config& p) { return run_in_fp32(cpu_fn, in, p); };
+  s.cuda = [](const TensorMap& in, const Config& p) {
+    check_scores(in, p);
+    return TensorMap{{"block_indices", block_topk_fast(in.at("scores"), p.i("block_size"), p.i("topk"), own_counted(p))}};
+  };
   s.cases = cases;
   s.check_inputs = check_scores;
   return s;
@@ -161,8 +166,30 @@ at::Tensor block_topk_cpu(const at::Tensor& scores, int64_t bs, int64_t topk, bo
   return at::cat({sel, own}, 3).contiguous();
 }
 
+at::Tensor block_topk_keys(const at::Tensor& scores, int64_t bs, int64_t topk, bool counted) {
+  c10::NoGradGuard ng;
+  if (scores.scalar_type() != at::kFloat) return block_topk_cpu(scores, bs, topk, counted);
+  const int64_t B = scores.size(0), S = scores.size(1), T = scores.size(2), N = scores.size(3);
+  auto lo = at::TensorOptions().dtype(at::kLong).device(scores.device());
+  at::Tensor cur = at::div(at::arange(T, lo), bs, "floor").view({1, 1, T, 1});
+  at::Tensor blk = at::arange(N, lo).view({1, 1, 1, N});
+  at::Tensor s = scores.detach();
+  if (counted) {
+    s = s.masked_fill(blk > cur, -kInf).masked_fill(blk == cur, kInf);
+    at::Tensor sel = topk_lowest_index(s, std::min(topk, N));
+    return sel.masked_fill_(sel > cur, -1).contiguous();
+  }
+  at::Tensor own = cur.expand({B, S, T, 1});
+  const int64_t n = std::min(topk, N);
+  if (n == 0) return own.contiguous();
+  s = s.masked_fill(blk >= cur, -kInf);
+  at::Tensor sel = topk_lowest_index(s, n);
+  sel.masked_fill_(at::gather(s, 3, sel) == -kInf, -1);
+  return at::cat({sel, own}, 3).contiguous();
+}
+
 at::Tensor block_topk_fast(const at::Tensor& scores, int64_t bs, int64_t topk, bool counted) {
-  return block_topk_cpu(up_to_fp32(scores), bs, topk, counted);
+  return block_topk_keys(up_to_fp32(scores), bs, topk, counted);
 }
 
 MIXBENCH_REGISTER(make_spec());

@@ -15,10 +15,17 @@
 // CPU path: per block of 256 queries, one batched matmul of the block's index queries against the
 // keys it can see, activation, weighted head sum, causal mask, stable descending sort of the
 // visible keys, first topk columns.
+//
+// CUDA path (dsa_indexer_fast, also the layers' path on every device for inputs that are not fp64):
+// the same blocked scores in fp32, the block sized so that its tensors stay within ~256 MB
+// (dsa_indexer_block), and top-k selection by topk_lowest_index — at::topk on keys packing the
+// score and the key index, which gives exactly the stable sort's first topk columns (ties to the
+// lowest key) without sorting all of a query's keys. No host synchronisation.
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <limits>
 
 #include "harness/errors.h"
@@ -70,6 +77,14 @@ TensorMap cpu_fn(const TensorMap& in, const Config& p) {
   const auto& q = in.at("q_idx");
   return {{"indices", dsa_indexer_cpu(q, in.at("k_idx"), in.get_or("w_idx", at::Tensor()), p.i("topk"),
                                       resolve_scale(p, q.size(3)), use_relu(p))}};
+}
+
+// After the op's checks, the layers' path: blocked fp32 scores, top-k by topk_lowest_index.
+TensorMap cuda_fn(const TensorMap& in, const Config& p) {
+  check_indexer_inputs(in, p);
+  const auto& q = in.at("q_idx");
+  return {{"indices", dsa_indexer_fast(q, in.at("k_idx"), in.get_or("w_idx", at::Tensor()), p.i("topk"),
+                                       resolve_scale(p, q.size(3)), use_relu(p))}};
 }
 
 // The reference's FP64 scores I[b,t,s] of every key, −inf for the future keys s > t: the candidates'
@@ -143,8 +158,7 @@ OpSpec make_spec() {
   s.make_inputs = make_inputs;
   s.reference = reference_fn;
   s.cpu = cpu_fn;
-  // device-agnostic LibTorch (gathers and batched products) in fp32; no dedicated kernel
-  s.cuda = [](const TensorMap& in, const Config& p) { return run_in_fp32(cpu_fn, in, p); };
+  s.cuda = cuda_fn;
   s.cases = cases;
   s.check_inputs = check_indexer_inputs;
   return s;
@@ -183,9 +197,47 @@ at::Tensor dsa_indexer_cpu(const at::Tensor& q_idx, const at::Tensor& k_idx, con
   return out;
 }
 
+int64_t dsa_indexer_block(int64_t B, int64_t T, int64_t HI, int64_t budget_bytes) {
+  const int64_t per_query = std::max<int64_t>(1, B * T * (4 * HI + 40));
+  return std::clamp<int64_t>(budget_bytes / per_query, 1, std::max<int64_t>(1, T));
+}
+
+at::Tensor dsa_indexer_topk(const at::Tensor& q_idx, const at::Tensor& k_idx, const at::Tensor& w_idx, int64_t topk,
+                            double scale, bool relu, int64_t budget_bytes) {
+  c10::NoGradGuard ng;
+  const int64_t B = q_idx.size(0), T = q_idx.size(1), HI = q_idx.size(2), DI = q_idx.size(3);
+  auto lopt = at::TensorOptions().dtype(at::kLong).device(q_idx.device());
+  at::Tensor out = at::full({B, T, topk}, -1, lopt);
+  const at::Tensor q = q_idx.detach().contiguous(), k = k_idx.detach().contiguous();
+  const at::Tensor w = w_idx.defined() ? w_idx.detach().contiguous() : w_idx;
+  const int64_t block = dsa_indexer_block(B, T, HI, budget_bytes);
+  for (int64_t q0 = 0; q0 < T; q0 += block) {
+    const int64_t q1 = std::min(T, q0 + block), n = q1 - q0;
+    // [B, n·HI, DI] @ [B, DI, q1] -> [B, n, HI, q1]: the block's queries against keys 0..q1-1
+    at::Tensor sim = at::bmm(q.slice(1, q0, q1).reshape({B, n * HI, DI}), k.slice(1, 0, q1).transpose(1, 2));
+    sim = sim.view({B, n, HI, q1}).mul_(scale);
+    if (relu) sim.relu_();
+    at::Tensor score = w.defined() ? at::matmul(w.slice(1, q0, q1).unsqueeze(-2), sim).squeeze(-2)  // [B,n,q1]
+                                   : sim.sum(2);
+    sim.reset();
+    at::Tensor s = at::arange(q1, lopt).view({1, q1});
+    at::Tensor t = at::arange(q0, q1, lopt).view({n, 1});
+    score.masked_fill_((s > t).unsqueeze(0), -std::numeric_limits<double>::infinity());
+    const int64_t S = std::min(topk, q1);
+    // Slots past the t+1 visible keys hold future keys: pad them (a visible score is never −inf).
+    at::Tensor sel = topk_lowest_index(score, S);
+    out.slice(1, q0, q1).slice(2, 0, S).copy_(sel.masked_fill_(sel > t.unsqueeze(0), -1));
+  }
+  return out;
+}
+
 at::Tensor dsa_indexer_fast(const at::Tensor& q_idx, const at::Tensor& k_idx, const at::Tensor& w_idx, int64_t topk,
                             double scale, bool relu) {
-  return dsa_indexer_cpu(up_to_fp32(q_idx), up_to_fp32(k_idx), up_to_fp32(w_idx), topk, scale, relu);
+  const at::Tensor q = up_to_fp32(q_idx), k = up_to_fp32(k_idx), w = up_to_fp32(w_idx);
+  const bool fp32 = q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
+                    (!w.defined() || w.scalar_type() == at::kFloat);
+  if (!fp32) return dsa_indexer_cpu(q, k, w, topk, scale, relu);  // fp64: the stable sort of FP64 scores
+  return dsa_indexer_topk(q, k, w, topk, scale, relu);
 }
 
 MIXBENCH_REGISTER(make_spec());

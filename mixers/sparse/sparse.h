@@ -51,6 +51,24 @@ at::Tensor sparse_attention_fast(const at::Tensor& q, const at::Tensor& k, const
 at::Tensor dsa_indexer_fast(const at::Tensor& q_idx, const at::Tensor& k_idx, const at::Tensor& w_idx, int64_t topk,
                             double scale, bool relu);
 at::Tensor block_topk_fast(const at::Tensor& scores, int64_t block_size, int64_t topk, bool counted);
+// The indexer's top-k through topk_lowest_index, one block of queries at a time (fp32 inputs; the
+// score block stays within about `budget_bytes`, see dsa_indexer_block): dsa_indexer_fast's path for
+// every input that is not fp64, on any device. The same contract as dsa_indexer_cpu.
+at::Tensor dsa_indexer_topk(const at::Tensor& q_idx, const at::Tensor& k_idx, const at::Tensor& w_idx, int64_t topk,
+                            double scale, bool relu, int64_t budget_bytes = int64_t(256) << 20);
+// Queries per block of dsa_indexer_topk: the most (1 … T) whose per-block tensors — similarities
+// [B,n,H_I,T] fp32, scores, int64 keys and the top-k's work space, about B·n·T·(4·H_I + 40) bytes —
+// fit in budget_bytes.
+int64_t dsa_indexer_block(int64_t B, int64_t T, int64_t HI, int64_t budget_bytes);
+// block_topk_cpu's contract through topk_lowest_index (fp32 scores; others: block_topk_cpu).
+at::Tensor block_topk_keys(const at::Tensor& scores, int64_t block_size, int64_t topk, bool counted);
+
+// Indices [..., k] of the k largest fp32 scores along the last dim, in descending score order, ties
+// to the lower index: exactly the first k columns of a stable descending sort (−0.0 equal to +0.0;
+// no NaN), through at::topk on int64 keys (score order, then index) instead of a sort of the row.
+// No host synchronisation. Defined in topk_lowest.cpp.
+at::Tensor topk_lowest_index(const at::Tensor& scores, int64_t k);
+
 // x in fp32 when it is bf16 / fp16, else x itself.
 at::Tensor up_to_fp32(const at::Tensor& x);
 

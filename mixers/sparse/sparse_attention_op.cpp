@@ -5,6 +5,10 @@
 // set). Softmax over the selected keys only; a query whose row is all −1 gets o_t = 0 (FLA's
 // naive would give NaN there). Indices carry no gradient.
 //
+// CUDA path: the token-sparse kernels (token_sparse_kernel.cu: one block per query and all its
+// heads, online softmax, fp32 atomics for dk / dv) for fp32 / bf16 / fp16 and D = Dv ∈ {64, 128}
+// after the op's checks; other shapes the LibTorch code below in fp32.
+//
 // CPU path: one gather of the selected K/V rows per (batch, query) — [B,T,K,Hkv,D] — then
 // batched matmuls per KV-head group, a masked softmax over the K slots, and a weighted sum, so
 // work is O(B·T·K·H·D) rather than O(T²).
@@ -17,6 +21,7 @@
 #include "harness/registry.h"
 #include "mixers/common/qkv_op.h"
 #include "mixers/sparse/sparse.h"
+#include "mixers/sparse/token_sparse_cuda.h"
 #include "reference/sparse.h"
 
 namespace mixbench {
@@ -80,6 +85,13 @@ TensorMap cpu_fn(const TensorMap& in, const Config& p) {
   return {{"o", sparse_attention_cpu(q, in.at("k"), in.at("v"), in.at("indices"), resolve_scale(p, q.size(3)))}};
 }
 
+// The layers' entry point after the op's checks: the kernels where they apply, else fp32 LibTorch.
+TensorMap cuda_fn(const TensorMap& in, const Config& p) {
+  check_sparse_inputs(in, p);
+  const auto& q = in.at("q");
+  return {{"o", sparse_attention_fast(q, in.at("k"), in.at("v"), in.at("indices"), resolve_scale(p, q.size(3)))}};
+}
+
 // Random causal selections: each row picks min(topk, t+1) distinct keys ≤ t uniformly, and the
 // selected keys and the −1 padding are shuffled across the row's slots.
 at::Tensor random_indices(int64_t B, int64_t T, int64_t topk, at::Generator& gen) {
@@ -120,6 +132,9 @@ std::vector<CaseDef> cases() {
       {"topk_gt_T", c("H=2,Hkv=2,D=8,topk=64"), 1, 20},
       {"gqa_T150", c("H=4,Hkv=2,D=16,topk=32"), 2, 150},
       {"scale_Dv", c("H=2,Hkv=2,D=8,Dv=12,scale=0.3,topk=7"), 2, 19},
+      // the head dims of the CUDA kernels (smaller ones take the LibTorch path there)
+      {"d64_gqa", c("H=4,Hkv=2,D=64,topk=24"), 2, 41},
+      {"d128_topk_gt_T", c("H=3,Hkv=3,D=128,topk=40"), 1, 33},
   };
 }
 
@@ -141,8 +156,7 @@ OpSpec make_spec() {
   s.make_inputs = make_inputs;
   s.reference = reference_fn;
   s.cpu = cpu_fn;
-  // device-agnostic LibTorch (gathers and batched products) in fp32; no dedicated kernel
-  s.cuda = [](const TensorMap& in, const Config& p) { return run_in_fp32(cpu_fn, in, p); };
+  s.cuda = cuda_fn;
   s.cases = cases;
   s.invariants = dense_equivalence;
   return s;
@@ -205,6 +219,7 @@ at::Tensor up_to_fp32(const at::Tensor& x) {
 
 at::Tensor sparse_attention_fast(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const at::Tensor& indices, double scale) {
+  if (sparse_attention_kernel_applies(q, k, v, indices)) return sparse_attention_kernel(q, k, v, indices, scale);
   return sparse_attention_cpu(up_to_fp32(q), up_to_fp32(k), up_to_fp32(v), indices, scale).to(q.scalar_type());
 }
 
