@@ -16,14 +16,12 @@
 #include "harness/metrics.h"
 #include "harness/fused_ops.h"
 #include "mixers/linear/delta_layer.h"
+#include "tests/test_util.h"
 
 namespace mixbench {
 namespace {
 
-double rel_rms(const at::Tensor& ref, const at::Tensor& got) {
-  const at::Tensor r = ref.to(at::kDouble).cpu(), g = got.to(at::kDouble).cpu();
-  return ((r - g).pow(2).mean() / (r.pow(2).mean() + 1e-300)).sqrt().item<double>();
-}
+using mixbench_test::rel_rms;
 
 TEST(CudaElementwise, ShortConvSiluMatchesTheUnfusedPath) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";

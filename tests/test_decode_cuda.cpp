@@ -19,6 +19,7 @@
 #include "harness/metrics.h"
 #include "harness/registry.h"
 #include "mixers/attention/attention.h"
+#include "tests/test_util.h"
 
 namespace mixbench {
 namespace {
@@ -38,10 +39,7 @@ std::vector<std::string> decode_methods() {
   return out;
 }
 
-double rel_rms(const at::Tensor& ref, const at::Tensor& got) {
-  const at::Tensor r = ref.to(at::kDouble).cpu(), g = got.to(at::kDouble).cpu();
-  return ((r - g).pow(2).mean() / (r.pow(2).mean() + 1e-300)).sqrt().item<double>();
-}
+using mixbench_test::rel_rms;
 
 TEST(DecodeCuda, SplitKvKernelMatchesTheMaskedPath) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";

@@ -35,6 +35,7 @@
 #include "harness/registry.h"
 #include "mixers/sparse/sparse.h"
 #include "reference/sparse.h"
+#include "tests/test_util.h"
 
 namespace mixbench {
 namespace {
@@ -130,10 +131,7 @@ at::Tensor dense_masked(const at::Tensor& q, const at::Tensor& k, const at::Tens
   return at::matmul(p, v.repeat_interleave(G, 2).transpose(1, 2)).transpose(1, 2);  // [B,S,H,D]
 }
 
-double rel_rms(const at::Tensor& ref, const at::Tensor& got) {
-  const at::Tensor r = ref.to(at::kDouble).cpu(), g = got.to(at::kDouble).cpu();
-  return ((r - g).pow(2).mean() / (r.pow(2).mean() + 1e-300)).sqrt().item<double>();
-}
+using mixbench_test::rel_rms;
 
 // Inputs representable in bf16 (drawn, rounded), so that one FP64 reference serves every dtype.
 struct Inputs {

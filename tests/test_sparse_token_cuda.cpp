@@ -30,14 +30,12 @@
 #include "mixers/sparse/token_sparse_cuda.h"
 #include "reference/sparse.h"
 #include "suites/conformance_checks.h"
+#include "tests/test_util.h"
 
 namespace mixbench {
 namespace {
 
-double rel_rms(const at::Tensor& ref, const at::Tensor& got) {
-  const at::Tensor r = ref.detach().to(at::kCPU, at::kDouble), g = got.detach().to(at::kCPU, at::kDouble);
-  return ((r - g).pow(2).mean() / (r.pow(2).mean() + 1e-300)).sqrt().item<double>();
-}
+using mixbench_test::rel_rms;
 
 bool all_finite(const at::Tensor& x) { return at::isfinite(x.detach().to(at::kCPU, at::kDouble)).all().item<bool>(); }
 

@@ -1,5 +1,6 @@
 // Small helpers the test files share.
 #pragma once
+#include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -20,6 +21,15 @@ inline size_t count_of(const std::string& text, const std::string& part) {
   size_t n = 0;
   for (size_t p = text.find(part); p != std::string::npos; p = text.find(part, p + 1)) ++n;
   return n;
+}
+
+// RMS of got − ref relative to the RMS of ref, both in fp64 on the CPU; where the reference is
+// numerically zero (RMS < 1e-12, e.g. a gradient that cancels exactly) the absolute RMS error, as the
+// conformance checks do.
+inline double rel_rms(const at::Tensor& ref, const at::Tensor& got) {
+  const at::Tensor r = ref.detach().to(at::kCPU, at::kDouble), g = got.detach().to(at::kCPU, at::kDouble);
+  const double err = (r - g).pow(2).mean().sqrt().item<double>(), norm = r.pow(2).mean().sqrt().item<double>();
+  return norm < 1e-12 ? err : err / norm;
 }
 
 }  // namespace mixbench_test
