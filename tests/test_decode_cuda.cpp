@@ -16,6 +16,7 @@
 
 #include "harness/backbone.h"
 #include "harness/decode_graph.h"
+#include "harness/errors.h"
 #include "harness/metrics.h"
 #include "harness/registry.h"
 #include "mixers/attention/attention.h"
@@ -83,6 +84,63 @@ TEST(DecodeCuda, SplitKvKernelMatchesTheMaskedPath) {
         EXPECT_LE(rel_rms(ref_at(p - 1), without), tol) << where << " at pos - 1";
       }
     }
+}
+
+TEST(DecodeCuda, QkvStepKernelMatchesTheLibTorchPath) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  c10::NoGradGuard ng;
+  at::manual_seed(9);
+  // B, H, Hkv, D, cap, pos, value embedding, RoPE base (0 = none)
+  const std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, double> cases[] = {
+      {1, 6, 6, 128, 1100, 1023, true, 100000.0}, {1, 6, 6, 128, 1100, 517, false, 100000.0},
+      {3, 8, 2, 64, 9, 70, true, 10000.0},        {2, 4, 1, 16, 40, 0, true, 100000.0},
+      {2, 12, 4, 256, 300, 299, false, 100000.0}, {2, 4, 4, 64, 33, 5, true, 0.0},
+      {5, 2, 2, 1024, 16, 15, true, 500.0}};
+  for (auto dt : {at::kFloat, at::kBFloat16})
+    for (const auto& [B, H, Hkv, D, cap, pos, with_ve, base] : cases) {
+      auto opts = at::TensorOptions().device(at::kCUDA).dtype(dt);
+      const int64_t N = (H + 2 * Hkv) * D + (with_ve ? Hkv : 0);
+      // p as a GEMM leaves it: its q|k|v parts of the scale of projections of a normalised input
+      at::Tensor p = at::randn({B, N}, opts);
+      at::Tensor ve = with_ve ? at::randn({B, Hkv * D}, opts) : at::Tensor();
+      at::Tensor K = at::randn({B, cap, Hkv, D}, opts), V = at::randn({B, cap, Hkv, D}, opts);
+      at::Tensor K0 = K.clone(), V0 = V.clone();
+      at::Tensor pd = at::full({1}, pos, opts.dtype(at::kLong));
+      const std::string where = fmt::format("{} B{} H{} Hkv{} D{} cap{} pos{} ve{} base{}", c10::toString(dt), B, H, Hkv, D,
+                                            cap, pos, with_ve, base);
+      // fp64 reference on the same inputs, and the same LibTorch path in the kernel's dtype
+      at::Tensor Kr = K0.to(at::kDouble), Vr = V0.to(at::kDouble);
+      at::Tensor qr = attention_decode_qkv_reference(p.to(at::kDouble), with_ve ? ve.to(at::kDouble) : ve, pd, Kr, Vr, H, base);
+      at::Tensor Kt = K0.clone(), Vt = V0.clone();
+      at::Tensor qt = attention_decode_qkv_reference(p, ve, pd, Kt, Vt, H, base);
+      at::Tensor q = attention_decode_qkv(p, ve, pd, K, V, H, base);
+      ASSERT_EQ(q.sizes(), (at::IntArrayRef{B, H, D})) << where;
+      ASSERT_EQ(q.scalar_type(), dt);
+      const int64_t slot = pos % cap;
+      const double tol = dt == at::kFloat ? 1e-5 : 1e-2;
+      EXPECT_LE(rel_rms(qr, q), tol) << where << " q";
+      EXPECT_LE(rel_rms(Kr.select(1, slot), K.select(1, slot)), tol) << where << " k";
+      EXPECT_LE(rel_rms(Vr.select(1, slot), V.select(1, slot)), tol) << where << " v";
+      // against the eager arithmetic in the same dtype: the same roundings, so at most an ulp apart
+      const double same = dt == at::kFloat ? 1e-6 : 4e-3;
+      EXPECT_LE(rel_rms(qt, q), same) << where << " q vs the LibTorch path";
+      EXPECT_LE(rel_rms(Kt.select(1, slot), K.select(1, slot)), same) << where << " k vs the LibTorch path";
+      EXPECT_LE(rel_rms(Vt.select(1, slot), V.select(1, slot)), same) << where << " v vs the LibTorch path";
+      // every other slot untouched
+      at::Tensor other = at::ones({cap}, at::TensorOptions().dtype(at::kBool).device(at::kCUDA));
+      other[slot] = false;
+      EXPECT_TRUE(at::equal(K.index({at::indexing::Slice(), other}), K0.index({at::indexing::Slice(), other}))) << where;
+      EXPECT_TRUE(at::equal(V.index({at::indexing::Slice(), other}), V0.index({at::indexing::Slice(), other}))) << where;
+      // q and k are RMS-normalised to 1.2 per head
+      const at::Tensor rms = q.to(at::kDouble).pow(2).mean(-1).sqrt();
+      EXPECT_LE((rms - 1.2).abs().max().item<double>(), dt == at::kFloat ? 1e-4 : 2e-2) << where;
+    }
+  // a view of a wider GEMM output (row stride > its width) is refused by shape, not read wrongly
+  auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
+  at::Tensor K = at::zeros({1, 4, 1, 16}, opts), V = at::zeros({1, 4, 1, 16}, opts);
+  at::Tensor pd = at::zeros({1}, opts.dtype(at::kLong));
+  EXPECT_THROW(attention_decode_qkv(at::randn({1, 63}, opts), at::Tensor(), pd, K, V, 1, 0.0), InputError);
+  EXPECT_THROW(attention_decode_qkv(at::randn({1, 48}, opts), at::randn({1, 16}, opts), pd, K, V, 1, 0.0), InputError);
 }
 
 TEST(DecodeCuda, CapturedStepsMatchEagerSteps) {
