@@ -20,6 +20,7 @@
 #include "harness/metrics.h"
 #include "harness/registry.h"
 #include "mixers/attention/attention.h"
+#include "mixers/linear/delta_layer.h"
 
 namespace mixbench {
 namespace {
@@ -141,6 +142,53 @@ TEST(DecodeCuda, QkvStepKernelMatchesTheLibTorchPath) {
   at::Tensor pd = at::zeros({1}, opts.dtype(at::kLong));
   EXPECT_THROW(attention_decode_qkv(at::randn({1, 63}, opts), at::Tensor(), pd, K, V, 1, 0.0), InputError);
   EXPECT_THROW(attention_decode_qkv(at::randn({1, 48}, opts), at::randn({1, 16}, opts), pd, K, V, 1, 0.0), InputError);
+}
+
+TEST(DecodeCuda, GatedDeltaStepFormsItsGates) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  c10::NoGradGuard ng;
+  at::manual_seed(13);
+  // B, H, K, V
+  const std::tuple<int64_t, int64_t, int64_t, int64_t> cases[] = {{1, 6, 128, 128}, {3, 4, 64, 32}, {2, 2, 16, 16}, {2, 3, 256, 64}};
+  for (auto dt : {at::kFloat, at::kBFloat16})
+    for (const auto& [B, H, K, V] : cases) {
+      auto opts = at::TensorOptions().device(at::kCUDA).dtype(dt);
+      auto f32 = opts.dtype(at::kFloat);
+      auto unit = [](const at::Tensor& t) { return t / t.to(at::kFloat).pow(2).sum(-1, true).sqrt().to(t.scalar_type()); };
+      const linear::DeltaQKV qkv{unit(at::randn({B, 1, H, K}, opts)), unit(at::randn({B, 1, H, K}, opts)),
+                                 at::randn({B, 1, H, V}, opts)};
+      // β's and the decay's raw projections as views of one wider GEMM row (row stride 2H + 5)
+      const at::Tensor raw = at::randn({B, 1, 2 * H + 5}, opts);
+      const at::Tensor b_lin = raw.narrow(-1, 0, H), a_lin = raw.narrow(-1, H, H);
+      const at::Tensor neg_a = -at::rand({H}, f32).mul(2.0).exp();
+      at::Tensor dt_bias = at::randn({H}, f32) * 2.0;
+      dt_bias[0] = 25.0;  // softplus past its threshold on head 0
+      const at::Tensor S0 = at::randn({B, H, K, V}, f32) * 0.1;
+      auto make_cache = [&](const at::Tensor& S) {
+        TensorMap c;
+        c.set("pos_dev", at::zeros({1}, opts.dtype(at::kLong)));
+        c.set("capacity", at::scalar_tensor(int64_t(64), at::TensorOptions().dtype(at::kLong)));
+        c.set("state", S);
+        set_cache_pos(c, 5);
+        return c;
+      };
+      TensorMap cache = make_cache(S0.clone());
+      const at::Tensor o = linear::gated_delta_static_step(qkv, b_lin, a_lin, neg_a, dt_bias, Backend::CUDA, cache);
+      // fp64 LibTorch: the gates' ops, then the delta rule's step
+      auto d64 = [](const at::Tensor& t) { return t.to(at::kDouble); };
+      TensorMap ref = make_cache(d64(S0));
+      const at::Tensor o_ref = linear::gated_delta_static_step({d64(qkv.q), d64(qkv.k), d64(qkv.v)}, d64(b_lin), d64(a_lin),
+                                                               d64(neg_a), d64(dt_bias), Backend::CUDA, ref);
+      const std::string where = fmt::format("{} B{} H{} K{} V{}", c10::toString(dt), B, H, K, V);
+      ASSERT_EQ(o.sizes(), (at::IntArrayRef{B, 1, H, V})) << where;
+      ASSERT_EQ(o.scalar_type(), dt) << where;
+      const double tol = dt == at::kFloat ? 1e-5 : 1e-2;
+      EXPECT_LE(rel_rms(o_ref, o), tol) << where << " o";
+      EXPECT_LE(rel_rms(ref.at("state"), cache.at("state")), dt == at::kFloat ? 1e-6 : 1e-3) << where << " state";
+      EXPECT_EQ(cache_pos(cache), 6) << where;
+      // the decay matters: a state updated without it is far from the one with it
+      EXPECT_GT(rel_rms(ref.at("state"), d64(S0)), 1e-2) << where;
+    }
 }
 
 TEST(DecodeCuda, CapturedStepsMatchEagerSteps) {
