@@ -10,6 +10,7 @@
 #include "harness/errors.h"
 #include "harness/nvtx.h"
 #include "harness/fused_ops.h"
+#include "harness/op_scope.h"
 
 namespace mixbench {
 
@@ -131,6 +132,7 @@ std::vector<ParamDef> backbone_defs(const MethodSpec& method, const Config& cfg,
 }
 
 at::Tensor rms_norm(const at::Tensor& x) {
+  OpScope scope("mixbench::rms_norm");  // one launch on a GPU (at::rms_norm)
   // LibTorch's fused kernel on a GPU (one pass, fp32 statistics for half inputs, its own backward)
   if (x.is_cuda() && x.scalar_type() != at::kDouble) return at::rms_norm(x, {x.size(-1)}, std::nullopt, kRmsEps);
   return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + kRmsEps);
@@ -238,6 +240,13 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
   const int64_t T = idx.size(1);
   if (pass == Pass::Decode && T != 1) throw InputError("model_decode_step takes idx [B, 1]");
   if (pass != Pass::Forward && T < 1) throw InputError("prefill needs at least one token");
+  // Sections of a decode step for RecordFunction observers (harness/op_scope.h): what each part launches
+  std::optional<SectionScope> section;
+  auto open_section = [&](std::string name) {
+    section.reset();
+    if (pass == Pass::Decode) section.emplace(std::move(name));
+  };
+  open_section("embed");
   at::Tensor x = rms_norm(at::embedding(P.at("wte"), idx));
   const at::Tensor embed = x;
   if (pass == Pass::Decode) {
@@ -275,6 +284,10 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
     // truncated backpropagation: the step runs without gradient (its output enters the graph as a constant)
     std::optional<c10::NoGradGuard> no_grad;
     if (stream.truncated(mix, state)) no_grad.emplace();
+    const std::string section_name =
+        fmt::format("layer{}", i) + (st.route > 0 ? fmt::format("_route{}", st.route) : "") +
+        (st.n_iterations > 1 ? fmt::format("_{}", st.iteration) : "");
+    open_section(section_name + ".mixer");
     TensorMap in;
     in.set("x", stream.modulate(state, mix, rms_norm(stream.read(state, mix, P)), P));
     std::string ve_name = fmt::format("ve.{}", i);
@@ -299,10 +312,12 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
       aux->layer_aux.push_back(a);
       if (a.defined()) aux->aux_loss = aux->aux_loss.defined() ? aux->aux_loss + a : a;
     }
+    open_section(section_name + ".mlp");
     at::Tensor h = relu_square(
         at::linear(stream.modulate(state, mlp, rms_norm(stream.read(state, mlp, P)), P), P.at(fmt::format("layers.{}.mlp.c_fc", i))));
     stream.write(state, mlp, at::linear(h, P.at(fmt::format("layers.{}.mlp.c_proj", i))), P);
   }
+  open_section("head");
   x = stream.finish(state, P, backend);
   if (aux && state.has("aux_loss")) {
     const at::Tensor a = state.at("aux_loss");

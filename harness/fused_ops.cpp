@@ -5,6 +5,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "harness/op_scope.h"
+
 #if defined(MIXBENCH_WITH_CUDA)
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -159,6 +161,7 @@ at::Tensor row_norm_fused(const at::Tensor& x, const at::Tensor& w, const at::Te
 #endif
 
 at::Tensor relu_square(const at::Tensor& h) {
+  OpScope scope("mixbench::relu_square");
 #if defined(MIXBENCH_WITH_CUDA)
   if (fusable(h)) return ReluSquareFn::apply(h.contiguous());
 #endif
@@ -166,6 +169,7 @@ at::Tensor relu_square(const at::Tensor& h) {
 }
 
 at::Tensor scaled_sum(const at::Tensor& a, const at::Tensor& x, const at::Tensor& b, const at::Tensor& x0) {
+  OpScope scope("mixbench::scaled_sum");
 #if defined(MIXBENCH_WITH_CUDA)
   if (fusable(x) && x0.scalar_type() == x.scalar_type() && x0.sizes() == x.sizes() && a.numel() == 1 && b.numel() == 1 &&
       a.is_cuda() && b.is_cuda())
@@ -181,6 +185,7 @@ at::Tensor gate_activation(const at::Tensor& g, NormGate act) {
 }  // namespace
 
 at::Tensor rms_norm_gated(const at::Tensor& x, const at::Tensor& w, double eps, const at::Tensor& g, NormGate act) {
+  OpScope scope("mixbench::rms_norm_gated");
   if (g.defined() == (act == NormGate::None))
     throw std::invalid_argument("rms_norm_gated: a gate needs an activation and an activation a gate");
 #if defined(MIXBENCH_WITH_CUDA)
@@ -197,6 +202,7 @@ at::Tensor rms_norm_gated(const at::Tensor& x, const at::Tensor& w, double eps, 
 }
 
 at::Tensor gated_add(const at::Tensor& v, const at::Tensor& z, double s, const at::Tensor& e) {
+  OpScope scope("mixbench::gated_add");
 #if defined(MIXBENCH_WITH_CUDA)
   if (fusable(v) && v.dim() >= 1 && v.numel() > 0 && z.is_cuda() && e.is_cuda() && e.sizes() == v.sizes() &&
       z.sizes() == v.sizes().slice(0, v.dim() - 1) && z.scalar_type() == v.scalar_type() &&
@@ -210,6 +216,7 @@ at::Tensor gated_add(const at::Tensor& v, const at::Tensor& z, double s, const a
 }
 
 at::Tensor l2_normalize(const at::Tensor& x, double eps) {
+  OpScope scope("mixbench::l2_normalize");
 #if defined(MIXBENCH_WITH_CUDA)
   if (at::Tensor y = row_norm_fused(x, at::Tensor(), at::Tensor(), 1.0, eps, NormGate::None); y.defined()) return y;
 #endif

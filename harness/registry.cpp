@@ -28,10 +28,12 @@ int64_t cache_pos(const TensorMap& cache) { return cache.has("pos") ? cache.at("
 
 void set_cache_pos(TensorMap& cache, int64_t pos) { cache.set("pos", at::scalar_tensor(pos, at::TensorOptions().dtype(at::kLong))); }
 
+// Entries named "w.<...>" are not state: a layer's weights rearranged once at prefill for its
+// decode step (e.g. concatenated projections), which a static cache keeps beside its buffers.
 int64_t cache_bytes(const TensorMap& cache) {
   int64_t n = 0;
   for (const auto& [name, t] : cache)
-    if (name != "pos" && name != "pos_dev" && name != "capacity" && t.defined())
+    if (name != "pos" && name != "pos_dev" && name != "capacity" && name.rfind("w.", 0) != 0 && t.defined())
       n += int64_t(t.numel()) * int64_t(t.element_size());
   return n;
 }

@@ -17,6 +17,17 @@ at::Tensor attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Te
 // read the position on the device, so a captured CUDA graph replays the step at any position.
 at::Tensor attention_decode_static(const at::Tensor& q, const at::Tensor& K, const at::Tensor& V, const at::Tensor& pos_dev,
                                    double scale, double logit_scale_a);
+// The decoded token's attention inputs from its projection p [B, (H + 2·Hkv)·D] (the columns of
+// c_q | c_k | c_v; on value-embedding layers Hkv more: the gates' pre-activations z = x[:12] W_vegᵀ):
+// q and k rotated at the position pos_dev (RoPE base rope_base; 0 = no RoPE), RMS-normalised and
+// ×1.2, v + 3·σ(z)·ve when ve [B, Hkv·D] is defined; k and v written into the static cache K, V
+// [B,cap,Hkv,D] at slot pos_dev mod cap. Returns q [B,H,D]. The arithmetic (and roundings) of the
+// eager layer; on CUDA one kernel, elsewhere (and for what the kernel does not take) LibTorch ops
+// (attention_decode_qkv_reference).
+at::Tensor attention_decode_qkv(const at::Tensor& p, const at::Tensor& ve, const at::Tensor& pos_dev, const at::Tensor& K,
+                                const at::Tensor& V, int64_t H, double rope_base);
+at::Tensor attention_decode_qkv_reference(const at::Tensor& p, const at::Tensor& ve, const at::Tensor& pos_dev,
+                                          const at::Tensor& K, const at::Tensor& V, int64_t H, double rope_base);
 // The LibTorch path of attention_decode_static (what the kernel is checked against).
 at::Tensor attention_decode_static_reference(const at::Tensor& q, const at::Tensor& K, const at::Tensor& V,
                                              const at::Tensor& pos_dev, double scale, double logit_scale_a);

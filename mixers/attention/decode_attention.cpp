@@ -6,6 +6,8 @@
 #include <cmath>
 
 #include "harness/errors.h"
+#include "harness/fused_ops.h"
+#include "harness/op_scope.h"
 #include "mixers/attention/attention.h"
 #include "mixers/common/layers.h"
 
@@ -14,6 +16,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "mixers/attention/decode_attention_kernel.h"
+#include "mixers/attention/decode_qkv_kernel.h"
 #endif
 
 namespace mixbench {
@@ -49,6 +52,7 @@ at::Tensor attention_decode_static_reference(const at::Tensor& q, const at::Tens
 
 at::Tensor attention_decode_static(const at::Tensor& q, const at::Tensor& K, const at::Tensor& V, const at::Tensor& pos_dev,
                                    double scale, double logit_scale_a) {
+  OpScope scope("mixbench::attention_decode_static");  // split-KV: a split and a combine launch on a GPU
 #if defined(MIXBENCH_WITH_CUDA)
   if (q.is_cuda() && attn_decode_cuda::supported_head_dim(int(q.size(-1))) &&
       (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf)) {
@@ -71,6 +75,74 @@ at::Tensor attention_decode_static(const at::Tensor& q, const at::Tensor& K, con
   }
 #endif
   return attention_decode_static_reference(q, K, V, pos_dev, scale, logit_scale_a);
+}
+
+namespace {
+void check_qkv(const at::Tensor& p, const at::Tensor& ve, const at::Tensor& pos_dev, const at::Tensor& K, const at::Tensor& V,
+               int64_t H) {
+  if (K.dim() != 4 || V.sizes() != K.sizes() || H < 1 || H % K.size(2) != 0 || p.dim() != 2 || p.size(0) != K.size(0))
+    throw InputError(fmt::format("attention decode q/k/v takes p [B,N] and K, V [B,cap,Hkv,D] with H a multiple of Hkv "
+                                 "(got p {}, K {}, V {}, H {})",
+                                 c10::str(p.sizes()), c10::str(K.sizes()), c10::str(V.sizes()), H));
+  const int64_t Hkv = K.size(2), D = K.size(3), N = (H + 2 * Hkv) * D + (ve.defined() ? Hkv : 0);
+  if (p.size(1) != N)
+    throw InputError(fmt::format("attention decode q/k/v: p has {} columns, {} expected", p.size(1), N));
+  if (ve.defined() && (ve.dim() != 2 || ve.size(0) != p.size(0) || ve.size(1) != Hkv * D))
+    throw InputError(fmt::format("attention decode q/k/v: ve must be [B, {}] (got {})", Hkv * D, c10::str(ve.sizes())));
+  if (pos_dev.numel() != 1 || pos_dev.scalar_type() != at::kLong || pos_dev.device() != p.device())
+    throw InputError("attention decode q/k/v takes its position as an int64 [1] tensor on p's device");
+}
+}  // namespace
+
+at::Tensor attention_decode_qkv_reference(const at::Tensor& p, const at::Tensor& ve, const at::Tensor& pos_dev,
+                                          const at::Tensor& K, const at::Tensor& V, int64_t H, double rope_base) {
+  check_qkv(p, ve, pos_dev, K, V, H);
+  const int64_t B = p.size(0), Hkv = K.size(2), D = K.size(3);
+  at::Tensor q = p.narrow(1, 0, H * D).view({B, 1, H, D});
+  at::Tensor k = p.narrow(1, H * D, Hkv * D).view({B, 1, Hkv, D});
+  at::Tensor v = p.narrow(1, (H + Hkv) * D, Hkv * D).view({B, 1, Hkv, D});
+  if (rope_base > 0) {
+    q = layers::rope_pos_dev(q, rope_base, pos_dev);
+    k = layers::rope_pos_dev(k, rope_base, pos_dev);
+  }
+  q = layers::rms_norm(q) * 1.2;
+  k = layers::rms_norm(k) * 1.2;
+  if (ve.defined()) v = gated_add(v, p.narrow(1, (H + 2 * Hkv) * D, Hkv).view({B, 1, Hkv}), 3.0, ve.view({B, 1, Hkv, D}));
+  const at::Tensor slot = pos_dev.remainder(K.size(1));
+  K.index_copy_(1, slot, k);
+  V.index_copy_(1, slot, v);
+  return q.reshape({B, H, D});
+}
+
+at::Tensor attention_decode_qkv(const at::Tensor& p, const at::Tensor& ve, const at::Tensor& pos_dev, const at::Tensor& K,
+                                const at::Tensor& V, int64_t H, double rope_base) {
+  OpScope scope("mixbench::attention_decode_qkv");  // one launch on a GPU
+#if defined(MIXBENCH_WITH_CUDA)
+  const auto st = p.scalar_type();
+  if (p.is_cuda() && (st == at::kFloat || st == at::kBFloat16 || st == at::kHalf) && K.dim() == 4 &&
+      K.size(3) % 2 == 0 && K.size(3) <= 1024 && K.scalar_type() == st && V.scalar_type() == st && K.is_contiguous() &&
+      V.is_contiguous() && p.stride(1) == 1 && (!ve.defined() || (ve.scalar_type() == st && ve.is_contiguous()))) {
+    check_qkv(p, ve, pos_dev, K, V, H);
+    const int64_t B = p.size(0), Hkv = K.size(2), D = K.size(3);
+    const auto dt = st == at::kFloat ? attn_decode_cuda::Dtype::F32
+                    : st == at::kBFloat16 ? attn_decode_cuda::Dtype::BF16 : attn_decode_cuda::Dtype::F16;
+    at::Tensor inv;
+    if (rope_base > 0) {
+      auto opts = at::TensorOptions().dtype(at::kDouble).device(p.device());
+      inv = layers::device_constant(fmt::format("rope_inv_freq/{}/{}", rope_base, D), opts, [&] {
+        return at::pow(rope_base, -at::arange(0, D / 2, opts) * (2.0 / double(D)));
+      });
+    }
+    at::Tensor q = at::empty({B, H, D}, p.options());
+    const attn_decode_cuda::QkvStep s{int(B), int(H), int(Hkv), int(D), int(K.size(1)), p.stride(0),
+                                      1.1920928955078125e-07f, 1.2f};
+    attn_decode_cuda::qkv_step(dt, s, p.data_ptr(), ve.defined() ? ve.data_ptr() : nullptr,
+                               inv.defined() ? inv.data_ptr<double>() : nullptr, pos_dev.data_ptr<int64_t>(), q.data_ptr(),
+                               K.data_ptr(), V.data_ptr(), c10::cuda::getCurrentCUDAStream(p.device().index()).stream());
+    return q;
+  }
+#endif
+  return attention_decode_qkv_reference(p, ve, pos_dev, K, V, H, rope_base);
 }
 
 }  // namespace mixbench

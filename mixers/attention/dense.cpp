@@ -161,6 +161,12 @@ TensorMap prefill(const TensorMap& in, TensorMap& cache, const Config& c, const 
     const int64_t cap = w > 0 ? std::min(w, cache_capacity(cache)) : cache_capacity(cache);
     store_static_kv(cache, "k", p.k, cap);
     store_static_kv(cache, "v", p.v, cap);
+    // the decode step's one projection GEMM: c_q | c_k | c_v, and on value-embedding layers the
+    // gate's rows widened to d with zeros (x[..., :12] W_vegᵀ = x [W_veg 0]ᵀ); weights do not change
+    // while decoding, so they are joined once here (cache_bytes does not count "w." entries)
+    std::vector<at::Tensor> rows = {in.at("c_q"), in.at("c_k"), in.at("c_v")};
+    if (in.has("ve")) rows.push_back(at::constant_pad_nd(in.at("ve_gate"), {0, d.m.d_model - in.at("ve_gate").size(1)}));
+    cache_store(cache, "w.qkv", at::cat(rows, 0));
   } else {
     cache.set("k", keep_visible(p.k, w).contiguous());
     cache.set("v", keep_visible(p.v, w).contiguous());
@@ -175,14 +181,22 @@ TensorMap decode_static(const TensorMap& in, TensorMap& cache, const Config& c, 
   const at::Tensor& x = in.at("x");
   const int64_t B = x.size(0), H = d.m.n_head, dh = d.m.head_dim;
   const at::Tensor& pos = cache_pos_dev(cache);
-  Qkv p = project(in, c, d, 0, pos);
   const at::Tensor& K = cache.at("k");
   const at::Tensor& V = cache.at("v");
-  const at::Tensor slot = pos.remainder(K.size(1));
-  K.index_copy_(1, slot, p.k);
-  V.index_copy_(1, slot, p.v);
-  at::Tensor o = attention_decode_static(p.q.reshape({B, H, dh}), K, V, pos, 1.0 / std::sqrt(double(dh)),
-                                         logit_scale_in_effect(c, ctx));
+  at::Tensor q;
+  if (cache.has("w.qkv") && !in.has("positions")) {
+    // one GEMM for q|k|v (and the value-embedding gate), then one pass: RoPE, QK norm, the gate, k and v stored
+    const at::Tensor proj = at::linear(x.view({B, x.size(2)}), cache.at("w.qkv"));
+    const at::Tensor ve = in.has("ve") ? in.at("ve").view({B, -1}) : at::Tensor();
+    q = attention_decode_qkv(proj, ve, pos, K, V, H, c.b("rope") ? c.f("rope_base") : 0.0);
+  } else {
+    Qkv p = project(in, c, d, 0, pos);
+    const at::Tensor slot = pos.remainder(K.size(1));
+    K.index_copy_(1, slot, p.k);
+    V.index_copy_(1, slot, p.v);
+    q = p.q.reshape({B, H, dh});
+  }
+  at::Tensor o = attention_decode_static(q, K, V, pos, 1.0 / std::sqrt(double(dh)), logit_scale_in_effect(c, ctx));
   return {{"y", out_proj(o.view({B, 1, H, dh}), in, c, d)}};
 }
 

@@ -17,6 +17,7 @@
 #include "harness/backbone.h"
 #include "harness/errors.h"
 #include "harness/fused_ops.h"
+#include "harness/op_scope.h"
 
 namespace mixbench::layers {
 
@@ -27,6 +28,7 @@ bool is_half(const at::Tensor& t) {
 at::Tensor f32(const at::Tensor& t) { return t.defined() ? t.to(at::kFloat) : t; }
 
 at::Tensor rms_norm(const at::Tensor& x) {
+  OpScope scope("mixbench::rms_norm");  // one launch on a GPU (at::rms_norm)
   // LibTorch's fused kernel on a GPU (one pass, fp32 statistics for half inputs, its own backward)
   if (x.is_cuda()) return at::rms_norm(x, {x.size(-1)}, std::nullopt, 1.1920928955078125e-07);
   if (is_half(x)) return rms_norm(f32(x)).to(x.scalar_type());  // statistics in fp32, as under autocast
@@ -97,6 +99,7 @@ at::Tensor rope(const at::Tensor& x, double base, int64_t offset) {
 at::Tensor rope_pos_dev(const at::Tensor& x, double base, const at::Tensor& pos_dev) {
   if (x.dim() != 4 || x.size(1) != 1 || pos_dev.numel() != 1)
     throw InputError("rope at a device position takes x [B,1,H,D] and the position as one int64");
+  OpScope scope("mixbench::rope_pos_dev");
 #if defined(MIXBENCH_WITH_CUDA)
   // rope's fused GPU pass with the angle pos·θ_j formed on the device (the same double products)
   if (x.is_cuda() && x.size(3) % 2 == 0 && x.scalar_type() != at::kDouble) {

@@ -34,21 +34,30 @@ __global__ void conv_step_kernel(const T* __restrict__ x, T* __restrict__ tail, 
 template <class T>
 __global__ void delta_step_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                   const float* __restrict__ beta, const float* __restrict__ g, Decay decay, float scale,
-                                  float* __restrict__ S, T* __restrict__ o, int K, int V) {
+                                  float* __restrict__ S, T* __restrict__ o, int K, int V, RawGates raw, int H) {
   extern __shared__ float sm[];  // q[K], k[K], decay[K]
   float* qs = sm;
   float* ks = sm + K;
   float* ds = sm + 2 * K;
   const int64_t bh = blockIdx.x;
+  float b, gh = 0.f;  // β and the per-head decay's log
+  if (raw.b_raw) {
+    const int64_t row = bh / H, h = bh % H;
+    b = 1.f / (1.f + expf(-load_f32(static_cast<const T*>(raw.b_raw) + row * raw.stride + h)));
+    const float z = load_f32(static_cast<const T*>(raw.a_raw) + row * raw.stride + h) + raw.dt_bias[h];
+    gh = raw.neg_a[h] * (z > 20.f ? z : log1pf(expf(z)));
+  } else {
+    b = beta[bh];
+    if (decay == Decay::PerHead) gh = g[bh];
+  }
   for (int i = threadIdx.x; i < K; i += blockDim.x) {
     qs[i] = load_f32(q + bh * K + i) * scale;
     ks[i] = load_f32(k + bh * K + i);
     ds[i] = decay == Decay::None      ? 1.f
-            : decay == Decay::PerHead ? __expf(g[bh])
+            : decay == Decay::PerHead ? __expf(gh)
                                       : __expf(g[bh * K + i]);
   }
   __syncthreads();
-  const float b = beta[bh];
   float* s = S + bh * int64_t(K) * V;
   for (int j = threadIdx.x; j < V; j += blockDim.x) {
     float pred = 0.f;
@@ -76,12 +85,13 @@ void conv_launch(const void* x, void* tail, const void* w, void* y, int64_t B, i
 
 template <class T>
 void delta_launch(const void* q, const void* k, const void* v, const float* beta, const float* g, Decay decay, float scale,
-                  float* S, void* o, int64_t B, int64_t H, int64_t K, int64_t V, cudaStream_t stream) {
+                  float* S, void* o, int64_t B, int64_t H, int64_t K, int64_t V, cudaStream_t stream,
+                  const RawGates& raw = {}) {
   if (B * H == 0) return;
   const int threads = int(std::min<int64_t>(256, ((V + 31) / 32) * 32));
   delta_step_kernel<T><<<unsigned(B * H), threads, size_t(3 * K) * sizeof(float), stream>>>(
       static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), beta, g, decay, scale, S,
-      static_cast<T*>(o), int(K), int(V));
+      static_cast<T*>(o), int(K), int(V), raw, int(H));
 }
 
 void check(const char* what) {
@@ -108,6 +118,20 @@ void delta_step(Dtype dt, const void* q, const void* k, const void* v, const flo
     case Dtype::F32: delta_launch<float>(q, k, v, beta, g, decay, scale, S, o, B, H, K, V, stream); break;
     case Dtype::BF16: delta_launch<__nv_bfloat16>(q, k, v, beta, g, decay, scale, S, o, B, H, K, V, stream); break;
     case Dtype::F16: delta_launch<__half>(q, k, v, beta, g, decay, scale, S, o, B, H, K, V, stream); break;
+  }
+  check("delta_step kernel");
+}
+
+void gated_delta_step(Dtype dt, const void* q, const void* k, const void* v, const RawGates& gates, float scale, float* S,
+                      void* o, int64_t B, int64_t H, int64_t K, int64_t V, cudaStream_t stream) {
+  if (K > 256) throw std::invalid_argument("delta_step kernel: K must be <= 256");
+  if (!gates.b_raw || !gates.a_raw || !gates.neg_a || !gates.dt_bias)
+    throw std::invalid_argument("gated_delta_step: every gate input is needed");
+  const Decay d = Decay::PerHead;
+  switch (dt) {
+    case Dtype::F32: delta_launch<float>(q, k, v, nullptr, nullptr, d, scale, S, o, B, H, K, V, stream, gates); break;
+    case Dtype::BF16: delta_launch<__nv_bfloat16>(q, k, v, nullptr, nullptr, d, scale, S, o, B, H, K, V, stream, gates); break;
+    case Dtype::F16: delta_launch<__half>(q, k, v, nullptr, nullptr, d, scale, S, o, B, H, K, V, stream, gates); break;
   }
   check("delta_step kernel");
 }

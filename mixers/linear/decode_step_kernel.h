@@ -19,6 +19,19 @@ void conv_step(Dtype dt, const void* x, void* tail, const void* w, void* y, int6
 // key), u = β (v − Sᵀk), S ← S + k uᵀ, o = scale · Sᵀq. q, k [B,H,K], v [B,H,V] of dt; beta [B,H], g fp32;
 // S [B,H,K,V] fp32 updated in place; o [B,H,V] of dt. K ≤ 256.
 enum class Decay { None, PerHead, PerKey };
+// Gated DeltaNet's gates from their raw projections, formed inside the step (fp32): β = σ(b),
+// g = neg_a[h]·softplus(a + dt_bias[h]) (softplus as LibTorch's: a value above 20 is its own). b, a
+// of dt at b_raw[row·stride + h], a_raw[row·stride + h]; neg_a, dt_bias fp32 [H].
+struct RawGates {
+  const void* b_raw = nullptr;
+  const void* a_raw = nullptr;
+  int64_t stride = 0;
+  const float* neg_a = nullptr;
+  const float* dt_bias = nullptr;
+};
+// delta_step with Decay::PerHead and β, g from `gates`.
+void gated_delta_step(Dtype dt, const void* q, const void* k, const void* v, const RawGates& gates, float scale, float* S,
+                      void* o, int64_t B, int64_t H, int64_t K, int64_t V, cudaStream_t stream);
 void delta_step(Dtype dt, const void* q, const void* k, const void* v, const float* beta, const float* g, Decay decay,
                 float scale, float* S, void* o, int64_t B, int64_t H, int64_t K, int64_t V, cudaStream_t stream);
 

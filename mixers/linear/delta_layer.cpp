@@ -8,6 +8,7 @@
 #include "harness/backbone.h"
 #include "harness/errors.h"
 #include "harness/fused_ops.h"
+#include "harness/op_scope.h"
 #include "mixers/common/layers.h"
 
 #if defined(MIXBENCH_WITH_CUDA)
@@ -170,11 +171,13 @@ at::Tensor conv_cached(const at::Tensor& xp, const at::Tensor& w, TensorMap& cac
       cache.at(name).scalar_type() == xp.scalar_type()) {
     const at::Tensor xc = xp.contiguous(), wc = w.contiguous();
     at::Tensor y = at::empty_like(xc);
+    OpScope scope("mixbench::conv_step");
     decode_cuda::conv_step(conv_dtype(xc), xc.data_ptr(), cache.at(name).data_ptr(), wc.data_ptr(), y.data_ptr(), xp.size(0), xp.size(2),
                            int(W), c10::cuda::getCurrentCUDAStream(xp.device().index()).stream());
     return y;
   }
 #endif
+  OpScope scope("mixbench::conv_step");  // the fused kernel's arithmetic
   at::Tensor tail = cache.has(name) ? cache.at(name) : at::zeros({xp.size(0), W - 1, xp.size(2)}, xp.options());
   at::Tensor full = at::cat({tail, xp}, 1);  // [B,W,C]
   at::Tensor y = full.narrow(1, 0, 1) * w.select(1, 0);
@@ -184,13 +187,63 @@ at::Tensor conv_cached(const at::Tensor& xp, const at::Tensor& w, TensorMap& cac
 }
 }  // namespace
 
-DeltaQKV delta_qkv_cached(const TensorMap& in, const DeltaDims& d, TensorMap& cache, bool decode) {
+namespace {
+// The extra projections' weights, joined (undefined for none).
+at::Tensor extra_weight(const TensorMap& in, const std::vector<std::string>& extra) {
+  if (extra.empty()) return at::Tensor();
+  std::vector<at::Tensor> w;
+  for (const auto& n : extra) w.push_back(in.at(n));
+  return at::cat(w, 0);
+}
+
+// A static cache's prefill: the projections, the convs over the whole prompt, one joint tail and
+// the decode step's joined weights.
+DeltaQKV qkv_static_prefill(const TensorMap& in, const DeltaDims& d, TensorMap& cache, const std::vector<std::string>& extra) {
+  const at::Tensor& x = in.at("x");
+  const int64_t B = x.size(0), T = x.size(1), W = d.W;
+  const at::Tensor xq = at::linear(x, in.at("q_proj")), xk = at::linear(x, in.at("k_proj")), xv = at::linear(x, in.at("v_proj"));
+  cache_store(cache, "qkv_tail", at::constant_pad_nd(at::cat({xq, xk, xv}, 2), {0, 0, W - 1, 0}).slice(1, T));
+  std::vector<at::Tensor> rows = {in.at("q_proj"), in.at("k_proj"), in.at("v_proj")};
+  for (const auto& n : extra) rows.push_back(in.at(n));
+  if (in.has("ve")) rows.push_back(at::constant_pad_nd(in.at("ve_gate"), {0, d.d - in.at("ve_gate").size(1)}));
+  cache_store(cache, "w.proj", at::cat(rows, 0));
+  cache_store(cache, "w.conv", at::cat({in.at("q_conv"), in.at("k_conv"), in.at("v_conv")}, 0).to(x.scalar_type()));
+  DeltaQKV r{l2norm(short_conv_silu(xq, in.at("q_conv")).view({B, T, d.H, d.K})),
+             l2norm(short_conv_silu(xk, in.at("k_conv")).view({B, T, d.H, d.K})),
+             layers::add_value_embed(short_conv_silu(xv, in.at("v_conv")).view({B, T, d.H, d.V}), in)};
+  if (!extra.empty()) r.extra = at::linear(x, extra_weight(in, extra));
+  return r;
+}
+
+// A static cache's decode step: one GEMM against w.proj, one conv step over q|k|v, one L2 norm over q|k.
+DeltaQKV qkv_static_step(const TensorMap& in, const DeltaDims& d, TensorMap& cache, const std::vector<std::string>& extra) {
+  const at::Tensor& x = in.at("x");
+  if (x.size(1) != 1) throw InputError("delta decode takes x [B,1,d]");
+  const int64_t B = x.size(0), HK = d.H * d.K, C = 2 * HK + d.H * d.V;
+  const at::Tensor proj = at::linear(x.view({B, x.size(2)}), cache.at("w.proj"));  // [B, C + extra (+ H)]
+  const int64_t E = proj.size(1) - C - (in.has("ve") ? d.H : 0);
+  const at::Tensor y = conv_cached(proj.narrow(1, 0, C).view({B, 1, C}), cache.at("w.conv"), cache, "qkv_tail", true);
+  const at::Tensor qk = l2norm(y.narrow(2, 0, 2 * HK).view({B, 1, 2 * d.H, d.K}));
+  at::Tensor v = y.narrow(2, 2 * HK, d.H * d.V).view({B, 1, d.H, d.V});
+  if (in.has("ve")) v = gated_add(v, proj.narrow(1, C + E, d.H).view({B, 1, d.H}), 3.0, in.at("ve").view({B, 1, d.H, d.V}));
+  DeltaQKV r{qk.narrow(2, 0, d.H), qk.narrow(2, d.H, d.H), v};
+  if (!extra.empty()) r.extra = proj.narrow(1, C, E).view({B, 1, E});
+  return r;
+}
+}  // namespace
+
+DeltaQKV delta_qkv_cached(const TensorMap& in, const DeltaDims& d, TensorMap& cache, bool decode,
+                          const std::vector<std::string>& extra) {
+  if (cache_is_static(cache) && !decode) return qkv_static_prefill(in, d, cache, extra);
+  if (cache_is_static(cache) && cache.has("w.proj")) return qkv_static_step(in, d, cache, extra);
   const at::Tensor& x = in.at("x");
   const int64_t B = x.size(0), T = x.size(1);
   at::Tensor q = conv_cached(at::linear(x, in.at("q_proj")), in.at("q_conv"), cache, "q_tail", decode).view({B, T, d.H, d.K});
   at::Tensor k = conv_cached(at::linear(x, in.at("k_proj")), in.at("k_conv"), cache, "k_tail", decode).view({B, T, d.H, d.K});
   at::Tensor v = conv_cached(at::linear(x, in.at("v_proj")), in.at("v_conv"), cache, "v_tail", decode).view({B, T, d.H, d.V});
-  return {l2norm(q), l2norm(k), layers::add_value_embed(v, in)};
+  DeltaQKV r{l2norm(q), l2norm(k), layers::add_value_embed(v, in)};
+  if (!extra.empty()) r.extra = at::linear(x, extra_weight(in, extra));
+  return r;
 }
 
 at::Tensor delta_core_cached(const std::string& op, const DeltaQKV& qkv, const at::Tensor& beta, const at::Tensor& g,
@@ -217,6 +270,7 @@ at::Tensor delta_core_cached(const std::string& op, const DeltaQKV& qkv, const a
     const auto decay = !g.defined() ? decode_cuda::Decay::None : gg.dim() == 2 ? decode_cuda::Decay::PerHead : decode_cuda::Decay::PerKey;
     const int64_t B = q.size(0), H = q.size(1), V = v.size(2);
     at::Tensor o = at::empty({B, H, V}, v.options());
+    OpScope scope("mixbench::delta_step");
     decode_cuda::delta_step(conv_dtype(q), q.data_ptr(), k.data_ptr(), v.data_ptr(), b.data_ptr<float>(), gg.defined() ? gg.data_ptr<float>() : nullptr,
                             decay, float(1.0 / std::sqrt(double(K))), cache.at("state").data_ptr<float>(), o.data_ptr(), B, H,
                             K, V, c10::cuda::getCurrentCUDAStream(q.device().index()).stream());
@@ -224,6 +278,7 @@ at::Tensor delta_core_cached(const std::string& op, const DeltaQKV& qkv, const a
     return o.unsqueeze(1);
   }
 #endif
+  OpScope scope("mixbench::delta_step");  // the fused kernel's arithmetic
   at::Tensor S = cache.has("state")
                      ? cache.at("state")
                      : at::zeros({qkv.q.size(0), qkv.q.size(2), K, qkv.v.size(3)},
@@ -233,6 +288,34 @@ at::Tensor delta_core_cached(const std::string& op, const DeltaQKV& qkv, const a
   cache_store(cache, "state", r.ht);
   set_cache_pos(cache, pos + 1);
   return r.o.unsqueeze(1).to(qkv.v.scalar_type());
+}
+
+at::Tensor gated_delta_static_step(const DeltaQKV& qkv, const at::Tensor& b_lin, const at::Tensor& a_lin,
+                                   const at::Tensor& neg_a, const at::Tensor& dt_bias, Backend backend, TensorMap& cache) {
+  OpScope scope("mixbench::gated_delta_step");  // one launch on a GPU
+#if defined(MIXBENCH_WITH_CUDA)
+  const int64_t K = qkv.q.size(3);
+  if (cache_is_static(cache) && cache.has("state") && cache.at("state").scalar_type() == at::kFloat && K <= 256 &&
+      fused_step_dtype(qkv.q) && b_lin.scalar_type() == qkv.q.scalar_type() && a_lin.scalar_type() == qkv.q.scalar_type() &&
+      b_lin.size(1) == 1 && b_lin.stride(-1) == 1 && a_lin.stride(-1) == 1 && a_lin.stride(0) == b_lin.stride(0) &&
+      neg_a.scalar_type() == at::kFloat && dt_bias.scalar_type() == at::kFloat && neg_a.is_cuda() && dt_bias.is_cuda() &&
+      neg_a.is_contiguous() && dt_bias.is_contiguous()) {
+    auto one = [](const at::Tensor& t) { return t.select(1, 0).contiguous(); };
+    const at::Tensor q = one(qkv.q), k = one(qkv.k), v = one(qkv.v);
+    const int64_t B = q.size(0), H = q.size(1), V = v.size(2);
+    at::Tensor o = at::empty({B, H, V}, v.options());
+    const decode_cuda::RawGates gates{b_lin.data_ptr(), a_lin.data_ptr(), b_lin.stride(0), neg_a.data_ptr<float>(),
+                                      dt_bias.data_ptr<float>()};
+    decode_cuda::gated_delta_step(conv_dtype(q), q.data_ptr(), k.data_ptr(), v.data_ptr(), gates,
+                                  float(1.0 / std::sqrt(double(K))), cache.at("state").data_ptr<float>(), o.data_ptr(), B, H,
+                                  K, V, c10::cuda::getCurrentCUDAStream(q.device().index()).stream());
+    set_cache_pos(cache, cache_pos(cache) + 1);
+    return o.unsqueeze(1);
+  }
+#endif
+  const at::Tensor beta = at::sigmoid(b_lin);
+  const at::Tensor g = neg_a * at::softplus(a_lin + dt_bias);
+  return delta_core_cached("gated_delta_rule", qkv, beta, g, backend, cache, true);
 }
 
 ParamAliases delta_fla_aliases(const DeltaDims& d) {

@@ -39,19 +39,33 @@ at::Tensor rms_norm_gain(const at::Tensor& x, const at::Tensor& w, double eps);
 // convolutions one kernel launch (the same arithmetic; the CPU path is three of each).
 struct DeltaQKV {
   at::Tensor q, k, v;  // [B,T,H,K], [B,T,H,K], [B,T,H,V]
+  at::Tensor extra;    // [B,T,Σ rows] x times the `extra` projections of delta_qkv_cached (undefined without)
 };
 DeltaQKV delta_qkv(const TensorMap& in, const DeltaDims& d);
 
 // The same with a decode cache (MethodSpec::prefill/decode). Cache entries: "q_tail", "k_tail",
 // "v_tail" [B,W−1,C], the last W−1 pre-conv projections (zeros before the sequence).
 // decode = false: x [B,T,d] from position 0, the tails are (re)written; decode = true: x [B,1,d],
-// the conv reads and shifts the tails.
-DeltaQKV delta_qkv_cached(const TensorMap& in, const DeltaDims& d, TensorMap& cache, bool decode);
+// the conv reads and shifts the tails. `extra`: names of further projections of x in `in` (a
+// method's gates), returned in DeltaQKV::extra in that order.
+// A static cache keeps one tail "qkv_tail" [B,W−1,2HK+HV] and, prepared at prefill (weights do not
+// change while decoding; cache_bytes skips "w." entries), "w.proj" = q|k|v|extra projections (then
+// the value-embedding gate's rows widened to d with zeros on VE layers) and "w.conv" = the three
+// convs' weights: its decode step is one GEMM, one conv step over q|k|v and one L2 norm over q|k.
+DeltaQKV delta_qkv_cached(const TensorMap& in, const DeltaDims& d, TensorMap& cache, bool decode,
+                          const std::vector<std::string>& extra = {});
 // The delta core with the cache: decode = false runs the op (q,k,v [B,T,...]) and stores its final
 // state as cache "state" [B,H,K,V] (FP32 for half inputs), "pos" = T; decode = true applies
 // delta_step to the one token and advances "pos". g undefined for DeltaNet. Scale K^-0.5.
 at::Tensor delta_core_cached(const std::string& op, const DeltaQKV& qkv, const at::Tensor& beta, const at::Tensor& g,
                              Backend backend, TensorMap& cache, bool decode);
+
+// Gated DeltaNet's decode step over a static cache from its gates' raw projections b_lin, a_lin
+// [B,1,H]: β = σ(b_lin), g = neg_a·softplus(a_lin + dt_bias) (neg_a = −exp(A_log), dt_bias with the
+// gate offset, both [H], prepared at prefill), then delta_core_cached's step. On a GPU one kernel
+// that forms the gates itself (fp32); elsewhere those LibTorch ops and delta_core_cached.
+at::Tensor gated_delta_static_step(const DeltaQKV& qkv, const at::Tensor& b_lin, const at::Tensor& a_lin,
+                                   const at::Tensor& neg_a, const at::Tensor& dt_bias, Backend backend, TensorMap& cache);
 
 // Parameters every delta layer has: q/k/v projections and convs, b_proj, o_norm, o_proj, ve_gate.
 std::vector<ParamDef> delta_common_params(const DeltaDims& d, const LayerCtx& ctx);

@@ -40,9 +40,24 @@ TensorMap run(const TensorMap& in, const Config& c, Backend backend, TensorMap* 
   DeltaDims d = delta_dims(c);
   const at::Tensor& x = in.at("x");
   const int64_t B = x.size(0), T = x.size(1);
-  DeltaQKV qkv = cache ? delta_qkv_cached(in, d, *cache, decode) : delta_qkv(in, d);
-  at::Tensor b_lin, a_lin;
-  if (x.is_cuda()) {  // β's and the decay's projections (H columns each) in one GEMM: one dx in its backward
+  // A static cache: β's, the decay's and the output gate's projections join q|k|v's in one GEMM
+  // (one per decode step), and the decay's constants are prepared once at prefill (a decode step
+  // takes this path when the prefill prepared it)
+  const bool joint = cache && cache_is_static(*cache) && (!decode || cache->has("w.proj"));
+  DeltaQKV qkv = !cache ? delta_qkv(in, d)
+                 : joint ? delta_qkv_cached(in, d, *cache, decode, {"b_proj", "a_proj", "g_proj"})
+                         : delta_qkv_cached(in, d, *cache, decode);
+  at::Tensor b_lin, a_lin, gate;
+  if (joint) {
+    b_lin = qkv.extra.narrow(-1, 0, d.H);
+    a_lin = qkv.extra.narrow(-1, d.H, d.H);
+    gate = qkv.extra.narrow(-1, 2 * d.H, d.H * d.V).view({B, T, d.H, d.V});
+    if (!decode) {  // fp32 for half-precision models: the fused step forms the gates in fp32
+      const auto gt = layers::is_half(x) ? at::kFloat : x.scalar_type();
+      cache_store(*cache, "w.neg_a", -in.at("A_log").to(gt).exp());
+      cache_store(*cache, "w.dt_bias", in.at("dt_bias").to(gt) + c.f("gate_bias_offset"));
+    }
+  } else if (x.is_cuda()) {  // β's and the decay's projections (H columns each) in one GEMM: one dx in its backward
     const std::vector<at::Tensor> ba = at::linear(x, at::cat({in.at("b_proj"), in.at("a_proj")}, 0)).split(d.H, -1);
     b_lin = ba[0];
     a_lin = ba[1];
@@ -50,18 +65,23 @@ TensorMap run(const TensorMap& in, const Config& c, Backend backend, TensorMap* 
     b_lin = at::linear(x, in.at("b_proj"));
     a_lin = at::linear(x, in.at("a_proj"));
   }
-  at::Tensor beta = at::sigmoid(b_lin);
-  at::Tensor g = -in.at("A_log").exp() * at::softplus(a_lin + in.at("dt_bias") + c.f("gate_bias_offset"));
   at::Tensor o;
-  if (cache) {
-    o = delta_core_cached("gated_delta_rule", qkv, beta, g, backend, *cache, decode);
+  if (joint && decode) {
+    o = gated_delta_static_step(qkv, b_lin, a_lin, cache->at("w.neg_a"), cache->at("w.dt_bias"), backend, *cache);
   } else {
-    Config op;
-    op.set("scale", 0.0);
-    o = call_op("gated_delta_rule", backend, {{"q", qkv.q}, {"k", qkv.k}, {"v", qkv.v}, {"g", g}, {"beta", beta}}, op).at("o");
+    at::Tensor beta = at::sigmoid(b_lin);
+    at::Tensor g = -in.at("A_log").exp() * at::softplus(a_lin + in.at("dt_bias") + c.f("gate_bias_offset"));
+    if (cache) {
+      o = delta_core_cached("gated_delta_rule", qkv, beta, g, backend, *cache, decode);
+    } else {
+      Config op;
+      op.set("scale", 0.0);
+      o = call_op("gated_delta_rule", backend, {{"q", qkv.q}, {"k", qkv.k}, {"v", qkv.v}, {"g", g}, {"beta", beta}}, op)
+              .at("o");
+    }
   }
   // RMSNorm · silu(gate) in one pass each way on a GPU (harness/fused_ops.h)
-  at::Tensor gate = at::linear(x, in.at("g_proj")).view({B, T, d.H, d.V});
+  if (!gate.defined()) gate = at::linear(x, in.at("g_proj")).view({B, T, d.H, d.V});
   o = rms_norm_gated(o, in.at("o_norm"), d.eps, gate, NormGate::Silu);
   return {{"y", at::linear(o.reshape({B, T, d.H * d.V}), in.at("o_proj"))}};
 }
