@@ -19,4 +19,18 @@ __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { retu
 template <>
 __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half(v); }
 
+// N elements of type T in one aligned vector load (p aligned to sizeof(T)·N).
+template <class T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+// EPL consecutive elements at p (aligned to sizeof(T)·EPL) into fp32 registers, one vector load.
+template <class T, int EPL>
+__device__ __forceinline__ void load_row(const T* p, float (&out)[EPL]) {
+  const Vec<T, EPL> r = *reinterpret_cast<const Vec<T, EPL>*>(p);
+#pragma unroll
+  for (int e = 0; e < EPL; ++e) out[e] = load_f32(&r.v[e]);
+}
+
 }  // namespace mixbench::layers

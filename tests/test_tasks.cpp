@@ -374,7 +374,9 @@ TEST(TaskTraining, GridAndLineup) {
 }
 
 // --vocab replaces the MQAR vocabulary: the rows and the model's embedding follow it.
-TEST(TaskTraining, MqarVocabularyOption) {
+namespace {
+// dense_full on one MQAR setting (length 16, 2 pairs, width 64) for 2 steps.
+TasksOptions one_mqar_setting() {
   TasksOptions o;
   o.methods = {"dense_full"};
   o.tasks = {"mqar"};
@@ -382,6 +384,12 @@ TEST(TaskTraining, MqarVocabularyOption) {
   o.mqar_lengths = {16};
   o.mqar_pairs = {2};
   o.mqar_widths = {64};
+  return o;
+}
+}  // namespace
+
+TEST(TaskTraining, MqarVocabularyOption) {
+  TasksOptions o = one_mqar_setting();
   o.mqar_vocab = 40;
   const Json rows = run_tasks(o);
   ASSERT_EQ(rows.size(), 1u);
@@ -396,13 +404,7 @@ TEST(TaskTraining, MqarVocabularyOption) {
 // its training length (the model's sequence length covering the longest), --config reaches every
 // method's model config, and bad values of either are refused before any training.
 TEST(TaskTraining, HeldOutScalesAndConfigOverrides) {
-  TasksOptions o;
-  o.methods = {"dense_full"};
-  o.tasks = {"mqar"};
-  o.steps = 2;
-  o.mqar_lengths = {16};
-  o.mqar_pairs = {2};
-  o.mqar_widths = {64};
+  TasksOptions o = one_mqar_setting();
   o.test_scales = {1, 2, 4};
   o.config = "rope=false";
   const Json rows = run_tasks(o);

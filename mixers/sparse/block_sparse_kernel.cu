@@ -28,17 +28,8 @@ constexpr int kUnroll = 4;
 constexpr int kGroupCap = 8;  // query heads per warp; larger GQA groups take several head groups
 constexpr float kLog2e = 1.4426950408889634f;
 
-template <class T, int N>
-struct alignas(sizeof(T) * N) Vec {
-  T v[N];
-};
-
-template <class T, int EPL>
-__device__ __forceinline__ void load_row(const T* p, float (&out)[EPL]) {
-  const Vec<T, EPL> r = *reinterpret_cast<const Vec<T, EPL>*>(p);
-#pragma unroll
-  for (int e = 0; e < EPL; ++e) out[e] = layers::load_f32(&r.v[e]);
-}
+using layers::load_row;
+using layers::Vec;
 
 template <class T, int EPL>
 __device__ __forceinline__ void store_row(T* p, const float (&in)[EPL]) {
