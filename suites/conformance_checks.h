@@ -34,6 +34,9 @@ struct Unit {
   std::set<std::string> selection;  // outputs compared as selections (OpSpec::selection_outputs)
   // The reference scores of the selections' candidates (OpSpec::selection_scores); empty: none.
   std::function<TensorMap(const TensorMap&)> selection_scores;
+  // The reference attends with a selection given as an input named as the selection output (the
+  // sparse layers, harness/method_selection.h): run_case then gives it the optimized path's.
+  bool reference_takes_selection = false;
 };
 
 at::Generator make_gen(uint64_t seed);
@@ -111,6 +114,12 @@ Json selection_check(const std::string& tensor, const at::Tensor& ref, const at:
 
 // One case: the optimized path (at opt's dtype and backend, outputs poisoned first) against the
 // FP64 reference on the same rounded inputs, outputs and gradients; opt.fault is injected here.
+// A unit whose reference takes the selection (Unit::reference_takes_selection): the reference runs
+// with the optimized path's selections (taken before any injected fault), so its outputs and
+// gradients are compared on the same keys, while each selection output is checked, tie-aware,
+// against the reference's own selection (a run without it); the row says so in
+// `reference_selection` ("optimized"), and each selection check in `compared_with` ("reference's own").
+// Rows and tie_swaps as selection_check.
 Json run_case(const Unit& u, const TensorMap& inputs64, const ConformanceOptions& opt, uint64_t seed);
 // Reference gradients against central differences along `directions` random directions per input
 // tensor, FP64.

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 
 #include <filesystem>
 #include <fstream>
