@@ -2,6 +2,7 @@
 // positive and finite; every quantitative assertion is on the accountant's numbers.
 #include <gtest/gtest.h>
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <fmt/format.h>
 
 #include <algorithm>
