@@ -285,3 +285,40 @@ TEST(SparseSelection, LayersCallNoCheckedOp) {
   call_op("block_topk", Backend::CPU, {{"scores", s}}, p);
   EXPECT_EQ(call_op_count(), before + 1);
 }
+
+// A per-row tolerance widens the ties: two blocks 0.01 apart are a tie only within it.
+TEST(SparseSelection, RowToleranceWidensTies) {
+  auto i64 = at::TensorOptions().dtype(at::kLong);
+  const at::Tensor scores = at::tensor({3.0, 1.0, 0.99, -INFINITY}, at::TensorOptions().dtype(at::kDouble)).view({1, 4});
+  const at::Tensor ref = at::tensor({0, 1}, i64).view({1, 2}), x = at::tensor({0, 2}, i64).view({1, 2});
+  EXPECT_GT(conformance_detail::compare_selection_ties(ref, x, scores, 1e-12).cmp.rel_rms, 0.0);
+  EXPECT_GT(conformance_detail::compare_selection_ties(ref, x, scores, 1e-12, at::full({1}, 0.005, at::kDouble)).cmp.rel_rms, 0.0);
+  auto wide = conformance_detail::compare_selection_ties(ref, x, scores, 1e-12, at::full({1}, 0.02, at::kDouble));
+  EXPECT_EQ(wide.cmp.rel_rms, 0.0);
+  EXPECT_EQ(wide.tie_swaps, 1);
+}
+
+// bf16 on the CPU: every sparse layer's selection check passes, ties measured by the reference's
+// own scores in bf16 (tie_tolerance "baseline"), the reference on the optimized path's selection.
+TEST(SparseSelection, Bf16SelectionChecksPassOnTheCpu) {
+  ConformanceOptions opt;
+  opt.dtype = "bf16";
+  opt.finite_differences = false;
+  for (const auto& name : kSparse) {
+    ConformanceSummary s;
+    Json rows = conformance_detail::run_subjects({conformance_detail::layer_subject(Registry::get().method(name), opt)}, opt, s);
+    EXPECT_EQ(s.errors, 0) << name;
+    int checks = 0;
+    for (const auto& r : rows) {
+      if (r["level"] != "layer") continue;
+      EXPECT_EQ(r.value("reference_selection", ""), "optimized") << r.dump();
+      for (const auto& c : r["checks"])
+        if (c["kind"] == "selection") {
+          ++checks;
+          EXPECT_EQ(c["status"], "pass") << name << " " << r["case"] << " " << c.dump();
+          EXPECT_EQ(c.value("tie_tolerance", ""), "baseline") << c.dump();
+        }
+    }
+    EXPECT_GE(checks, 7) << name;
+  }
+}

@@ -61,6 +61,7 @@
 
 #include "harness/backbone.h"
 #include "harness/errors.h"
+#include "harness/nvtx.h"
 #include "mixers/common/layers.h"
 #include "mixers/attention/attention.h"
 #include "mixers/sparse/sparse.h"
@@ -96,6 +97,7 @@ at::Tensor candidate_mask(int64_t T, int64_t NC, int64_t bs, const at::Device& d
 
 at::Tensor block_attend(const QKV& a, const at::Tensor& k, const at::Tensor& v, const at::Tensor& idx, int64_t bs,
                         double scale) {
+  NvtxRange r(op_range("block_sparse_attention"));
   return block_sparse_attention_fast(a.q, k, v, idx, bs, /*q_block=*/1, scale);
 }
 
@@ -351,6 +353,7 @@ TensorMap nsa_forward(const TensorMap& in, const Config& c, const LayerCtx&, Bac
   at::Tensor o_slc = block_attend(a, a.k, a.v, idx, bs, scale);
   // Window branch: op attention's paths without its input checks (q, k, v are the layer's own).
   at::Tensor o_win;
+  NvtxRange win_range(op_range("attention"));
 #if defined(MIXBENCH_WITH_CUDA)
   if (backend == Backend::CUDA) o_win = attention_cuda(a.q, a.k, a.v, scale, c.i("nsa_window"), 0.0);
 #endif

@@ -31,6 +31,7 @@
 #include "harness/backbone.h"
 #include "harness/cost_parts.h"
 #include "harness/errors.h"
+#include "harness/nvtx.h"
 #include "mixers/common/layers.h"
 #include "mixers/sparse/sparse.h"
 #include "mixers/sparse/sparse_method.h"
@@ -119,9 +120,14 @@ TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Bac
   if (warmup) {
     idx = causal_full_indices(B, T, x);
   } else {
+    NvtxRange r(op_range("dsa_indexer"));
     idx = dsa_indexer_fast(qi.detach(), ki.detach(), wi.detach(), K, 1.0, /*relu=*/true);
   }
-  at::Tensor o = sparse_attention_fast(a.q, a.k, a.v, idx, scale);
+  at::Tensor o;
+  {
+    NvtxRange r(op_range("sparse_attention"));
+    o = sparse_attention_fast(a.q, a.k, a.v, idx, scale);
+  }
   at::Tensor y = at::linear(o.reshape({B, T, d.H * d.dh}), in.at("c_proj"));
 
   // Auxiliary KL over the selected keys.

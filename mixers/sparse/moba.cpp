@@ -16,6 +16,7 @@
 
 #include "harness/backbone.h"
 #include "harness/errors.h"
+#include "harness/nvtx.h"
 #include "mixers/common/layers.h"
 #include "mixers/sparse/sparse.h"
 #include "mixers/sparse/sparse_method.h"
@@ -60,7 +61,11 @@ TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx&, Backend
   at::Tensor idx = moba_select(a.q, a.k, bs, c.i("moba_topk"));  // [B,H,T,n]
   at::Tensor k = G > 1 ? a.k.repeat_interleave(G, 2) : a.k;  // per-query-head selections
   at::Tensor v = G > 1 ? a.v.repeat_interleave(G, 2) : a.v;
-  at::Tensor o = block_sparse_attention_fast(a.q, k, v, idx, bs, /*q_block=*/1, 1.0 / std::sqrt(double(d.dh)));
+  at::Tensor o;
+  {
+    NvtxRange r(op_range("block_sparse_attention"));
+    o = block_sparse_attention_fast(a.q, k, v, idx, bs, /*q_block=*/1, 1.0 / std::sqrt(double(d.dh)));
+  }
   return {{"y", at::linear(o.reshape({B, T, d.H * d.dh}), in.at("c_proj"))}, {"selection", idx}};
 }
 

@@ -10,6 +10,7 @@
 #include "harness/backbone.h"
 #include "harness/errors.h"
 #include "harness/method_selection.h"
+#include "harness/nvtx.h"
 #include "mixers/common/layers.h"
 #include "mixers/sparse/sparse.h"
 
@@ -73,7 +74,10 @@ QKV qkv(const TensorMap& in, const Config& c) {
   return {q, k, v, k_raw};
 }
 
+std::string op_range(const std::string& op) { return nvtx_name({ScopedMethod::current(), op, "forward"}); }
+
 at::Tensor select_blocks(const at::Tensor& scores, int64_t block, int64_t topk, bool own_counted) {
+  NvtxRange r(op_range("block_topk"));
   return block_topk_fast(scores.detach(), block, topk, own_counted);
 }
 

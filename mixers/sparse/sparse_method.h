@@ -39,6 +39,10 @@ QKV qkv(const TensorMap& in, const Config& c);
 // [B,S,T,K].
 at::Tensor select_blocks(const at::Tensor& scores, int64_t block, int64_t topk, bool own_counted);
 
+// The NVTX range "<method>.<op>.forward" that call_op opens around an op, for the layers' direct
+// calls of the ops' unchecked entry points (profiles filter on it).
+std::string op_range(const std::string& op);
+
 // Memory-bounded score tensors. The layers compute their [T,T]-sized intermediates (teachers' full
 // attention probabilities, indexer scores against every block) in chunks of query rows, each chunk's
 // working set at most about kChunkBytes, so that T = 64K fits; the chunked results equal the
