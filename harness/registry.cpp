@@ -1,4 +1,5 @@
 #include "harness/registry.h"
+#include "harness/method_selection.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -256,7 +257,22 @@ ScopedMethod::ScopedMethod(const std::string& name) : prev_(g_current_method) { 
 ScopedMethod::~ScopedMethod() { g_current_method = prev_; }
 const std::string& ScopedMethod::current() { return g_current_method; }
 
+namespace {
+thread_local int64_t g_call_op_count = 0;
+std::map<std::string, MethodSelection>& method_selections() {
+  static std::map<std::string, MethodSelection> m;
+  return m;
+}
+}  // namespace
+int64_t call_op_count() { return g_call_op_count; }
+void register_method_selection(const std::string& method, MethodSelection s) { method_selections()[method] = std::move(s); }
+const MethodSelection* method_selection(const std::string& method) {
+  auto it = method_selections().find(method);
+  return it == method_selections().end() ? nullptr : &it->second;
+}
+
 TensorMap call_op(const std::string& op, Backend backend, const TensorMap& inputs, const Config& params) {
+  ++g_call_op_count;
   const OpSpec& spec = Registry::get().op(op);
   NvtxRange range(nvtx_name({ScopedMethod::current(), op, "forward"}));
   switch (backend) {

@@ -29,6 +29,22 @@ at::Tensor block_sparse_attention(const at::Tensor& q, const at::Tensor& k, cons
                                   const at::Tensor& block_indices, int64_t block_size, int64_t q_block,
                                   double scale);
 
+// The selection of a sparse layer's reference (every layer function below takes an optional one).
+// `forced` (defined): the layer attends where it says — and its auxiliary loss covers it — instead
+// of selecting itself, so that conformance compares the attention, outputs and gradients of the
+// optimized path on that path's own selection; the selection itself is compared with `chosen` of a
+// run without `forced`, tie-aware against `scores`. Layouts are the optimized layer's selection
+// output (mixers/sparse): DSA key indices [B,T,min(topk,T)]; MoBA blocks [B,H,T,min(topk,NB)], the
+// own block first; QSA [B,1,T,n+1], NSA [B,Hkv,T,n+1], Seer [B,H,T,n+1] with n = min(topk, ⌊T/block⌋)
+// history blocks (−1 padded) then the own block. NB = ⌈T/block⌉.
+struct LayerSelection {
+  at::Tensor forced;  // in: undefined = the reference selects
+  at::Tensor chosen;  // out: the selection attended with (int64, CPU)
+  // out: FP64 scores of each row's candidates, [rows..., T] (DSA: keys) or [rows..., NB] (blocks):
+  // the reference's score, −inf for no candidate, +inf for the own block (forced, never a tie)
+  at::Tensor scores;
+};
+
 // Weights of a nanochat attention layer plus, for DSA, its lightning indexer.
 struct SparseLayerWeights {
   at::Tensor c_q, c_k, c_v, c_proj, ve_gate;            // ve_gate undefined when the layer has no VE
@@ -40,7 +56,8 @@ struct SparseLayerWeights {
 // query's own block always chosen and counted; the top `topk_blocks` blocks (ties: lower block
 // first); attention over their keys s ≤ t. Returns y [B,T,d].
 at::Tensor moba_layer(const at::Tensor& x, const at::Tensor& ve, const SparseLayerWeights& w, int64_t n_head,
-                      int64_t n_kv_head, int64_t head_dim, double rope_base, int64_t block, int64_t topk_blocks);
+                      int64_t n_kv_head, int64_t head_dim, double rope_base, int64_t block, int64_t topk_blocks,
+                      LayerSelection* sel = nullptr);
 
 // DSA layer: nanochat's attention layer whose attention is restricted to the top-k keys of the
 // DeepSeek-V3.2 lightning indexer (on the detached layer input), plus the indexer's KL loss
@@ -51,6 +68,6 @@ struct DsaOut {
 };
 DsaOut dsa_layer(const at::Tensor& x, const at::Tensor& ve, const SparseLayerWeights& w, int64_t n_head,
                  int64_t n_kv_head, int64_t head_dim, double rope_base, int64_t idx_heads, int64_t idx_dim,
-                 int64_t idx_rope_dim, int64_t topk);
+                 int64_t idx_rope_dim, int64_t topk, LayerSelection* sel = nullptr);
 
 }  // namespace mixbench::reference

@@ -91,6 +91,44 @@ void allow_blocks(std::vector<uint8_t>& row, int64_t t, int64_t block, int64_t o
     for (int64_t s = i * block; s < (i + 1) * block && s <= t; ++s) row[size_t(s)] = 1;
 }
 
+// Selection and candidate scores of a block layer's reference (layout [B,S,T,n+1]: n history
+// blocks, −1 padded, then the own block; scores [B,S,T,NB]), filled row by row.
+struct BlockRows {
+  int64_t B, S, T, n, NB;
+  std::vector<int64_t> chosen;
+  std::vector<double> scores;
+  at::Tensor forced;  // [B,S,T,n+1] int64 on the CPU, or undefined
+  BlockRows(int64_t B_, int64_t S_, int64_t T_, int64_t n_, int64_t NB_, const LayerSelection* sel)
+      : B(B_), S(S_), T(T_), n(n_), NB(NB_), chosen(size_t(B_ * S_ * T_ * (n_ + 1)), -1),
+        scores(size_t(B_ * S_ * T_ * NB_), -std::numeric_limits<double>::infinity()) {
+    if (sel && sel->forced.defined()) forced = sel->forced.to(at::kCPU, at::kLong).contiguous();
+  }
+  size_t row(int64_t b, int64_t s, int64_t t) const { return size_t((b * S + s) * T + t); }
+  // Records row (b, s, t): the candidates' scores (blocks i < own), the own block, and the history
+  // blocks attended — `own_choice` or, when forced, the forced row's history blocks (returned).
+  std::vector<int64_t> take(int64_t b, int64_t s, int64_t t, int64_t own, const std::vector<double>& cand,
+                            const std::vector<int64_t>& own_choice) {
+    const size_t r = row(b, s, t);
+    for (size_t i = 0; i < cand.size(); ++i) scores[r * size_t(NB) + i] = cand[i];
+    scores[r * size_t(NB) + size_t(own)] = std::numeric_limits<double>::infinity();
+    std::vector<int64_t> hist = own_choice;
+    if (forced.defined()) {
+      hist.clear();
+      const int64_t* f = forced.data_ptr<int64_t>() + r * size_t(n + 1);
+      for (int64_t j = 0; j < n; ++j)
+        if (f[j] >= 0) hist.push_back(f[j]);
+    }
+    for (size_t j = 0; j < hist.size() && int64_t(j) < n; ++j) chosen[r * size_t(n + 1) + j] = hist[j];
+    chosen[r * size_t(n + 1) + size_t(n)] = own;
+    return hist;
+  }
+  void store(LayerSelection* sel) const {
+    if (!sel) return;
+    sel->chosen = forced.defined() ? forced : at::tensor(chosen, at::TensorOptions().dtype(at::kLong)).view({B, S, T, n + 1});
+    sel->scores = at::tensor(scores, at::TensorOptions().dtype(at::kDouble)).view({B, S, T, NB});
+  }
+};
+
 }  // namespace
 
 at::Tensor block_topk(const at::Tensor& scores, int64_t block, int64_t topk, bool counted) {
@@ -114,13 +152,15 @@ at::Tensor block_topk(const at::Tensor& scores, int64_t block, int64_t topk, boo
 }
 
 BlockOut qsa_layer(const at::Tensor& x, const at::Tensor& ve, const BlockLayerWeights& w, const BlockLayerShape& s,
-                   int64_t idx_heads, int64_t idx_dim, int64_t group, int64_t rope_dim, int64_t block, int64_t topk) {
+                   int64_t idx_heads, int64_t idx_dim, int64_t group, int64_t rope_dim, int64_t block, int64_t topk,
+                   LayerSelection* selection) {
   const int64_t B = x.size(0), T = x.size(1), H = s.n_head, G = s.n_head / s.n_kv_head, HK = idx_heads / group;
   const double scale = 1.0 / std::sqrt(double(s.head_dim));
   NanochatQKV a = layer_qkv(x, ve, w, s);
   at::Tensor ke = a.k.repeat_interleave(G, 2), vv = a.v.repeat_interleave(G, 2);  // [B,T,H,dh]
   at::Tensor xd = x.detach();
   const int64_t NC = T / block;
+  BlockRows rows(B, 1, T, std::min(topk, NC), (T + block - 1) / block, selection);
   at::Tensor total = at::zeros({}, x.options().requires_grad(false));
   std::vector<at::Tensor> out_b;
   for (int64_t b = 0; b < B; ++b) {
@@ -136,10 +176,13 @@ BlockOut qsa_layer(const at::Tensor& x, const at::Tensor& ve, const BlockLayerWe
       at::Tensor qi = rope_at(project(xd[b][t], get(w, "qsa_wq")).view({idx_heads, idx_dim}), double(t), rope_dim, s.rope_base);
       at::Tensor I;  // [cur]
       std::vector<int64_t> sel;
+      std::vector<double> iv;
       if (cur > 0) {
         I = ((kb.narrow(0, 0, cur) * qi.unsqueeze(0)).sum(-1) / std::sqrt(double(idx_dim))).clamp_min(0.0).sum(-1);
-        sel = top(values(I), topk);
+        iv = values(I);
+        sel = top(iv, topk);
       }
+      sel = rows.take(b, 0, t, cur, iv, sel);
       std::vector<uint8_t> row(size_t(t + 1), 0);
       allow_blocks(row, t, block, cur, sel);
       std::vector<uint8_t> allow;
@@ -162,16 +205,18 @@ BlockOut qsa_layer(const at::Tensor& x, const at::Tensor& ve, const BlockLayerWe
     out_b.push_back(at::stack(out_t, 0));
   }
   at::Tensor y = at::stack(out_b, 0);
+  rows.store(selection);
   return {project(y.reshape({B, T, H * s.head_dim}), get(w, "c_proj")), total / double(B * T)};
 }
 
 at::Tensor nsa_layer(const at::Tensor& x, const at::Tensor& ve, const BlockLayerWeights& w, const BlockLayerShape& s,
-                     int64_t block, int64_t topk, int64_t window) {
+                     int64_t block, int64_t topk, int64_t window, LayerSelection* selection) {
   const int64_t B = x.size(0), T = x.size(1), H = s.n_head, Hkv = s.n_kv_head, G = H / Hkv, dh = s.head_dim;
   const double scale = 1.0 / std::sqrt(double(dh));
   NanochatQKV a = layer_qkv(x, ve, w, s);
   at::Tensor ke = a.k.repeat_interleave(G, 2), vv = a.v.repeat_interleave(G, 2);  // [B,T,H,dh]
   const int64_t NC = T / block;
+  BlockRows rows(B, Hkv, T, std::min(topk, NC), (T + block - 1) / block, selection);
   std::vector<at::Tensor> out_b;
   for (int64_t b = 0; b < B; ++b) {
     std::vector<at::Tensor> kcl, vcl;  // per complete block: [H, dh] (KV head repeated per query head)
@@ -198,10 +243,13 @@ at::Tensor nsa_layer(const at::Tensor& x, const at::Tensor& ve, const BlockLayer
         for (int64_t h = 0; h < H; ++h)
           for (int64_t i = 0; i < cur; ++i) score[size_t(h / G)][size_t(i)] += pv[size_t(h * nvis + i)];
       }
+      std::vector<std::vector<int64_t>> hist(static_cast<size_t>(Hkv));
+      for (int64_t hk = 0; hk < Hkv; ++hk)
+        hist[size_t(hk)] = rows.take(b, hk, t, cur, score[size_t(hk)], top(score[size_t(hk)], topk));
       std::vector<uint8_t> sel_allow, win_allow;
       for (int64_t h = 0; h < H; ++h) {
         std::vector<uint8_t> row(size_t(t + 1), 0), wrow(size_t(t + 1), 0);
-        allow_blocks(row, t, block, cur, top(score[size_t(h / G)], topk));
+        allow_blocks(row, t, block, cur, hist[size_t(h / G)]);
         for (int64_t u = std::max<int64_t>(0, t - window + 1); u <= t; ++u) wrow[size_t(u)] = 1;
         sel_allow.insert(sel_allow.end(), row.begin(), row.end());
         win_allow.insert(win_allow.end(), wrow.begin(), wrow.end());
@@ -214,11 +262,12 @@ at::Tensor nsa_layer(const at::Tensor& x, const at::Tensor& ve, const BlockLayer
     out_b.push_back(at::stack(out_t, 0));
   }
   at::Tensor y = at::stack(out_b, 0);
+  rows.store(selection);
   return project(y.reshape({B, T, H * dh}), get(w, "c_proj"));
 }
 
 BlockOut seer_layer(const at::Tensor& x, const at::Tensor& ve, const BlockLayerWeights& w, const BlockLayerShape& s,
-                    int64_t block, int64_t topk, bool pooled_rope) {
+                    int64_t block, int64_t topk, bool pooled_rope, LayerSelection* selection) {
   const int64_t B = x.size(0), T = x.size(1), H = s.n_head, Hkv = s.n_kv_head, G = H / Hkv, dh = s.head_dim;
   const double scale = 1.0 / std::sqrt(double(dh));
   NanochatQKV a = layer_qkv(x, ve, w, s);
@@ -228,6 +277,7 @@ BlockOut seer_layer(const at::Tensor& x, const at::Tensor& ve, const BlockLayerW
   const at::Tensor &wq = get(w, "seer_wq"), &wk = get(w, "seer_wk");
   const double sg = 1.0 / std::sqrt(double(wq.size(1)));
   const int64_t NC = T / block;
+  BlockRows rows(B, H, T, std::min(topk, NC), (T + block - 1) / block, selection);
   at::Tensor total = at::zeros({}, x.options().requires_grad(false));
   std::vector<at::Tensor> out_b;
   for (int64_t b = 0; b < B; ++b) {
@@ -246,12 +296,15 @@ BlockOut seer_layer(const at::Tensor& x, const at::Tensor& ve, const BlockLayerW
       const int64_t cur = t / block;
       std::vector<std::vector<int64_t>> sel(static_cast<size_t>(H));
       at::Tensor S;  // [H,cur]
+      std::vector<double> sv;
       if (cur > 0) {
         at::Tensor qg = (qd[b][t].unsqueeze(1) * wq).sum(-1);  // [H,d_g]
         S = (kg.narrow(0, 0, cur) * qg.unsqueeze(0)).sum(-1).transpose(0, 1) * sg;
-        std::vector<double> sv = values(S);
-        for (int64_t h = 0; h < H; ++h)
-          sel[size_t(h)] = top(std::vector<double>(sv.begin() + h * cur, sv.begin() + (h + 1) * cur), topk);
+        sv = values(S);
+      }
+      for (int64_t h = 0; h < H; ++h) {
+        const std::vector<double> row(sv.begin() + h * cur, sv.begin() + (h + 1) * cur);
+        sel[size_t(h)] = rows.take(b, h, t, cur, row, top(row, topk));
       }
       std::vector<uint8_t> allow;
       for (int64_t h = 0; h < H; ++h) {
@@ -283,6 +336,7 @@ BlockOut seer_layer(const at::Tensor& x, const at::Tensor& ve, const BlockLayerW
     out_b.push_back(at::stack(out_t, 0));
   }
   at::Tensor y = at::stack(out_b, 0);
+  rows.store(selection);
   return {project(y.reshape({B, T, H * dh}), get(w, "c_proj")), total / double(B * T * H)};
 }
 

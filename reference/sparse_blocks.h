@@ -7,6 +7,8 @@
 #include <map>
 #include <string>
 
+#include "reference/sparse.h"
+
 namespace mixbench::reference {
 
 // The layer's tensors by parameter name: c_q, c_k, c_v, c_proj, ve_gate (VE layers) and the
@@ -22,6 +24,8 @@ struct BlockOut {
   at::Tensor y, aux_loss;
 };
 
+// Each layer takes an optional LayerSelection (reference/sparse.h): a forced selection to attend
+// with, and the selection and candidate scores out.
 // Shared selection rule: query t (own block c = t / block) attends to the keys s ≤ t of its own
 // block and of the `topk` best complete history blocks i < c (descending score, ties to the lower
 // block). Attention scale head_dim^-½.
@@ -39,13 +43,14 @@ at::Tensor block_topk(const at::Tensor& scores, int64_t block, int64_t topk, boo
 // teacher being the head-mean of the main attention probabilities over the attended keys
 // (detached), max-pooled per block, renormalised over the selected history blocks.
 BlockOut qsa_layer(const at::Tensor& x, const at::Tensor& ve, const BlockLayerWeights& w, const BlockLayerShape& s,
-                   int64_t idx_heads, int64_t idx_dim, int64_t group, int64_t rope_dim, int64_t block, int64_t topk);
+                   int64_t idx_heads, int64_t idx_dim, int64_t group, int64_t rope_dim, int64_t block, int64_t topk,
+                   LayerSelection* sel = nullptr);
 
 // NSA: y = c_proj(Σ_c σ(W_g x)_{c,h}·o^c) over c ∈ {cmp, slc, win}: compressed attention over the
 // complete blocks (K̃_i = W_ck·vec(k_block), Ṽ likewise), selection by the compressed
 // probabilities summed over each KV group's query heads, window of `window` keys.
 at::Tensor nsa_layer(const at::Tensor& x, const at::Tensor& ve, const BlockLayerWeights& w, const BlockLayerShape& s,
-                     int64_t block, int64_t topk, int64_t window);
+                     int64_t block, int64_t topk, int64_t window, LayerSelection* sel = nullptr);
 
 // Seer: gate logits S_{t,h,i} = (W^G_q[h] q_{t,h})·K̃_{i,h'}/√d_g on the layer's detached q (after
 // RoPE and QK-norm) with, pooled_rope (the original AttnGate's key side), K̃_{i,h'} = the layer's
@@ -55,6 +60,6 @@ at::Tensor nsa_layer(const at::Tensor& x, const at::Tensor& ve, const BlockLayer
 // again. Per-head selection; aux_loss = mean over (token, head) rows of KL(block-max of full
 // causal attention renormalised over the history blocks ‖ softmax(S)).
 BlockOut seer_layer(const at::Tensor& x, const at::Tensor& ve, const BlockLayerWeights& w, const BlockLayerShape& s,
-                    int64_t block, int64_t topk, bool pooled_rope);
+                    int64_t block, int64_t topk, bool pooled_rope, LayerSelection* sel = nullptr);
 
 }  // namespace mixbench::reference

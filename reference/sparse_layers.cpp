@@ -1,6 +1,7 @@
 // FP64 references for block-sparse attention and the sparse-attention layers (MoBA, DSA): plain
 // loops over tokens; selections are made on detached FP64 values with explicit sorts.
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include <algorithm>
 #include <limits>
@@ -90,7 +91,8 @@ at::Tensor block_sparse_attention(const at::Tensor& q, const at::Tensor& k, cons
 }
 
 at::Tensor moba_layer(const at::Tensor& x, const at::Tensor& ve, const SparseLayerWeights& w, int64_t n_head,
-                      int64_t n_kv_head, int64_t head_dim, double rope_base, int64_t block, int64_t topk_blocks) {
+                      int64_t n_kv_head, int64_t head_dim, double rope_base, int64_t block, int64_t topk_blocks,
+                      LayerSelection* sel) {
   const int64_t B = x.size(0), T = x.size(1), H = n_head, G = n_head / n_kv_head;
   NanochatQKV qkv = nanochat_qkv(x, ve, {w.c_q, w.c_k, w.c_v, w.c_proj, w.ve_gate}, n_head, n_kv_head, head_dim, rope_base);
   at::Tensor ke = qkv.k.repeat_interleave(G, 2), vv = qkv.v.repeat_interleave(G, 2);  // [B,T,H,dh]
@@ -101,6 +103,13 @@ at::Tensor moba_layer(const at::Tensor& x, const at::Tensor& ve, const SparseLay
   std::vector<at::Tensor> kbar;  // [H,dh] per block: mean of the keys the block holds
   for (int64_t bi = 0; bi < NB; ++bi) kbar.push_back(kd.narrow(1, bi * block, std::min(block, T - bi * block)).mean(1));
   at::Tensor kb = at::stack(kbar, 1).contiguous();  // [B,NB,H,dh]
+  const int64_t K = std::min(topk_blocks, NB);
+  const double inf = std::numeric_limits<double>::infinity();
+  // Selection [B,H,T,K] (own block first, −1 padded) and candidate scores [B,H,T,NB], row-major.
+  std::vector<int64_t> chosen(size_t(B * H * T * K), -1);
+  std::vector<double> scores(size_t(B * H * T * NB), -inf);
+  at::Tensor forced;
+  if (sel && sel->forced.defined()) forced = sel->forced.to(at::kCPU, at::kLong).contiguous();
   std::vector<at::Tensor> out_b;
   for (int64_t b = 0; b < B; ++b) {
     std::vector<at::Tensor> out_t;
@@ -110,13 +119,21 @@ at::Tensor moba_layer(const at::Tensor& x, const at::Tensor& ve, const SparseLay
       auto g = gate.accessor<double, 2>();
       at::Tensor mask = at::zeros({H, t + 1}, at::TensorOptions().dtype(at::kBool));
       for (int64_t h = 0; h < H; ++h) {
+        const size_t row = size_t(((b * H + h) * T + t));
         std::vector<std::pair<double, int64_t>> sc;
-        for (int64_t i = 0; i <= cur; ++i) sc.emplace_back(i == cur ? std::numeric_limits<double>::infinity() : g[i][h], i);
+        for (int64_t i = 0; i <= cur; ++i) sc.emplace_back(i == cur ? inf : g[i][h], i);
+        for (const auto& [v, i] : sc) scores[row * size_t(NB) + size_t(i)] = v;
         std::stable_sort(sc.begin(), sc.end(), [](const auto& a, const auto& c) { return a.first > c.first; });
-        for (int64_t j = 0; j < std::min<int64_t>(topk_blocks, int64_t(sc.size())); ++j) {
-          const int64_t i = sc[size_t(j)].second;
-          mask[h].narrow(0, i * block, std::min(block, t + 1 - i * block)).fill_(true);
+        std::vector<int64_t> blocks;
+        if (forced.defined()) {
+          for (int64_t j = 0; j < forced.size(3); ++j)
+            if (forced[b][h][t][j].item<int64_t>() >= 0) blocks.push_back(forced[b][h][t][j].item<int64_t>());
+        } else {
+          for (int64_t j = 0; j < std::min<int64_t>(topk_blocks, int64_t(sc.size())); ++j) blocks.push_back(sc[size_t(j)].second);
         }
+        for (size_t j = 0; j < blocks.size() && int64_t(j) < K; ++j) chosen[row * size_t(K) + j] = blocks[j];
+        for (int64_t i : blocks)
+          mask[h].narrow(0, i * block, std::min(block, t + 1 - i * block)).fill_(true);
       }
       at::Tensor ks = ke[b].narrow(0, 0, t + 1), vs = vv[b].narrow(0, 0, t + 1);  // [t+1,H,dh]
       at::Tensor logits = (qkv.q[b][t].unsqueeze(0) * ks).sum(-1).transpose(0, 1) * scale;  // [H,t+1]
@@ -125,12 +142,16 @@ at::Tensor moba_layer(const at::Tensor& x, const at::Tensor& ve, const SparseLay
     out_b.push_back(at::stack(out_t, 0));
   }
   at::Tensor y = at::stack(out_b, 0);  // [B,T,H,dh]
+  if (sel) {
+    sel->chosen = forced.defined() ? forced : at::tensor(chosen, at::TensorOptions().dtype(at::kLong)).view({B, H, T, K});
+    sel->scores = at::tensor(scores, at::TensorOptions().dtype(at::kDouble)).view({B, H, T, NB});
+  }
   return project(y.reshape({B, T, H * head_dim}), w.c_proj);
 }
 
 DsaOut dsa_layer(const at::Tensor& x, const at::Tensor& ve, const SparseLayerWeights& w, int64_t n_head,
                  int64_t n_kv_head, int64_t head_dim, double rope_base, int64_t idx_heads, int64_t idx_dim,
-                 int64_t idx_rope_dim, int64_t topk) {
+                 int64_t idx_rope_dim, int64_t topk, LayerSelection* sel) {
   const int64_t B = x.size(0), T = x.size(1), H = n_head, G = n_head / n_kv_head;
   const double scale = 1.0 / std::sqrt(double(head_dim));
   NanochatQKV qkv = nanochat_qkv(x, ve, {w.c_q, w.c_k, w.c_v, w.c_proj, w.ve_gate}, n_head, n_kv_head, head_dim, rope_base);
@@ -145,7 +166,17 @@ DsaOut dsa_layer(const at::Tensor& x, const at::Tensor& ve, const SparseLayerWei
   ki = rope_neox_partial(ki.unsqueeze(2), idx_rope_dim, rope_base).squeeze(2);
   at::Tensor wi = project(xd, w.idx_w) * (1.0 / std::sqrt(double(idx_heads))) * (1.0 / std::sqrt(double(idx_dim)));
   const int64_t K = std::min(topk, T);
-  at::Tensor indices = dsa_indexer(qi, ki, wi, K, 1.0, true);  // [B,T,K]
+  at::Tensor indices = sel && sel->forced.defined() ? sel->forced.to(at::kCPU, at::kLong).contiguous()
+                                                    : dsa_indexer(qi, ki, wi, K, 1.0, true);  // [B,T,K]
+  if (sel) {
+    // The indexer's scores I[t,s] = Σ_j w[t,j]·ReLU(q^I_{t,j}·k^I_s) of the visible keys s ≤ t.
+    c10::NoGradGuard ng;
+    at::Tensor sim = at::matmul(qi.detach(), ki.detach().unsqueeze(1).transpose(-1, -2)).clamp_min(0.0);  // [B,T,HI,T]
+    at::Tensor I = (sim * wi.detach().unsqueeze(-1)).sum(2);                                              // [B,T,T]
+    const at::Tensor future = at::ones({T, T}, at::TensorOptions().dtype(at::kBool)).triu(1);
+    sel->chosen = indices;
+    sel->scores = I.masked_fill(future, -std::numeric_limits<double>::infinity()).contiguous();
+  }
   at::Tensor o = sparse_attention(qkv.q, qkv.k, qkv.v, indices, scale);
   at::Tensor y = project(o.reshape({B, T, H * head_dim}), w.c_proj);
   // Auxiliary KL over the selected set.

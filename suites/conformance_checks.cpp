@@ -128,7 +128,7 @@ Json check_json(const std::string& tensor, const char* kind, const Comparison& c
 }
 
 SelectionComparison compare_selection_ties(const at::Tensor& ref_in, const at::Tensor& x_in, const at::Tensor& scores,
-                                           double rel_tol) {
+                                           double rel_tol, const at::Tensor& row_tol) {
   SelectionComparison out;
   out.cmp = compare_selection(ref_in, x_in);
   if (!out.cmp.shape_ok || out.cmp.rel_rms == 0 || !scores.defined()) return out;
@@ -149,6 +149,7 @@ SelectionComparison compare_selection_ties(const at::Tensor& ref_in, const at::T
   const double inf = std::numeric_limits<double>::infinity();
   at::Tensor finite = at::isfinite(sc);
   at::Tensor tol = rel_tol * at::where(finite, sc.abs(), at::zeros_like(sc)).amax(-1, true);
+  if (row_tol.defined()) tol = at::maximum(tol, row_tol.detach().to(at::kCPU, at::kDouble).reshape({rows, 1}));
   // The boundary: the k-th highest score of the row, k = the keys the reference selected.
   at::Tensor k_row = (ref >= 0).sum(-1, true);
   at::Tensor sorted = std::get<0>(sc.sort(-1, /*descending=*/true));
@@ -180,8 +181,8 @@ double tie_tolerance(const std::string& dtype) {
 }
 
 Json selection_check(const std::string& tensor, const at::Tensor& ref, const at::Tensor& x, const at::Tensor& scores,
-                     double rel_tol) {
-  SelectionComparison s = compare_selection_ties(ref, x, scores, rel_tol);
+                     double rel_tol, const at::Tensor& row_tol) {
+  SelectionComparison s = compare_selection_ties(ref, x, scores, rel_tol, row_tol);
   Json c = check_json(tensor, "selection", s.cmp, 0.0);
   if (scores.defined()) c["tie_swaps"] = s.tie_swaps;
   return c;
@@ -238,7 +239,10 @@ Json run_case(const Unit& u, const TensorMap& inputs64, const ConformanceOptions
   TensorMap cot_by_out;
   for (const auto& [n, t] : cot) cot_by_out.set(n.substr(1), t);
 
-  auto [ref_out, ref_grad] = forward_backward(u, ref_in, cot_by_out, Backend::Reference, true);
+  // The reference given the optimized path's selection (below): its own is the probe's.
+  const bool forced_selection = u.reference_takes_selection && !u.selection.empty();
+  TensorMap ref_out, ref_grad;
+  if (!forced_selection) std::tie(ref_out, ref_grad) = forward_backward(u, ref_in, cot_by_out, Backend::Reference, true);
   TensorMap ref_scores;
   if (u.selection_scores) {
     c10::NoGradGuard ng;
@@ -250,6 +254,28 @@ Json run_case(const Unit& u, const TensorMap& inputs64, const ConformanceOptions
   {
     PoisonScope poison(true);
     std::tie(opt_out, opt_grad) = forward_backward(u, opt_in, opt_cot, opt.backend, false);
+  }
+  // Below fp64: how far the reference's scores move when its code runs in the compute dtype, per
+  // row (the largest change of a finite score), times kBaselineFactor: the selection's tie tolerance.
+  TensorMap row_tol;
+  if (forced_selection && dt != at::kDouble && u.selection_scores) {
+    c10::NoGradGuard ng;
+    TensorMap low = u.selection_scores(prepare(inputs64, u, dt, at::Device(at::kCPU), false));
+    for (const auto& [n, r] : ref_scores) {
+      if (!low.has(n)) continue;
+      at::Tensor l = low.at(n).to(at::kDouble);
+      at::Tensor both = at::isfinite(r) & at::isfinite(l);
+      at::Tensor d = at::where(both, (l - r).abs(), at::zeros_like(r));
+      row_tol.set(n, kBaselineFactor * d.amax(-1));
+    }
+  }
+  if (forced_selection) {
+    TensorMap forced_in = ref_in;
+    for (const auto& n : u.selection) {
+      if (!opt_out.has(n)) throw std::runtime_error(fmt::format("optimized path did not return selection '{}'", n));
+      forced_in.set(n, opt_out.at(n).to(at::kCPU, at::kLong));
+    }
+    std::tie(ref_out, ref_grad) = forward_backward(u, forced_in, cot_by_out, Backend::Reference, true);
   }
   if (opt.fault == "output") opt_out = inject_fault(opt_out, opt.fault_scale, u.selection);
   if (opt.fault == "gradient") opt_grad = inject_fault(opt_grad, opt.fault_scale);
@@ -288,9 +314,17 @@ Json run_case(const Unit& u, const TensorMap& inputs64, const ConformanceOptions
     };
     for (const auto& [n, r] : ref_out) {
       if (!opt_out.has(n)) throw std::runtime_error(fmt::format("optimized path did not return '{}'", n));
-      Json c = u.selection.count(n)
-                   ? selection_check(n, r, opt_out.at(n), ref_scores.get_or(n, at::Tensor()), tie_tolerance(opt.dtype))
-                   : checked(n, "output", compare(r, opt_out.at(n)), TensorKind::Output);
+      Json c;
+      if (u.selection.count(n)) {
+        // forced: the reference attended with opt_out's selection; the check is against its own
+        const at::Tensor& own = forced_selection ? ref_out_probe.at(n) : r;
+        c = selection_check(n, own, opt_out.at(n), ref_scores.get_or(n, at::Tensor()), tie_tolerance(opt.dtype),
+                            row_tol.get_or(n, at::Tensor()));
+        if (forced_selection) c["compared_with"] = "reference's own";
+        if (row_tol.has(n)) c["tie_tolerance"] = "baseline";
+      } else {
+        c = checked(n, "output", compare(r, opt_out.at(n)), TensorKind::Output);
+      }
       ok = ok && c["status"] == "pass";
       checks.push_back(c);
     }
@@ -323,6 +357,7 @@ Json run_case(const Unit& u, const TensorMap& inputs64, const ConformanceOptions
     checks = run_checks(ok);
   }
   Json out = {{"status", ok ? "pass" : "fail"}, {"checks", checks}};
+  if (forced_selection) out["reference_selection"] = "optimized";
   if (with_baseline) {
     out["baseline"] = fmt::format("the FP64 reference's code run in {} on the CPU", opt.dtype);
     out["baseline_samples"] = samples;

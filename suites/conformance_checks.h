@@ -34,6 +34,9 @@ struct Unit {
   std::set<std::string> selection;  // outputs compared as selections (OpSpec::selection_outputs)
   // The reference scores of the selections' candidates (OpSpec::selection_scores); empty: none.
   std::function<TensorMap(const TensorMap&)> selection_scores;
+  // The reference attends with a selection given as an input named as the selection output (the
+  // sparse layers, harness/method_selection.h): run_case then gives it the optimized path's.
+  bool reference_takes_selection = false;
 };
 
 at::Generator make_gen(uint64_t seed);
@@ -99,18 +102,30 @@ struct SelectionComparison {
   Comparison cmp;
   int64_t tie_swaps = 0;
 };
+// row_tol (optional, [rows...] or [rows..., 1]): an absolute tolerance per row, used where it
+// exceeds rel_tol's.
 SelectionComparison compare_selection_ties(const at::Tensor& ref, const at::Tensor& x, const at::Tensor& scores,
-                                           double rel_tol);
+                                           double rel_tol, const at::Tensor& row_tol = at::Tensor());
 // Relative tolerance of a tie between scores computed in `dtype`: 1e-12 at fp64, the dtype's
 // output threshold below it.
 double tie_tolerance(const std::string& dtype);
 // The check (kind "selection", threshold 0) of selection output `tensor`: tie-aware, with
 // `tie_swaps` in the JSON, when the reference scores are given (defined), exact sets otherwise.
 Json selection_check(const std::string& tensor, const at::Tensor& ref, const at::Tensor& x, const at::Tensor& scores,
-                     double rel_tol);
+                     double rel_tol, const at::Tensor& row_tol = at::Tensor());
 
 // One case: the optimized path (at opt's dtype and backend, outputs poisoned first) against the
 // FP64 reference on the same rounded inputs, outputs and gradients; opt.fault is injected here.
+// A unit whose reference takes the selection (Unit::reference_takes_selection): the reference runs
+// with the optimized path's selections (taken before any injected fault), so its outputs and
+// gradients are compared on the same keys, while each selection output is checked, tie-aware,
+// against the reference's own selection (a run without it); the row says so in
+// `reference_selection` ("optimized"), and each selection check in `compared_with` ("reference's own").
+// Below fp64 a layer's scores pass through a chain of rounded operations (projections, norms,
+// rotations), so two correct paths may rank candidates differently by more than one operation's
+// rounding: such a selection check also accepts, per row, blocks tied within kBaselineFactor times
+// how far the reference's own scores move when its code runs in the compute dtype on the CPU
+// (`tie_tolerance`: "baseline"). Rows and tie_swaps as selection_check.
 Json run_case(const Unit& u, const TensorMap& inputs64, const ConformanceOptions& opt, uint64_t seed);
 // Reference gradients against central differences along `directions` random directions per input
 // tensor, FP64.

@@ -9,8 +9,9 @@
 
 #include "harness/decode_graph.h"
 #include "harness/errors.h"
-#include "harness/nvtx.h"
+#include "harness/method_selection.h"
 #include "harness/metrics.h"
+#include "harness/nvtx.h"
 
 namespace mixbench::conformance_detail {
 
@@ -224,6 +225,11 @@ Unit layer_unit(const MethodSpec& m, const Config& cfg, const LayerCtx& ctx) {
     ScopedMethod sm(m.name);
     return m.forward(in, cfg, ctx, b);
   };
+  if (const MethodSelection* s = method_selection(m.name)) {
+    u.selection = s->outputs;
+    u.reference_takes_selection = true;
+    if (s->scores) u.selection_scores = [s, cfg, ctx](const TensorMap& in) { return s->scores(in, cfg, ctx); };
+  }
   return u;
 }
 

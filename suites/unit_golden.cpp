@@ -167,7 +167,9 @@ SafetensorsFile make_unit_golden(const UnitGoldenRequest& req) {
   TensorMap p_out = foreign ? to_foreign(ours_params, aliases, req.names) : ours_params;
   TensorMap g_out = foreign ? to_foreign(ours_grads, aliases, req.names) : ours_grads;
   for (const auto& [n, t] : p_out) f.tensors.set(n, t);
-  for (const auto& [n, o] : outs) f.tensors.set(n, o.detach());
+  // floating outputs only: a layer's selection (harness/method_selection.h) is not part of the file
+  for (const auto& [n, o] : outs)
+    if (at::isFloatingType(o.scalar_type())) f.tensors.set(n, o.detach());
   for (const auto& [n, d] : cot) f.tensors.set("d" + n, d);
   for (const auto& [n, t] : g_out) f.tensors.set("grad_" + n, t);
   f.metadata = config_metadata(m.config, cfg);

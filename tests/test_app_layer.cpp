@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 
 #include <filesystem>
 #include <fstream>

@@ -3,6 +3,8 @@
 // (bitwise the standalone runs), the leaderboard's per-budget rankings, the corpus builder
 // (ci/text_corpus.py) on a hand-made input and `--data text` on its output.
 #include <gtest/gtest.h>
+#include <ATen/ATen.h>
+#include <fmt/format.h>
 
 #include <ATen/ATen.h>
 

@@ -3,6 +3,8 @@
 // one-process losses; a 2-rank checkpoint resumes on one rank; a rank that dies or hangs makes the
 // others stop within the timeout naming it, with the last checkpoint intact; bad input exits 2.
 #include <gtest/gtest.h>
+#include <ATen/ATen.h>
+#include <fmt/format.h>
 
 #include <ATen/ATen.h>
 

@@ -1,6 +1,7 @@
 // Tests of the harness itself: registry, configs, metric, safetensors, goldens, reports, CLI,
 // NVTX naming, accountant audits — and mutation tests proving every conformance check can fail.
 #include <gtest/gtest.h>
+#include <fmt/format.h>
 
 #include <fmt/format.h>
 

@@ -3,6 +3,7 @@
 // the FP64 reference backbone, training, checkpoints that keep (and check) the layout, decode
 // sweeps and `mixbench list`.
 #include <gtest/gtest.h>
+#include <fmt/format.h>
 
 #include <fmt/format.h>
 

@@ -3,6 +3,7 @@
 // cells no part holds are listed as missing, and bad parts (missing, not JSON, other options, a
 // cell twice with different values) are refused naming the file.
 #include <gtest/gtest.h>
+#include <fmt/format.h>
 
 #include <filesystem>
 #include <unistd.h>

@@ -3,6 +3,7 @@
 // report schema's rule for several seeds, the seed's data order, label placement on the HTML
 // page's scatter plots, and an interrupted leaderboard finished by a rerun.
 #include <gtest/gtest.h>
+#include <fmt/format.h>
 
 #include <ATen/ATen.h>
 

@@ -3,6 +3,7 @@
 // RMSNorms' learnable weights, conformance (fp64 with finite differences, fp32), absorbed decode
 // with the key factors cached, the accountant's audit and the iso-FLOP calibration at every preset.
 #include <gtest/gtest.h>
+#include <fmt/format.h>
 
 #include <fmt/format.h>
 

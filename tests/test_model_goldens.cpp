@@ -3,6 +3,7 @@
 // against tests/goldens/model/account.json. Regenerate (only after a deliberate change of numbers)
 // with `mixbench golden --model all --out-dir tests/goldens/model`.
 #include <gtest/gtest.h>
+#include <ATen/ATen.h>
 
 #include <ATen/ATen.h>
 

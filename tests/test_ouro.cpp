@@ -3,6 +3,7 @@
 // the two training objectives, the accountant, the two-stage training schedule with exact resume,
 // and bad input.
 #include <gtest/gtest.h>
+#include <fmt/format.h>
 
 #include <fmt/format.h>
 

@@ -3,6 +3,7 @@
 // without changing the main parameters' gradient, the full-attention warm-up runs dense causal
 // attention while the KL still trains the indexer, and `mixbench train` logs the auxiliary loss.
 #include <gtest/gtest.h>
+#include <fmt/format.h>
 
 #include <fmt/format.h>
 

@@ -1,6 +1,9 @@
 // Tests of the throughput/OOM sweep and its HTML plot. Timing values are only checked to be
 // positive and finite; every quantitative assertion is on the accountant's numbers.
 #include <gtest/gtest.h>
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <fmt/format.h>
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>

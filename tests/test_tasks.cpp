@@ -3,6 +3,7 @@
 // train / held-out streams, longer length-generalisation instances; the masked loss; the report's
 // schema, pages and command line; and the cpu-tiny preset end to end.
 #include <gtest/gtest.h>
+#include <fmt/format.h>
 
 #include <fmt/format.h>
 

@@ -2,6 +2,7 @@
 // sources (synthetic determinism, text bytes, .bin shards and their failures), exact resume, and
 // the equal-FLOP leaderboard's calibration and reproducibility.
 #include <gtest/gtest.h>
+#include <fmt/format.h>
 
 #include <fmt/format.h>
 

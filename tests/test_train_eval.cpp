@@ -2,6 +2,7 @@
 // oracle scoring), the leaderboard's HTML page, and the backbone forward against an FP64
 // re-computation written here from the same parameter tensors.
 #include <gtest/gtest.h>
+#include <fmt/format.h>
 
 #include <fmt/format.h>
 

@@ -3,6 +3,7 @@
 // scalars (what a CUDA graph of the whole step replays), and MFU in the reports; and on a GPU (skipped
 // without one) the CUDA-graph scopes of the training step.
 #include <gtest/gtest.h>
+#include <fmt/format.h>
 
 #include <fmt/format.h>
 

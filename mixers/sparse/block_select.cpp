@@ -61,7 +61,10 @@
 
 #include "harness/backbone.h"
 #include "harness/errors.h"
+#include "harness/nvtx.h"
 #include "mixers/common/layers.h"
+#include "mixers/attention/attention.h"
+#include "mixers/sparse/sparse.h"
 #include "mixers/sparse/sparse_method.h"
 #include "reference/sparse_blocks.h"
 
@@ -70,7 +73,6 @@ namespace {
 
 using namespace sparse_layer;
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kMaskedLogit = -1e30;  // finite: rows without candidates stay NaN-free
 
 // NeoX rotation by +θ on the first R dims of x [B,N,…,D], position of row n = pos[n].
@@ -94,10 +96,9 @@ at::Tensor candidate_mask(int64_t T, int64_t NC, int64_t bs, const at::Device& d
 }
 
 at::Tensor block_attend(const QKV& a, const at::Tensor& k, const at::Tensor& v, const at::Tensor& idx, int64_t bs,
-                        double scale, Backend backend) {
-  Config op = Registry::get().op("block_sparse_attention").params.defaults();
-  op = op.with("block_size", bs).with("q_block", int64_t(1)).with("topk", idx.size(3)).with("scale", scale);
-  return call_op("block_sparse_attention", backend, {{"q", a.q}, {"k", k}, {"v", v}, {"block_indices", idx}}, op).at("o");
+                        double scale) {
+  NvtxRange r(op_range("block_sparse_attention"));
+  return block_sparse_attention_fast(a.q, k, v, idx, bs, /*q_block=*/1, scale);
 }
 
 // Σ p·(log p − logq) over the last dim where valid; logits of invalid slots are ignored.
@@ -106,15 +107,6 @@ at::Tensor kl_rows(const at::Tensor& p, const at::Tensor& logits, const at::Tens
   at::Tensor logq = at::log_softmax(l.masked_fill(valid.logical_not(), kMaskedLogit), -1).masked_fill(valid.logical_not(), 0.0);
   at::Tensor pl = p.to(logq.scalar_type());
   return (at::xlogy(pl, pl) - pl * logq).sum(-1);
-}
-
-// Main attention logits of every (query, key) pair, detached: [B,H,T,T] (scale applied).
-at::Tensor dense_logits(const QKV& a, double scale) {
-  const int64_t B = a.q.size(0), T = a.q.size(1), H = a.q.size(2), Hkv = a.k.size(2), G = H / Hkv, dh = a.q.size(3);
-  at::Tensor qh = a.q.detach().reshape({B, T, Hkv, G, dh}).permute({0, 2, 3, 1, 4}).reshape({B, Hkv, G * T, dh});
-  at::Tensor lg = at::matmul(qh, a.k.detach().permute({0, 2, 3, 1})) * scale;  // [B,Hkv,G·T,T]
-  lg = lg.view({B, H, T, T});
-  return layers::is_half(lg) ? lg.to(at::kFloat) : lg;
 }
 
 at::Tensor pos_tensor(int64_t n, int64_t step, const at::Device& dev) {
@@ -158,61 +150,65 @@ std::vector<ParamDef> qsa_params(const Config& c, const LayerCtx& ctx) {
   return p;
 }
 
-TensorMap qsa_reference(const TensorMap& in, const Config& c, const LayerCtx&) {
+TensorMap qsa_reference(const TensorMap& in, const Config& c, const LayerCtx&, reference::LayerSelection& sel) {
   QsaDims q = qsa_dims(c);
   reference::BlockOut o = reference::qsa_layer(in.at("x"), in.get_or("ve", at::Tensor()), ref_weights(in), ref_shape(c),
-                                               q.HI, q.DI, q.g, q.R, q.bs, q.topk);
+                                               q.HI, q.DI, q.g, q.R, q.bs, q.topk, &sel);
   return {{"y", o.y}, {"aux_loss", o.aux_loss}};
 }
 
-TensorMap qsa_forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Backend backend) {
+// The same code on every backend (the *_fast entry points pick the device's kernels). The indexer's
+// selection scores I [B,T,NC] are computed without gradient in query chunks (the per-head scores
+// [B,H_I,T,NC] would not fit at long T); the KL's student, which trains the indexer, is recomputed
+// with gradient at the selected blocks only ([B,T,n]).
+TensorMap qsa_forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Backend) {
   Dims d = dims(c);
   QsaDims Q = qsa_dims(c);
   const at::Tensor& x = in.at("x");
   const int64_t B = x.size(0), T = x.size(1), NC = T / Q.bs;
-  const double scale = 1.0 / std::sqrt(double(d.dh)), base = c.f("rope_base");
+  const double scale = 1.0 / std::sqrt(double(d.dh)), base = c.f("rope_base"), si = 1.0 / std::sqrt(double(Q.DI));
   QKV a = qkv(in, c);
   // Indexer on the detached input.
   at::Tensor xd = x.detach();
   at::Tensor qi = rope_neox_at(at::linear(xd, in.at("qsa_wq")).view({B, T, Q.HI, Q.DI}), pos_tensor(T, 1, x.device()), Q.R, base);
   at::Tensor I = at::zeros({B, T, 0}, qi.options());
+  at::Tensor kb;  // pooled keys [B,NC,HK,DI]
   if (NC > 0) {
     at::Tensor kt = at::linear(xd.narrow(1, 0, NC * Q.bs), in.at("qsa_wk"));              // [B,NC·bs,HK·DI]
-    at::Tensor kb = layers::rms_norm(kt.view({B, NC, Q.bs, Q.HK, Q.DI}).mean(2));          // [B,NC,HK,DI]
+    kb = layers::rms_norm(kt.view({B, NC, Q.bs, Q.HK, Q.DI}).mean(2));                     // [B,NC,HK,DI]
     kb = rope_neox_at(kb, pos_tensor(NC, Q.bs, x.device()), Q.R, base);
-    at::Tensor qh = qi.view({B, T, Q.HK, Q.g, Q.DI}).permute({0, 2, 1, 3, 4}).reshape({B, Q.HK, T * Q.g, Q.DI});
-    at::Tensor lg = at::matmul(qh, kb.permute({0, 2, 3, 1})) * (1.0 / std::sqrt(double(Q.DI)));  // [B,HK,T·g,NC]
-    I = at::relu(lg).view({B, Q.HK, T, Q.g, NC}).sum({1, 3});                              // [B,T,NC]
+    c10::NoGradGuard ng;
+    at::Tensor kh = kb.detach().permute({0, 2, 3, 1});                                      // [B,HK,DI,NC]
+    // per query row: the per-head scores and their ReLU, fp32
+    const int64_t chunk = chunk_rows(2.0 * 4.0 * double(B * Q.HI * NC));
+    std::vector<at::Tensor> parts;
+    for (int64_t q0 = 0; q0 < T; q0 += chunk) {
+      const int64_t n = std::min(chunk, T - q0);
+      at::Tensor qh = qi.detach().narrow(1, q0, n).reshape({B, n, Q.HK, Q.g, Q.DI}).permute({0, 2, 1, 3, 4})
+                          .reshape({B, Q.HK, n * Q.g, Q.DI});
+      at::Tensor lg = at::matmul(qh, kh) * si;                                               // [B,HK,n·g,NC]
+      parts.push_back(at::relu(lg).view({B, Q.HK, n, Q.g, NC}).sum({1, 3}));                // [B,n,NC]
+    }
+    I = parts.size() == 1 ? parts[0] : at::cat(parts, 1);
   }
   const int64_t topk = full_attention_warmup(c, ctx) ? NC : Q.topk;
-  at::Tensor idx = select_blocks(I.unsqueeze(1), Q.bs, topk, false, backend);  // [B,1,T,n+1]
+  at::Tensor idx = select_blocks(I.unsqueeze(1), Q.bs, topk, false);  // [B,1,T,n+1]
   const int64_t n = idx.size(3) - 1;
-  at::Tensor o = block_attend(a, a.k, a.v, idx.expand({B, d.Hkv, T, n + 1}).contiguous(), Q.bs, scale, backend);
+  at::Tensor o = block_attend(a, a.k, a.v, idx.expand({B, d.Hkv, T, n + 1}).contiguous(), Q.bs, scale);
   at::Tensor y = at::linear(o.reshape({B, T, d.H * d.dh}), in.at("c_proj"));
   at::Tensor aux = at::zeros({}, y.options());
   if (n > 0) {
     at::Tensor sel = idx.squeeze(1);               // [B,T,n+1]
     at::Tensor hist = sel.narrow(2, 0, n), valid = hist >= 0;
-    at::Tensor pt;
-    {
-      c10::NoGradGuard ng;
-      const int64_t NB = (T + Q.bs - 1) / Q.bs;
-      auto lo = at::TensorOptions().dtype(at::kLong).device(x.device());
-      // Attended keys [B,T,T]: key s in a selected block, s ≤ t.
-      at::Tensor chosen = at::zeros({B, T, NB + 1}, lo.dtype(at::kBool));
-      chosen.scatter_(2, sel.masked_fill(sel < 0, NB), true);
-      at::Tensor key_blk = at::div(at::arange(T, lo), Q.bs, "floor");
-      at::Tensor att = chosen.index_select(2, key_blk).logical_and(at::ones({T, T}, lo.dtype(at::kBool)).tril());
-      at::Tensor lg = dense_logits(a, scale).masked_fill(att.unsqueeze(1).logical_not(), -kInf);
-      at::Tensor P = at::softmax(lg, -1).mean(1);                                  // [B,T,T]
-      at::Tensor Pb = std::get<0>(P.narrow(2, 0, NC * Q.bs).view({B, T, NC, Q.bs}).max(-1));  // [B,T,NC]
-      pt = at::gather(Pb, 2, hist.clamp_min(0)).masked_fill(valid.logical_not(), 0.0);
-      pt = pt / pt.sum(-1, true).clamp_min(1e-30);
-    }
-    at::Tensor student = at::gather(I, 2, hist.clamp_min(0));
+    at::Tensor pt = qsa_teacher(a.q, a.k, sel, Q.bs, scale);  // [B,T,n]
+    // Student: I at the selected blocks, with gradient: Σ_{heads} ReLU(q^I·k^I_i / √d_I).
+    at::Tensor flat = (hist.clamp_min(0) + at::arange(B, hist.options()).view({B, 1, 1}) * NC).reshape({-1});
+    at::Tensor kg = kb.reshape({B * NC, Q.HK, Q.DI}).index_select(0, flat).view({B, T, n, Q.HK, Q.DI});
+    at::Tensor sim = at::matmul(qi.view({B, T, Q.HK, Q.g, Q.DI}), kg.permute({0, 1, 3, 4, 2})) * si;  // [B,T,HK,g,n]
+    at::Tensor student = at::relu(sim).sum({2, 3});                                                 // [B,T,n]
     aux = kl_rows(pt, student, valid).mean().to(y.scalar_type());
   }
-  return {{"y", y}, {"aux_loss", aux}};
+  return {{"y", y}, {"aux_loss", aux}, {"selection", idx}};
 }
 
 // Per token at length T, NC = ⌊T/bs⌋ complete blocks, n = min(topk, NC), HK = H_I/group:
@@ -321,11 +317,12 @@ std::vector<ParamDef> nsa_params(const Config& c, const LayerCtx& ctx) {
   return p;
 }
 
-TensorMap nsa_reference(const TensorMap& in, const Config& c, const LayerCtx&) {
+TensorMap nsa_reference(const TensorMap& in, const Config& c, const LayerCtx&, reference::LayerSelection& sel) {
   return {{"y", reference::nsa_layer(in.at("x"), in.get_or("ve", at::Tensor()), ref_weights(in), ref_shape(c),
-                                     c.i("nsa_block"), c.i("nsa_topk"), c.i("nsa_window"))}};
+                                     c.i("nsa_block"), c.i("nsa_topk"), c.i("nsa_window"), &sel)}};
 }
 
+// The same code on every backend (the *_fast entry points and the attention kernels pick the device's).
 TensorMap nsa_forward(const TensorMap& in, const Config& c, const LayerCtx&, Backend backend) {
   Dims d = dims(c);
   const at::Tensor& x = in.at("x");
@@ -352,15 +349,18 @@ TensorMap nsa_forward(const TensorMap& in, const Config& c, const LayerCtx&, Bac
     o_cmp = at::matmul(p, vc).view({B, d.Hkv, G, T, d.dh}).permute({0, 3, 1, 2, 4}).reshape({B, T, d.H, d.dh});
   }
   // Selection branch.
-  at::Tensor idx = select_blocks(scores, bs, c.i("nsa_topk"), false, backend);  // [B,Hkv,T,n+1]
-  at::Tensor o_slc = block_attend(a, a.k, a.v, idx, bs, scale, backend);
-  // Window branch.
-  Config ap = Registry::get().op("attention").params.defaults();
-  ap = ap.with("scale", scale).with("window", c.i("nsa_window"));
-  at::Tensor o_win = call_op("attention", backend, {{"q", a.q}, {"k", a.k}, {"v", a.v}}, ap).at("o");
+  at::Tensor idx = select_blocks(scores, bs, c.i("nsa_topk"), false);  // [B,Hkv,T,n+1]
+  at::Tensor o_slc = block_attend(a, a.k, a.v, idx, bs, scale);
+  // Window branch: op attention's paths without its input checks (q, k, v are the layer's own).
+  at::Tensor o_win;
+  NvtxRange win_range(op_range("attention"));
+#if defined(MIXBENCH_WITH_CUDA)
+  if (backend == Backend::CUDA) o_win = attention_cuda(a.q, a.k, a.v, scale, c.i("nsa_window"), 0.0);
+#endif
+  if (!o_win.defined()) o_win = attention_cpu(a.q, a.k, a.v, scale, c.i("nsa_window"), 0.0);
   at::Tensor g = at::sigmoid(at::linear(x, in.at("nsa_gate"))).view({B, T, 3, d.H, 1});
   at::Tensor o = g.select(2, 0) * o_cmp + g.select(2, 1) * o_slc + g.select(2, 2) * o_win;
-  return {{"y", at::linear(o.reshape({B, T, d.H * d.dh}), in.at("c_proj"))}};
+  return {{"y", at::linear(o.reshape({B, T, d.H * d.dh}), in.at("c_proj"))}, {"selection", idx}};
 }
 
 // Per token at length T, NC = ⌊T/bs⌋ complete blocks, n = min(topk, NC), f = NC·bs/T:
@@ -451,13 +451,15 @@ std::vector<ParamDef> seer_params(const Config& c, const LayerCtx& ctx) {
 // seer_gate_keys: "pooled_rope" (the original's key side, the default) or "rotated" (the earlier gate).
 bool seer_pooled_rope(const Config& c) { return c.s("seer_gate_keys") == "pooled_rope"; }
 
-TensorMap seer_reference(const TensorMap& in, const Config& c, const LayerCtx&) {
+TensorMap seer_reference(const TensorMap& in, const Config& c, const LayerCtx&, reference::LayerSelection& sel) {
   reference::BlockOut o = reference::seer_layer(in.at("x"), in.get_or("ve", at::Tensor()), ref_weights(in), ref_shape(c),
-                                                c.i("seer_block"), c.i("seer_topk"), seer_pooled_rope(c));
+                                                c.i("seer_block"), c.i("seer_topk"), seer_pooled_rope(c), &sel);
   return {{"y", o.y}, {"aux_loss", o.aux_loss}};
 }
 
-TensorMap seer_forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Backend backend) {
+// The same code on every backend (the *_fast entry points pick the device's kernels); the teacher's
+// full causal attention runs in query chunks (seer_teacher).
+TensorMap seer_forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Backend) {
   Dims d = dims(c);
   const at::Tensor& x = in.at("x");
   const int64_t B = x.size(0), T = x.size(1), G = d.H / d.Hkv, bs = c.i("seer_block"), NC = T / bs;
@@ -481,27 +483,19 @@ TensorMap seer_forward(const TensorMap& in, const Config& c, const LayerCtx& ctx
     S = (at::matmul(qg, kg.permute({0, 2, 3, 1})) * (1.0 / std::sqrt(double(dg)))).view({B, d.H, T, NC});
   }
   const int64_t topk = full_attention_warmup(c, ctx) ? NC : c.i("seer_topk");
-  at::Tensor idx = select_blocks(S, bs, topk, false, backend);  // [B,H,T,n+1]
+  at::Tensor idx = select_blocks(S, bs, topk, false);  // [B,H,T,n+1]
   const int64_t n = idx.size(3) - 1;
   at::Tensor k = G > 1 ? a.k.repeat_interleave(G, 2) : a.k;  // per-query-head selections
   at::Tensor v = G > 1 ? a.v.repeat_interleave(G, 2) : a.v;
-  at::Tensor o = block_attend(a, k, v, idx, bs, scale, backend);
+  at::Tensor o = block_attend(a, k, v, idx, bs, scale);
   at::Tensor y = at::linear(o.reshape({B, T, d.H * d.dh}), in.at("c_proj"));
   at::Tensor aux = at::zeros({}, y.options());
   if (n > 0) {
     at::Tensor valid = candidate_mask(T, NC, bs, x.device()).view({1, 1, T, NC});
-    at::Tensor gt;
-    {
-      c10::NoGradGuard ng;
-      auto lo = at::TensorOptions().dtype(at::kBool).device(x.device());
-      at::Tensor causal = at::ones({T, T}, lo).tril();
-      at::Tensor A = at::softmax(dense_logits(a, scale).masked_fill(causal.logical_not(), -kInf), -1);  // [B,H,T,T]
-      gt = std::get<0>(A.narrow(3, 0, NC * bs).view({B, d.H, T, NC, bs}).max(-1)).masked_fill(valid.logical_not(), 0.0);
-      gt = gt / gt.sum(-1, true).clamp_min(1e-30);
-    }
+    at::Tensor gt = seer_teacher(a.q, a.k, bs, scale);  // [B,H,T,NC]
     aux = kl_rows(gt, S, valid.expand({B, d.H, T, NC})).mean().to(y.scalar_type());
   }
-  return {{"y", y}, {"aux_loss", aux}};
+  return {{"y", y}, {"aux_loss", aux}, {"selection", idx}};
 }
 
 // Per token at length T, NC = ⌊T/bs⌋ complete blocks, n = min(topk, NC), f = NC·bs/T:

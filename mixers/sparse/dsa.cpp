@@ -31,6 +31,7 @@
 #include "harness/backbone.h"
 #include "harness/cost_parts.h"
 #include "harness/errors.h"
+#include "harness/nvtx.h"
 #include "mixers/common/layers.h"
 #include "mixers/sparse/sparse.h"
 #include "mixers/sparse/sparse_method.h"
@@ -71,7 +72,7 @@ std::vector<ParamDef> params(const Config& c, const LayerCtx& ctx) {
   return p;
 }
 
-TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx&) {
+TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx&, reference::LayerSelection& sel) {
   Dims d = dims(c);
   reference::SparseLayerWeights w = attention_weights(in);
   w.idx_wq = in.at("idx_wq");
@@ -81,7 +82,7 @@ TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx&) {
   w.idx_kn_b = in.at("idx_k_norm_b");
   const IndexerDims x = indexer_dims(c);
   reference::DsaOut o = reference::dsa_layer(in.at("x"), in.get_or("ve", at::Tensor()), w, d.H, d.Hkv, d.dh,
-                                             c.f("rope_base"), x.HI, x.DI, x.R, c.i("dsa_topk"));
+                                             c.f("rope_base"), x.HI, x.DI, x.R, c.i("dsa_topk"), &sel);
   return {{"y", o.y}, {"aux_loss", o.aux_loss}};
 }
 
@@ -98,7 +99,8 @@ at::Tensor rope_neox_partial(const at::Tensor& x, int64_t R, double base) {
   return at::cat({x1 * cs - x2 * sn, x2 * cs + x1 * sn, rest}, -1);
 }
 
-TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Backend backend) {
+// The same code on every backend: the *_fast entry points pick the device's kernels.
+TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Backend) {
   Dims d = dims(c);
   const at::Tensor& x = in.at("x");
   const int64_t B = x.size(0), T = x.size(1), G = d.H / d.Hkv;
@@ -118,14 +120,14 @@ TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Bac
   if (warmup) {
     idx = causal_full_indices(B, T, x);
   } else {
-    Config ip = Registry::get().op("dsa_indexer").params.defaults();
-    ip = ip.with("topk", K).with("scale", 1.0).with("activation", std::string("relu"));
-    idx = call_op("dsa_indexer", backend, {{"q_idx", qi.detach()}, {"k_idx", ki.detach()}, {"w_idx", wi.detach()}}, ip)
-              .at("indices");
+    NvtxRange r(op_range("dsa_indexer"));
+    idx = dsa_indexer_fast(qi.detach(), ki.detach(), wi.detach(), K, 1.0, /*relu=*/true);
   }
-  Config sp = Registry::get().op("sparse_attention").params.defaults();
-  sp = sp.with("topk", K).with("scale", scale);
-  at::Tensor o = call_op("sparse_attention", backend, {{"q", a.q}, {"k", a.k}, {"v", a.v}, {"indices", idx}}, sp).at("o");
+  at::Tensor o;
+  {
+    NvtxRange r(op_range("sparse_attention"));
+    o = sparse_attention_fast(a.q, a.k, a.v, idx, scale);
+  }
   at::Tensor y = at::linear(o.reshape({B, T, d.H * d.dh}), in.at("c_proj"));
 
   // Auxiliary KL over the selected keys.
@@ -148,7 +150,7 @@ TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Bac
   at::Tensor logq = at::log_softmax(I, -1).masked_fill(valid.logical_not(), 0.0);
   at::Tensor pl = p.to(logq.scalar_type());
   at::Tensor kl = (at::xlogy(pl, pl) - pl * logq).sum(-1);                    // [B,T]
-  return {{"y", y}, {"aux_loss", kl.mean().to(y.scalar_type())}};
+  return {{"y", y}, {"aux_loss", kl.mean().to(y.scalar_type())}, {"selection", idx}};
 }
 
 // Indexer (query, key) pairs per token the dsa_indexer CPU path scores: each block of 256

@@ -16,7 +16,9 @@
 
 #include "harness/backbone.h"
 #include "harness/errors.h"
+#include "harness/nvtx.h"
 #include "mixers/common/layers.h"
+#include "mixers/sparse/sparse.h"
 #include "mixers/sparse/sparse_method.h"
 #include "reference/sparse.h"
 
@@ -26,15 +28,15 @@ namespace {
 
 using namespace sparse_layer;
 
-TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx&) {
+TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx&, reference::LayerSelection& sel) {
   Dims d = dims(c);
   return {{"y", reference::moba_layer(in.at("x"), in.get_or("ve", at::Tensor()), attention_weights(in), d.H, d.Hkv,
-                                      d.dh, c.f("rope_base"), c.i("moba_block"), c.i("moba_topk"))}};
+                                      d.dh, c.f("rope_base"), c.i("moba_block"), c.i("moba_topk"), &sel)}};
 }
 
 // Block indices [B,H,T,nsel] of the MoBA gate (no gradient), nsel = min(topk, #blocks): the gate
-// scores s_t,i = q_t·k̄_i of every block, selected by op block_topk with the own block counted.
-at::Tensor moba_select(const at::Tensor& q, const at::Tensor& k, int64_t bs, int64_t topk, Backend backend) {
+// scores s_t,i = q_t·k̄_i of every block, selected by block_topk_fast with the own block counted.
+at::Tensor moba_select(const at::Tensor& q, const at::Tensor& k, int64_t bs, int64_t topk) {
   c10::NoGradGuard ng;
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), dh = q.size(3), Hkv = k.size(2), G = H / Hkv;
   const int64_t NB = (T + bs - 1) / bs;
@@ -47,23 +49,24 @@ at::Tensor moba_select(const at::Tensor& q, const at::Tensor& k, int64_t bs, int
   at::Tensor kh = kbar.permute({0, 2, 3, 1});                                // [B,Hkv,dh,NB]
   at::Tensor qh = qf.reshape({B, T, Hkv, G, dh}).permute({0, 2, 1, 3, 4}).reshape({B, Hkv, T * G, dh});
   at::Tensor s = at::matmul(qh, kh).view({B, Hkv, T, G, NB}).permute({0, 1, 3, 2, 4}).reshape({B, H, T, NB});
-  return select_blocks(s, bs, topk, /*own_counted=*/true, backend);
+  return select_blocks(s, bs, topk, /*own_counted=*/true);
 }
 
-TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx&, Backend backend) {
+// The same code on every backend: the *_fast entry points pick the device's kernels.
+TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx&, Backend) {
   Dims d = dims(c);
   const at::Tensor& x = in.at("x");
   const int64_t B = x.size(0), T = x.size(1), G = d.H / d.Hkv, bs = c.i("moba_block");
   QKV a = qkv(in, c);
-  at::Tensor idx = moba_select(a.q, a.k, bs, c.i("moba_topk"), backend);
+  at::Tensor idx = moba_select(a.q, a.k, bs, c.i("moba_topk"));  // [B,H,T,n]
   at::Tensor k = G > 1 ? a.k.repeat_interleave(G, 2) : a.k;  // per-query-head selections
   at::Tensor v = G > 1 ? a.v.repeat_interleave(G, 2) : a.v;
-  Config op = Registry::get().op("block_sparse_attention").params.defaults();
-  op = op.with("block_size", bs).with("q_block", int64_t(1)).with("topk", idx.size(3))
-           .with("scale", 1.0 / std::sqrt(double(d.dh)));
-  at::Tensor o = call_op("block_sparse_attention", backend,
-                         {{"q", a.q}, {"k", k}, {"v", v}, {"block_indices", idx}}, op).at("o");
-  return {{"y", at::linear(o.reshape({B, T, d.H * d.dh}), in.at("c_proj"))}};
+  at::Tensor o;
+  {
+    NvtxRange r(op_range("block_sparse_attention"));
+    o = block_sparse_attention_fast(a.q, k, v, idx, bs, /*q_block=*/1, 1.0 / std::sqrt(double(d.dh)));
+  }
+  return {{"y", at::linear(o.reshape({B, T, d.H * d.dh}), in.at("c_proj"))}, {"selection", idx}};
 }
 
 // Per token at length T, NB = ceil(T/bs), n = min(topk, NB) selected block slots:

@@ -1,11 +1,18 @@
 #include "mixers/sparse/sparse_method.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
 
 #include "harness/backbone.h"
 #include "harness/errors.h"
+#include "harness/method_selection.h"
+#include "harness/nvtx.h"
 #include "mixers/common/layers.h"
+#include "mixers/sparse/sparse.h"
 
 namespace mixbench {
 
@@ -67,10 +74,83 @@ QKV qkv(const TensorMap& in, const Config& c) {
   return {q, k, v, k_raw};
 }
 
-at::Tensor select_blocks(const at::Tensor& scores, int64_t block, int64_t topk, bool own_counted, Backend backend) {
-  Config op = Registry::get().op("block_topk").params.defaults();
-  op = op.with("block_size", block).with("topk", topk).with("own", std::string(own_counted ? "counted" : "appended"));
-  return call_op("block_topk", backend, {{"scores", scores.detach()}}, op).at("block_indices");
+std::string op_range(const std::string& op) { return nvtx_name({ScopedMethod::current(), op, "forward"}); }
+
+at::Tensor select_blocks(const at::Tensor& scores, int64_t block, int64_t topk, bool own_counted) {
+  NvtxRange r(op_range("block_topk"));
+  return block_topk_fast(scores.detach(), block, topk, own_counted);
+}
+
+int64_t chunk_rows(double bytes_per_row) {
+  return std::max<int64_t>(1, int64_t(double(kChunkBytes) / std::max(bytes_per_row, 1.0)));
+}
+
+at::Tensor dense_logits_rows(const at::Tensor& q, const at::Tensor& k, double scale, int64_t q0, int64_t n, int64_t Tk) {
+  const int64_t B = q.size(0), H = q.size(2), Hkv = k.size(2), G = H / Hkv, dh = q.size(3);
+  at::Tensor qh = q.detach().narrow(1, q0, n).reshape({B, n, Hkv, G, dh}).permute({0, 2, 3, 1, 4}).reshape({B, Hkv, G * n, dh});
+  at::Tensor lg = at::matmul(qh, k.detach().narrow(1, 0, Tk).permute({0, 2, 3, 1})) * scale;  // [B,Hkv,G·n,Tk]
+  lg = lg.view({B, H, n, Tk});
+  return layers::is_half(lg) ? lg.to(at::kFloat) : lg;
+}
+
+namespace {
+constexpr double kInf = std::numeric_limits<double>::infinity();
+// Mask [n,Tk]: key s > query q0 + r.
+at::Tensor future_mask(int64_t q0, int64_t n, int64_t Tk, const at::Device& dev) {
+  auto lo = at::TensorOptions().dtype(at::kLong).device(dev);
+  return at::arange(Tk, lo).view({1, Tk}) > (at::arange(n, lo) + q0).view({n, 1});
+}
+}  // namespace
+
+at::Tensor seer_teacher(const at::Tensor& q, const at::Tensor& k, int64_t bs, double scale, int64_t chunk) {
+  c10::NoGradGuard ng;
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), NC = T / bs;
+  // per query row and head, over at most T keys: the logits (half-precision product and its
+  // scaling, the fp32 copy), the masked copy and the softmax, fp32: at most 16 bytes
+  if (chunk <= 0) chunk = chunk_rows(16.0 * double(B * H * T));
+  auto lo = at::TensorOptions().dtype(at::kLong).device(q.device());
+  std::vector<at::Tensor> parts;
+  for (int64_t q0 = 0; q0 < T; q0 += chunk) {
+    const int64_t n = std::min(chunk, T - q0), Tk = q0 + n, NCk = std::min(NC, Tk / bs);
+    at::Tensor A = at::softmax(dense_logits_rows(q, k, scale, q0, n, Tk).masked_fill(future_mask(q0, n, Tk, q.device()), -kInf), -1);
+    at::Tensor gt = std::get<0>(A.narrow(3, 0, NCk * bs).view({B, H, n, NCk, bs}).max(-1));  // [B,H,n,NCk]
+    gt = at::constant_pad_nd(gt, {0, NC - NCk}, 0.0);
+    // candidates: complete blocks i < t / bs
+    at::Tensor valid = at::arange(NC, lo).view({1, NC}) < at::div(at::arange(n, lo) + q0, bs, "floor").view({n, 1});
+    gt = gt.masked_fill(valid.logical_not().view({1, 1, n, NC}), 0.0);
+    parts.push_back(gt / gt.sum(-1, true).clamp_min(1e-30));
+  }
+  return parts.size() == 1 ? parts[0] : at::cat(parts, 2);
+}
+
+at::Tensor qsa_teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor& sel, int64_t bs, double scale,
+                       int64_t chunk) {
+  c10::NoGradGuard ng;
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), NC = T / bs, NB = (T + bs - 1) / bs, n = sel.size(2) - 1;
+  // per query row: as seer_teacher's per head (16 bytes per key), the head mean (4) and the
+  // attended-key masks (bytes), and the chosen-block mask over NB + 1 blocks
+  if (chunk <= 0) chunk = chunk_rows((16.0 * double(H) + 8.0) * double(B * T) + double(B * (NB + 1)));
+  auto lo = at::TensorOptions().dtype(at::kLong).device(q.device());
+  const at::Tensor key_blk = at::div(at::arange(T, lo), bs, "floor");
+  at::Tensor hist = sel.narrow(2, 0, n), valid = hist >= 0;
+  std::vector<at::Tensor> parts;
+  for (int64_t q0 = 0; q0 < T; q0 += chunk) {
+    const int64_t m = std::min(chunk, T - q0), Tk = q0 + m, NCk = std::min(NC, Tk / bs);
+    // attended keys [B,m,Tk]: key s in a selected block, s ≤ t
+    at::Tensor sc = sel.narrow(1, q0, m);
+    at::Tensor chosen = at::zeros({B, m, NB + 1}, lo.dtype(at::kBool));
+    chosen.scatter_(2, sc.masked_fill(sc < 0, NB), true);
+    at::Tensor att = chosen.index_select(2, key_blk.narrow(0, 0, Tk))
+                         .logical_and(future_mask(q0, m, Tk, q.device()).logical_not().unsqueeze(0));
+    at::Tensor lg = dense_logits_rows(q, k, scale, q0, m, Tk).masked_fill(att.unsqueeze(1).logical_not(), -kInf);
+    at::Tensor P = at::softmax(lg, -1).mean(1);                                                   // [B,m,Tk]
+    at::Tensor Pb = std::get<0>(P.narrow(2, 0, NCk * bs).view({B, m, NCk, bs}).max(-1));          // [B,m,NCk]
+    Pb = at::constant_pad_nd(Pb, {0, NC - NCk}, 0.0);                                             // [B,m,NC]
+    at::Tensor hc = hist.narrow(1, q0, m);
+    at::Tensor pt = at::gather(Pb, 2, hc.clamp_min(0)).masked_fill(valid.narrow(1, q0, m).logical_not(), 0.0);
+    parts.push_back(pt / pt.sum(-1, true).clamp_min(1e-30));
+  }
+  return parts.size() == 1 ? parts[0] : at::cat(parts, 1);
 }
 
 ConfigSpec layer_config() {
@@ -122,8 +202,27 @@ MethodSpec sparse_method(const SparseMethodDesc& desc) {
   m.ops = desc.ops;
   m.params = desc.params;
   m.make_inputs = sparse_layer::make_layer_inputs;
-  m.reference = desc.reference;
+  const auto ref = desc.reference;
+  if (ref) {  // the reference with the selection in and out; the selection registered
+    m.reference = [ref](const TensorMap& in, const Config& c, const LayerCtx& ctx) {
+      reference::LayerSelection sel;
+      sel.forced = in.get_or("selection", at::Tensor());
+      TensorMap out = ref(in, c, ctx, sel);
+      out.set("selection", sel.chosen);
+      return out;
+    };
+    MethodSelection ms;
+    ms.outputs = {"selection"};
+    ms.scores = [ref](const TensorMap& in, const Config& c, const LayerCtx& ctx) {
+      c10::NoGradGuard ng;
+      reference::LayerSelection sel;
+      ref(in, c, ctx, sel);
+      return TensorMap{{"selection", sel.scores}};
+    };
+    register_method_selection(desc.name, std::move(ms));
+  }
   m.forward = desc.forward;
+  m.has_cuda = true;
   const ConfigSpec spec = m.config;
   const auto cases = desc.cases;
   m.cases = [spec, cases]() { return cases(spec); };

@@ -32,10 +32,39 @@ struct QKV {
   at::Tensor k_raw;    // the key projection before RoPE and QK-norm [B,T,Hkv,dh]
 };
 QKV qkv(const TensorMap& in, const Config& c);
-// The block selection of block scores [B,S,T,N] through op block_topk (mixers/sparse/block_topk_op.cpp;
-// no gradient): own_counted = the own block forced and counted among topk (moba), else appended after
-// the topk best complete history blocks (nsa, seer, qsa). Returns block_indices [B,S,T,K].
-at::Tensor select_blocks(const at::Tensor& scores, int64_t block, int64_t topk, bool own_counted, Backend backend);
+// The block selection of block scores [B,S,T,N] through block_topk_fast (op block_topk's contract,
+// mixers/sparse/block_topk_op.cpp, unchecked: the scores are valid by construction; no gradient, no
+// host synchronisation): own_counted = the own block forced and counted among topk (moba), else
+// appended after the topk best complete history blocks (nsa, seer, qsa). Returns block_indices
+// [B,S,T,K].
+at::Tensor select_blocks(const at::Tensor& scores, int64_t block, int64_t topk, bool own_counted);
+
+// The NVTX range "<method>.<op>.forward" that call_op opens around an op, for the layers' direct
+// calls of the ops' unchecked entry points (profiles filter on it).
+std::string op_range(const std::string& op);
+
+// Memory-bounded score tensors. The layers compute their [T,T]-sized intermediates (teachers' full
+// attention probabilities, indexer scores against every block) in chunks of query rows, each chunk's
+// working set at most about kChunkBytes, so that T = 64K fits; the chunked results equal the
+// unchunked ones to rounding (each row's softmax runs over the keys up to its chunk's last query
+// instead of all T, adding fewer exact zeros).
+constexpr int64_t kChunkBytes = int64_t(256) << 20;
+// Query rows per chunk for `bytes_per_row` working bytes per query row: at least 1.
+int64_t chunk_rows(double bytes_per_row);
+// The main attention's logits for the query rows [q0, q0 + n) against keys [0, Tk), detached, in
+// fp32 for half inputs: q [B,T,H,dh], k [B,T,Hkv,dh] -> [B,H,n,Tk] (scale applied).
+at::Tensor dense_logits_rows(const at::Tensor& q, const at::Tensor& k, double scale, int64_t q0, int64_t n, int64_t Tk);
+// Seer's teacher: the block-max over each complete history block i < t / bs of query t's full
+// causal attention probabilities (per head, detached), renormalised over those blocks; 0 for the
+// others: q [B,T,H,dh], k [B,T,Hkv,dh] -> [B,H,T,⌊T/bs⌋], fp32 for half inputs. `chunk` query rows
+// at a time (0 = chunk_rows' choice for kChunkBytes).
+at::Tensor seer_teacher(const at::Tensor& q, const at::Tensor& k, int64_t bs, double scale, int64_t chunk = 0);
+// QSA's teacher: the head-mean of the main attention probabilities over the attended keys (the
+// blocks of sel [B,T,n+1] — n history blocks, −1 padded, then the own block — keys s ≤ t),
+// detached, max-pooled over each history block sel[..., :n], renormalised over them; 0 on empty
+// slots: -> [B,T,n]. `chunk` query rows at a time (0 = chunk_rows' choice).
+at::Tensor qsa_teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor& sel, int64_t bs, double scale,
+                       int64_t chunk = 0);
 // Backbone config plus kv_ratio and rope_base (the attention layer's own knobs).
 ConfigSpec layer_config();
 // Full-attention warm-up of the methods trained with an indexer / gate KL (dsa, qsa, seer; seed
@@ -46,6 +75,11 @@ ConfigSpec layer_config();
 // `full_attention_warmup_steps` (resolve_full_attention_warmup, suites/train_presets.h); an explicit
 // `full_attention_warmup_steps` ≥ 0 overrides it. A layer at a training step with the steps still
 // unresolved (-1) throws UsageError.
+// The branch is taken on the host (LayerCtx::step), so a CUDA graph captured during the warm-up
+// would replay dense attention after it: the trainer (suites/train.cpp, step_dependent) runs the
+// warm-up steps eagerly and captures the step only from the first step after it, whose graph then
+// holds the sparse path for the rest of the run. After the warm-up the layers' path depends on no
+// host value.
 ConfigSpec& add_warmup_knob(ConfigSpec& s);
 bool full_attention_warmup(const Config& c, const LayerCtx& ctx);
 }  // namespace sparse_layer
@@ -58,16 +92,22 @@ struct SparseMethodDesc {
   std::function<void(ConfigSpec&)> knobs;   // the method's own fields and rules, after layer_config's
   std::vector<std::string> ops;
   std::function<std::vector<ParamDef>(const Config&, const LayerCtx&)> params;
-  std::function<TensorMap(const TensorMap&, const Config&, const LayerCtx&)> reference;
+  // The FP64 reference, with the selection to attend with (sel.forced, from the inputs' `selection`
+  // when given) and the selection and candidate scores it reports (reference::LayerSelection).
+  std::function<TensorMap(const TensorMap&, const Config&, const LayerCtx&, reference::LayerSelection&)> reference;
   std::function<TensorMap(const TensorMap&, const Config&, const LayerCtx&, Backend)> forward;
   std::function<LayerCost(const Config&, const LayerCtx&, const CostQuery&)> account;
   std::function<std::vector<CaseDef>(const ConfigSpec&)> cases;  // from the method's full config
 };
 // The MethodSpec of a sparse-family layer: family "sparse", layer_config (+ warm-up knob) + the
-// method's knobs, the shared layer inputs and value-embedding rule. No CUDA registration: the code
-// is device-agnostic, but at bf16 the selection flips near-tied keys against the FP64 reference, so
-// layer-level conformance would need the reference to take the optimized path's selection; until
-// it does, the layers are checked on the CPU only.
+// method's knobs, the shared layer inputs and value-embedding rule. Forward and reference return
+// the layer's selection as output `selection` (registered with register_method_selection,
+// harness/method_selection.h; layouts in reference/sparse.h, LayerSelection); the reference given an
+// input `selection` attends with it, and the registered scores are the reference's candidate
+// scores. With that, layer-level conformance
+// compares like with like below fp64, so the layers register their CUDA path (has_cuda): the
+// forward runs the *_fast entry points (mixers/sparse/sparse.h) on every backend, without host
+// synchronisation.
 MethodSpec sparse_method(const SparseMethodDesc& desc);
 
 }  // namespace mixbench
