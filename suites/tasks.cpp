@@ -13,6 +13,7 @@
 
 #include "harness/backbone.h"
 #include "harness/errors.h"
+#include "harness/tf32_scope.h"
 #include "suites/optimizer.h"
 #include "suites/train_presets.h"
 
@@ -266,7 +267,7 @@ Json run_tasks(const TasksOptions& o) {
   if (o.lr > 0) P.lr = o.lr;
   if (o.device != "cpu" && o.device != "cuda") throw UsageError(fmt::format("unknown device '{}' (cpu or cuda)", o.device));
   if (o.device == "cuda" && !at::hasCUDA()) throw UsageError("--device cuda: no CUDA device is available");
-  if (o.device == "cuda") at::globalContext().setAllowTF32CuBLAS(true);
+  const Tf32Scope tf32(o.device == "cuda");
   const int saved_threads = at::get_num_threads();
   if (o.device == "cpu" && P.cpu_threads > 0) at::set_num_threads(P.cpu_threads);
   Json results = Json::array();

@@ -34,6 +34,7 @@
 #include "suites/distributed.h"
 #include "suites/train_eval.h"
 #include "harness/metrics.h"
+#include "harness/tf32_scope.h"
 
 namespace mixbench {
 
@@ -169,7 +170,7 @@ TrainResult run_train(const TrainOptions& opt) {
   const at::Device dev = opt.device == "cuda" ? at::Device(at::kCUDA, dp ? dp->local_rank() : 0) : at::Device(at::kCPU);
   const Backend backend = opt.device == "cuda" ? Backend::CUDA : Backend::CPU;
   r.device = opt.device;
-  if (opt.device == "cuda") at::globalContext().setAllowTF32CuBLAS(true);  // fp32 compute: TF32 matmuls
+  const Tf32Scope tf32(opt.device == "cuda");  // fp32 compute: TF32 matmuls during this run
   r.dtype = opt.dtype.empty() ? (opt.device == "cuda" ? "bf16" : "fp32") : opt.dtype;
   if (r.dtype != "bf16" && r.dtype != "fp32")
     throw UsageError(fmt::format("--dtype {}: training computes in bf16 or fp32 (fp32 master weights either way)", r.dtype));
