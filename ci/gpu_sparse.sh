@@ -20,11 +20,8 @@ cd "$(dirname "$0")/.."
 OUT=${1:?usage: ci/gpu_sparse.sh OUT_DIR [DEPS_DIR]}
 DEPS=${2:-$PWD/.deps}
 mkdir -p "$OUT/sweeps" "$OUT/sanitizer" "$OUT/logs"
-CMAKE_DEPS=()
-[ -d "$DEPS" ] && CMAKE_DEPS=(-DMIXBENCH_DEPS="$(cd "$DEPS" && pwd)")
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMIXBENCH_CUDA=ON -DMIXBENCH_CUDA_ARCH=90 "${CMAKE_DEPS[@]}" \
-    > "$OUT/logs/cmake.log" 2>&1 || { tail -30 "$OUT/logs/cmake.log"; exit 1; }
-ninja -C build-gpu -j"$(nproc)" mixbench mixbench_tests > "$OUT/logs/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/logs/build.log" | head -30; exit 1; }
+. ci/gpu_build.sh
+gpu_build_tests "$OUT/logs" "$DEPS" || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
 rc=0
 T=build-gpu/mixbench_tests
