@@ -368,6 +368,8 @@ TEST(Reports, ConformanceReportValidatesAndRenders) {
   expect_valid_report(out);
   Json r = read_json(out);
   EXPECT_EQ(r["kind"], "conformance");
+  // the command as typed, subcommand included
+  EXPECT_EQ(r["command"].get<std::string>().rfind("mixbench conformance --methods mqa", 0), 0u) << r["command"];
   EXPECT_EQ(r["thresholds"]["fp32"]["output"], 1e-5);
   for (const auto& e : fs::directory_iterator(tmpdir())) EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos);
   testing::internal::CaptureStdout();
@@ -386,6 +388,7 @@ TEST(Reports, AccountReportValidates) {
                  "--audit", "--out", out.string()}), 0);
   expect_valid_report(out);
   Json r = read_json(out);
+  EXPECT_EQ(r["command"].get<std::string>().rfind("mixbench account --method dense", 0), 0u) << r["command"];
   EXPECT_TRUE(r["results"][0]["audit"]["params_match"].get<bool>());
   EXPECT_LT(r["results"][0]["audit"]["fwd_flops_rel_diff"].get<double>(), 0.02);
 }

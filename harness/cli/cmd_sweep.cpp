@@ -23,7 +23,6 @@ int run_sweep_command(const Args& a, const std::vector<std::string>& args) {
   SweepSummary sum;
   Json results = run_sweep(opt, sum);
   RunInfo info = run_info("sweep", args);
-  info.argv.insert(info.argv.begin() + 1, "sweep");
   info.config = sweep_config_json(opt);
   info.seeds = {{"base", opt.seed}};
   Json report = make_report(info, results);

@@ -60,7 +60,6 @@ int run_tasks_command(const Args& a, const std::vector<std::string>& args) {
   Json results = run_tasks(o);
   const std::string md = tasks_markdown(results);
   RunInfo info = run_info("tasks", args);
-  info.argv.insert(info.argv.begin() + 1, "tasks");
   const TasksPreset P = tasks_preset(o.preset);
   info.config = {{"preset", o.preset},
                  {"methods", tasks_methods(P, o.methods)},

@@ -165,7 +165,6 @@ int train_rank(const TrainOptions& o, const std::vector<std::string>& args) {
   TrainResult r = run_train(o);
   if (o.data_parallel && o.data_parallel->rank() != 0) return 0;
   RunInfo info = run_info("train", args);
-  info.argv.insert(info.argv.begin() + 1, "train");
   info.config = {{"method", o.method}, {"preset", o.preset}, {"config", r.cfg.to_json()}, {"steps", o.steps},
                  {"batch", o.batch}, {"micro_batch", o.micro_batch}, {"data", run_data(o)}, {"resume", o.resume}, {"init_from", o.init_from},
                  {"budget", r.budget.to_json()}};
@@ -202,7 +201,6 @@ int run_leaderboard_command(const Args& a, const std::vector<std::string>& args)
 int leaderboard_rank(LeaderboardOptions o, const std::vector<std::string>& args) {
   const bool rank0 = !o.data_parallel || o.data_parallel->rank() == 0;
   RunInfo info = run_info("leaderboard", args);
-  info.argv.insert(info.argv.begin() + 1, "leaderboard");
   info.config = leaderboard_config(o);
   info.seeds = {{"base", o.seed}};
   const std::string title = fmt::format("mixbench leaderboard, preset {}", o.preset);

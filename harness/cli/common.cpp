@@ -13,7 +13,7 @@ using Json = nlohmann::json;
 RunInfo run_info(const std::string& kind, const std::vector<std::string>& args) {
   RunInfo info;
   info.kind = kind;
-  info.argv = {"mixbench"};
+  info.argv = {"mixbench", kind};  // the command line as typed: the subcommand, then its options
   info.argv.insert(info.argv.end(), args.begin(), args.end());
   return info;
 }
