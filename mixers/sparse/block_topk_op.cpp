@@ -143,7 +143,12 @@ OpSpec make_spec() {
 
 }  // namespace
 
-at::Tensor block_topk_cpu(const at::Tensor& scores, int64_t bs, int64_t topk, bool counted) {
+namespace {
+
+// The selection both paths share; `first(s, k)` returns each row's k best columns, descending score,
+// ties to the lower block.
+template <class First>
+at::Tensor select_blocks_by(const at::Tensor& scores, int64_t bs, int64_t topk, bool counted, First first) {
   c10::NoGradGuard ng;
   const int64_t B = scores.size(0), S = scores.size(1), T = scores.size(2), N = scores.size(3);
   auto lo = at::TensorOptions().dtype(at::kLong).device(scores.device());
@@ -153,39 +158,29 @@ at::Tensor block_topk_cpu(const at::Tensor& scores, int64_t bs, int64_t topk, bo
   if (counted) {
     // The own block first (+inf), the future blocks last (−inf, then −1).
     s = s.masked_fill(blk > cur, -kInf).masked_fill(blk == cur, kInf);
-    auto [vals, order] = at::sort(s, /*stable=*/true, /*dim=*/-1, /*descending=*/true);
-    at::Tensor sel = order.slice(3, 0, std::min(topk, N));
+    at::Tensor sel = first(s, std::min(topk, N));
     return sel.masked_fill(sel > cur, -1).contiguous();
   }
   at::Tensor own = cur.expand({B, S, T, 1});
   const int64_t n = std::min(topk, N);
   if (n == 0) return own.contiguous();
   s = s.masked_fill(blk >= cur, -kInf);
-  auto [vals, order] = at::sort(s, /*stable=*/true, /*dim=*/-1, /*descending=*/true);
-  at::Tensor sel = order.slice(3, 0, n).masked_fill(vals.slice(3, 0, n) == -kInf, -1);
+  at::Tensor sel = first(s, n);
+  sel = sel.masked_fill(at::gather(s, 3, sel) == -kInf, -1);
   return at::cat({sel, own}, 3).contiguous();
 }
 
+}  // namespace
+
+at::Tensor block_topk_cpu(const at::Tensor& scores, int64_t bs, int64_t topk, bool counted) {
+  return select_blocks_by(scores, bs, topk, counted, [](const at::Tensor& s, int64_t k) {
+    return std::get<1>(at::sort(s, /*stable=*/true, /*dim=*/-1, /*descending=*/true)).slice(3, 0, k);
+  });
+}
+
 at::Tensor block_topk_keys(const at::Tensor& scores, int64_t bs, int64_t topk, bool counted) {
-  c10::NoGradGuard ng;
   if (scores.scalar_type() != at::kFloat) return block_topk_cpu(scores, bs, topk, counted);
-  const int64_t B = scores.size(0), S = scores.size(1), T = scores.size(2), N = scores.size(3);
-  auto lo = at::TensorOptions().dtype(at::kLong).device(scores.device());
-  at::Tensor cur = at::div(at::arange(T, lo), bs, "floor").view({1, 1, T, 1});
-  at::Tensor blk = at::arange(N, lo).view({1, 1, 1, N});
-  at::Tensor s = scores.detach();
-  if (counted) {
-    s = s.masked_fill(blk > cur, -kInf).masked_fill(blk == cur, kInf);
-    at::Tensor sel = topk_lowest_index(s, std::min(topk, N));
-    return sel.masked_fill_(sel > cur, -1).contiguous();
-  }
-  at::Tensor own = cur.expand({B, S, T, 1});
-  const int64_t n = std::min(topk, N);
-  if (n == 0) return own.contiguous();
-  s = s.masked_fill(blk >= cur, -kInf);
-  at::Tensor sel = topk_lowest_index(s, n);
-  sel.masked_fill_(at::gather(s, 3, sel) == -kInf, -1);
-  return at::cat({sel, own}, 3).contiguous();
+  return select_blocks_by(scores, bs, topk, counted, [](const at::Tensor& s, int64_t k) { return topk_lowest_index(s, k); });
 }
 
 at::Tensor block_topk_fast(const at::Tensor& scores, int64_t bs, int64_t topk, bool counted) {
