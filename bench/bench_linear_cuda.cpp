@@ -14,6 +14,7 @@
 #include "harness/registry.h"
 #include "mixers/linear/delta_chunk.h"
 #include "mixers/linear/gla_ops.h"
+#include "bench/cuda_timing.h"
 
 namespace {
 using namespace mixbench;
@@ -69,21 +70,8 @@ void BM_linear_cuda(benchmark::State& state, std::string op_name, bool backward)
     state.SkipWithError(e.what());
     return;
   }
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
   int64_t it = 0;
-  for (auto _ : state) {
-    cudaEventRecord(a, at::cuda::getCurrentCUDAStream());
-    run(sets[size_t(it++ % 2)]);
-    cudaEventRecord(b, at::cuda::getCurrentCUDAStream());
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    state.SetIterationTime(ms / 1e3);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
+  mixbench_bench::time_cuda_iterations(state, [&] { run(sets[size_t(it++ % 2)]); });
   state.counters["tokens_per_s"] = benchmark::Counter(double(B * T), benchmark::Counter::kIsIterationInvariantRate);
   state.counters["B"] = double(B);
   state.counters["T"] = double(T);

@@ -14,6 +14,7 @@
 #include <functional>
 
 #include "mixers/sparse/sparse.h"
+#include "bench/cuda_timing.h"
 
 namespace {
 using namespace mixbench;
@@ -44,20 +45,7 @@ void time_calls(benchmark::State& state, const std::function<void()>& run) {
     state.SkipWithError(e.what());
     return;
   }
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  for (auto _ : state) {
-    cudaEventRecord(a, at::cuda::getCurrentCUDAStream());
-    run();
-    cudaEventRecord(b, at::cuda::getCurrentCUDAStream());
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    state.SetIterationTime(ms / 1e3);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
+  mixbench_bench::time_cuda_iterations(state, run);
 }
 
 void BM_token_sparse(benchmark::State& state, bool backward) {
