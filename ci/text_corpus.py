@@ -17,6 +17,10 @@ Rules (the same for every input; README.md, "Real text"):
              to the next multiple of 8; other control characters dropped; trailing spaces dropped;
              runs of blank lines -> one blank line; leading/trailing blank lines dropped; documents
              empty after cleaning dropped
+  english    the corpus is English: files under a translations/ folder are not selected, and a
+             document whose cleaned text is more than 5 % non-ASCII characters is dropped (counted
+             per package as "non_english"); a few non-English documents in an English corpus are
+             rare, unpredictable bytes whose batches spike the training loss of every method
   dedup      a document whose cleaned bytes equal an earlier document's (SHA-256) is dropped
   split      the k-th kept document (k = 1, 2, ...) goes to validation when k % 100 == 0, else to
              training
@@ -49,7 +53,17 @@ SELECT = {
 }
 DEFAULT_SELECT = [r"\.(txt|rst|pod|html?)(\.gz)?$"]
 # Debian packaging files are not the package's documentation.
-EXCLUDE = re.compile(r"(^|/)(copyright|changelog[^/]*|NEWS\.Debian[^/]*|README\.Debian[^/]*)$|^usr/share/lintian/")
+# Translated documentation (linux-doc's Documentation/translations/: Chinese, Japanese, Korean,
+# Italian, Spanish) is not English.
+EXCLUDE = re.compile(r"(^|/)(copyright|changelog[^/]*|NEWS\.Debian[^/]*|README\.Debian[^/]*)$|^usr/share/lintian/"
+                     r"|(^|/)translations/")
+# A cleaned document with a larger share of non-ASCII characters is not English prose.
+MAX_NON_ASCII = 0.05
+
+
+def non_english(doc):
+    text = doc.decode("utf-8")
+    return bool(text) and sum(1 for ch in text if ord(ch) > 127) > MAX_NON_ASCII * len(text)
 
 BLOCK_TAGS = {"p", "div", "br", "li", "ul", "ol", "dl", "dt", "dd", "tr", "table", "pre", "h1", "h2", "h3",
               "h4", "h5", "h6", "blockquote", "section", "article", "header", "footer", "hr", "title", "td", "th"}
@@ -148,10 +162,13 @@ def build(root, out):
     packages = sorted(s["package"] for s in sources)
     seen = set()
     streams = {"train": array.array("H"), "val": array.array("H")}
-    per_pkg = {p: {"documents": 0, "bytes": 0, "duplicates": 0} for p in packages}
+    per_pkg = {p: {"documents": 0, "bytes": 0, "duplicates": 0, "non_english": 0} for p in packages}
     kept = 0
     for pkg, rel, doc in documents(root, packages):
         if not doc:
+            continue
+        if non_english(doc):
+            per_pkg[pkg]["non_english"] += 1
             continue
         digest = hashlib.sha256(doc).digest()
         if digest in seen:
@@ -183,6 +200,8 @@ def build(root, out):
         "split": f"the k-th kept document (k = 1, 2, ...) goes to val.bin when k % {SPLIT_EVERY} == 0, else to train.bin",
         "cleaning": "HTML to text; UTF-8 (invalid -> U+FFFD); LF line ends; tabs expanded (8); control characters and "
                     "trailing spaces dropped; blank-line runs -> one; empty documents dropped",
+        "english": f"files under translations/ not selected; documents over {MAX_NON_ASCII:.0%} non-ASCII characters "
+                   "dropped (per package: non_english)",
         "dedup": "exact: a document whose cleaned bytes (SHA-256) equal an earlier one's is dropped",
         "files": files,
         "sources": sources,

@@ -150,6 +150,14 @@ TEST(Budgets, ParseAndPlanAtTheAnchor) {
   s.preset = "small";
   EXPECT_EQ(run_length(s, S).budget.kind, Budget::Kind::TokensPerParam);
   EXPECT_EQ(run_length(s, S).steps, 40);  // the preset's length before it stated a budget
+  // small-rank: the same shape at the budget whose ranking held at twice it
+  const TrainPreset R = train_preset("small-rank");
+  TrainOptions r;
+  r.preset = "small-rank";
+  EXPECT_EQ(run_length(r, R).steps, 600);
+  EXPECT_EQ(R.config, S.config);
+  EXPECT_TRUE(R.is_default);
+  EXPECT_GE(R.tau_2x, kMinDefaultTau);
 }
 
 TEST(Budgets, PresetFieldsAndTheDefaultRule) {
@@ -355,24 +363,33 @@ TEST(TextCorpus, BuilderCleansDeduplicatesSplitsAndTrainReadsIt) {
   write_text(root / "alpha/usr/share/doc/alpha/copyright", "not a document");
   write_text(root / "alpha/usr/share/doc/alpha/d.png", "not text");
   write_text(root / "alpha/usr/share/doc/alpha/e.txt", "\n\n  \n");  // empty once cleaned
+  // not English: a translated file (not selected) and a document over 5 % non-ASCII (dropped); a
+  // few accented letters in English text are kept
+  write_text(root / "alpha/usr/share/doc/alpha/translations/ja_JP/f.txt", "an English line under translations/");
+  write_text(root / "alpha/usr/share/doc/alpha/g.txt", "\u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8 with some English words");
+  write_text(root / "alpha/usr/share/doc/alpha/h.txt", "a na\u00efve caf\u00e9 in a sentence long enough to stay English");
   for (int i = 0; i < 120; ++i) write_text(root / fmt::format("beta/doc/{:03d}.txt", i), fmt::format("doc {} of beta, long enough for a row\n", i));
   const std::string cmd = fmt::format("python3 '{}/ci/text_corpus.py' '{}' '{}' > /dev/null", mixbench_test::source_dir(),
                                       root.string(), out.string());
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
 
-  // kept documents: a.html, b.txt, beta 000..119 (c.txt a duplicate, e.txt empty) = 122; the 100th
-  // (beta 097) is the validation's
+  // kept documents: a.html, b.txt, h.txt, beta 000..119 (c.txt a duplicate, e.txt empty, g.txt not
+  // English, translations/ not selected) = 123; the 100th (beta 096) is the validation's
   const Corpus c = builtin_text_corpus(out.string());
-  std::string expect_train = "|T\n\nFish & chips\n\n  x = 1\n  y|line one\nline    two\n\nend", expect_val;
+  std::string expect_train =
+      "|T\n\nFish & chips\n\n  x = 1\n  y|line one\nline    two\n\nend|a na\u00efve caf\u00e9 in a sentence long enough to stay English",
+              expect_val;
   for (int i = 0; i < 120; ++i)
-    (i == 97 ? expect_val : expect_train) += fmt::format("|doc {} of beta, long enough for a row", i);
+    (i == 96 ? expect_val : expect_train) += fmt::format("|doc {} of beta, long enough for a row", i);
   EXPECT_EQ(tokens_text(c.train), expect_train);
   EXPECT_EQ(tokens_text(c.val), expect_val);
   EXPECT_TRUE(c.byte_level);
   const Json m = Json::parse(read_file((out / "manifest.json").string()));
-  EXPECT_EQ(m["documents"], 122);
+  EXPECT_EQ(m["documents"], 123);
   EXPECT_EQ(m["files"]["val.bin"]["documents"], 1);
   EXPECT_EQ(m["sources"][0]["duplicates"], 1);
+  EXPECT_EQ(m["sources"][0]["non_english"], 1);
+  EXPECT_EQ(m["sources"][0]["documents"], 3);
   EXPECT_EQ(m["sources"][1]["documents"], 120);
   EXPECT_NE(m["split"].get<std::string>().find("% 100 == 0"), std::string::npos);
 
