@@ -156,9 +156,9 @@ std::string html_table(const TextTable& t, const std::string& cls) {
   }
   return s + "</tbody>\n</table>\n";
 }
-}  // namespace
 
-std::string leaderboard_html(const Json& results, const std::string& title, const Json& summary) {
+// One ranking's table, scatter plots and loss curves (with its probes and failures).
+std::string ranking_section(const Json& results, const Json& summary) {
   struct Row {
     std::string method;
     std::vector<std::pair<double, double>> loss;  // (cumulative FLOPs, loss)
@@ -240,6 +240,48 @@ std::string leaderboard_html(const Json& results, const std::string& title, cons
     body += "<h2>Failed</h2>\n<ul>\n";
     for (const auto& e : t.errors) body += "<li>" + html_escape(e) + "</li>\n";
     body += "</ul>\n";
+  }
+  return body;
+}
+}  // namespace
+
+std::string leaderboard_html(const Json& results, const std::string& title, const Json& summary) {
+  // With several budgets (--budgets) every row carries its budget: one section per budget, in the
+  // order they appear, then Kendall's τ between them.
+  std::vector<std::pair<std::string, Json>> parts;
+  for (const auto& r : results) {
+    const Json b = r.value("budget", Json());
+    const std::string label = b.is_object() ? b.value("budget", std::string()) : std::string();
+    auto it = std::find_if(parts.begin(), parts.end(), [&](const auto& p) { return p.first == label; });
+    if (it == parts.end()) {
+      parts.emplace_back(label, Json::array());
+      it = parts.end() - 1;
+    }
+    it->second.push_back(r);
+  }
+  std::string body;
+  if (parts.size() <= 1) {
+    body = ranking_section(results, summary);
+  } else {
+    for (const auto& [label, rows] : parts) {
+      std::string heading = label.empty() ? std::string("without a budget") : "budget " + label;
+      for (const auto& r : rows)
+        if (r.contains("budget") && r["budget"].is_object() && r["budget"].contains("steps") && r["budget"].contains("tokens")) {
+          heading += fmt::format(" ({} steps, {} tokens)", r["budget"]["steps"].get<int64_t>(), r["budget"]["tokens"].get<int64_t>());
+          break;
+        }
+      body += "<h2>" + html_escape(heading) + "</h2>\n" + ranking_section(rows, summary);
+    }
+    if (summary.contains("kendall_tau") && summary["kendall_tau"].is_array() && !summary["kendall_tau"].empty()) {
+      body += "<h2>Agreement between budgets</h2>\n<table class=\"tau\">\n<thead><tr><th>budgets</th><th class=\"num\">Kendall "
+              "τ-b</th><th class=\"num\">methods</th></tr></thead>\n<tbody>\n";
+      for (const auto& t : summary["kendall_tau"])
+        body += fmt::format("<tr><td>{} vs {}</td><td class=\"num\">{}</td><td class=\"num\">{}</td></tr>\n",
+                            html_escape(t.value("a", std::string())), html_escape(t.value("b", std::string())),
+                            t.contains("tau") && t["tau"].is_number() ? fmt::format("{:.3f}", t["tau"].get<double>()) : "-",
+                            t.value("methods", int64_t(0)));
+      body += "</tbody>\n</table>\n";
+    }
   }
   return "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>" + html_escape(title) +
          "</title>\n<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin:0.5em 0}"

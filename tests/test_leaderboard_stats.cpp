@@ -327,6 +327,52 @@ TEST(LeaderboardStats, PageHasTablesScatterPlotsAndTheParetoFront) {
   EXPECT_EQ(count_of(p1, "<g class=\"ci\""), 0u);
 }
 
+// --budgets: one section per budget (its own table, plots and curves), then τ between them; a row
+// of one budget never appears in another's table or plots.
+TEST(LeaderboardStats, PageHasASectionPerBudget) {
+  std::vector<Json> runs;
+  for (uint64_t s = 0; s < 2; ++s) {
+    runs.push_back(run_row("best", s, 2.0 + 0.01 * double(s), 100));
+    runs.push_back(run_row("fast", s, 2.5 + 0.01 * double(s), 300));
+  }
+  std::string md;
+  Json rows = Json::array();
+  for (const auto& [label, steps] : std::vector<std::pair<std::string, int64_t>>{{"steps=600", 600}, {"steps=1200", 1200}})
+    for (Json r : leaderboard_rows({"best", "fast"}, runs, "best", md)) {
+      r["budget"] = {{"budget", label}, {"steps", steps}, {"tokens", steps * 16}};
+      if (label == "steps=1200") r["method"] = r["method"].get<std::string>() + "_long";
+      rows.push_back(r);
+    }
+  const Json summary = {{"baseline", "best"},
+                        {"kendall_tau", Json::array({{{"a", "steps=600"}, {"b", "steps=1200"}, {"methods", 2}, {"tau", 1.0}}})}};
+  const std::string page = leaderboard_html(rows, "board", summary);
+  const size_t a = page.find("<h2>budget steps=600 (600 steps, 9600 tokens)</h2>"),
+               b = page.find("<h2>budget steps=1200 (1200 steps, 19200 tokens)</h2>"), t = page.find("<h2>Agreement between budgets</h2>");
+  ASSERT_NE(a, std::string::npos);
+  ASSERT_NE(b, std::string::npos);
+  ASSERT_NE(t, std::string::npos);
+  EXPECT_LT(a, b);
+  EXPECT_LT(b, t);
+  const std::string first = page.substr(a, b - a), second = page.substr(b, t - b);
+  EXPECT_EQ(count_of(first, "<table class=\"ranking\""), 1u);
+  EXPECT_EQ(count_of(second, "<table class=\"ranking\""), 1u);
+  EXPECT_EQ(count_of(first, "<svg"), 3u);
+  EXPECT_EQ(count_of(second, "<svg"), 3u);
+  EXPECT_EQ(count_of(first, "_long"), 0u);           // the long budget's rows stay in their section
+  EXPECT_NE(second.find("<td>best_long</td>"), std::string::npos);
+  EXPECT_EQ(count_of(second, "<td>best</td>"), 0u);
+  EXPECT_EQ(count_of(first, "<polyline class=\"loss\""), 2u);  // one curve per method, not per budget and method
+  EXPECT_NE(page.find("<tr><td>steps=600 vs steps=1200</td><td class=\"num\">1.000</td><td class=\"num\">2</td></tr>"),
+            std::string::npos);
+  // one budget: no sections, as before
+  Json one = Json::array();
+  for (const auto& r : rows)
+    if (r["budget"]["budget"] == "steps=600") one.push_back(r);
+  const std::string p1 = leaderboard_html(one, "board", {{"baseline", "best"}});
+  EXPECT_EQ(p1.find("<h2>budget"), std::string::npos);
+  EXPECT_EQ(count_of(p1, "<svg"), 3u);
+}
+
 // ------------------------------------------------------------------ interrupted and resumed
 TEST(LeaderboardStats, AnInterruptedRunIsFinishedByARerun) {
   const fs::path dir = lb_tmp() / "resume";
