@@ -17,9 +17,11 @@
 // and a masked softmax. Every slot is computed, including empty (−1) slots and the masked future
 // part of a block: per query 4·D·topk·bs FLOPs (times NQ·q_block/T for the padded last row).
 //
-// CUDA path (after the op's checks) = block_sparse_attention_fast: the kernels of
-// block_sparse_kernel.cu for fp32 / bf16 / fp16 with D = Dv ∈ {64, 128} (only the visible keys of
-// the listed blocks are computed), otherwise the LibTorch code above in fp32.
+// CUDA path (after the op's checks) = block_sparse_attention_fast: for bf16 / fp16 with D = Dv ∈
+// {64, 128}, q_block 1 and block_size ≥ 16 the tensor-core kernels of block_sparse_mma.cu; for the
+// other fp32 / bf16 / fp16 inputs with D = Dv ∈ {64, 128} the CUDA-core kernels of
+// block_sparse_kernel.cu (both compute only the visible keys of the listed blocks, the tensor cores
+// in tiles of 16 … 64 keys); otherwise the LibTorch code above in fp32.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
@@ -37,6 +39,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "mixers/sparse/block_sparse_kernel.h"
+#include "mixers/sparse/block_sparse_mma.h"
 #endif
 
 namespace mixbench {
@@ -265,36 +268,99 @@ bsa_cuda::Shape bsa_shape(const at::Tensor& q, const at::Tensor& k, const at::Te
           int(idx.size(2)), int(idx.size(3)), float(scale)};
 }
 
-// The kernels' forward (o and the row log-sum-exp) and backward (dq query-stationary; dk, dv
-// key-block-stationary over the transposed selection, built on the device).
+// The tensor-core kernels (block_sparse_mma.cu) take bf16 / fp16, D ∈ {64, 128}, q_block 1 and
+// blocks of at least 16 keys, on 16-byte aligned q, k, v (vector loads of 8 elements).
+bool bsa_mma_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& idx, int64_t bs,
+                     int64_t qb) {
+  if (!bsa_kernel_applies(q, k, v, idx, bs, qb) || q.scalar_type() == at::kFloat) return false;
+  const bsa_cuda::Shape s = bsa_shape(q, k, idx, bs, qb, 1.0);
+  auto aligned = [](const at::Tensor& x) { return reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0; };
+  return bsa_mma::applies(bsa_dtype(q), s) && aligned(q) && aligned(k) && aligned(v);
+}
+
+// The transposed selection of the tensor-core kernels, built on the device: ents[row_off[seg] …] =
+// r·topk + j for the slots listing block seg = (b, h_kv, i); the work items' offsets of the forward
+// (fwd_off) and the backward (bwd_off).
+struct Transposed {
+  at::Tensor row_off, fwd_off, bwd_off, ents;
+};
+Transposed transpose_selection(const bsa_cuda::Shape& s, const at::Tensor& idx, cudaStream_t st) {
+  auto i32 = idx.options().dtype(at::kInt);
+  const int64_t S = s.segments(), G = s.H / s.Hkv;
+  at::Tensor count = at::zeros({S}, i32);
+  bsa_cuda::count_selections(s, idx.data_ptr<int64_t>(), count.data_ptr<int>(), st);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  Transposed x{at::zeros({S + 1}, i32), at::zeros({S + 1}, i32), at::zeros({S + 1}, i32), at::Tensor()};
+  x.row_off.slice(0, 1).copy_(at::cumsum(count, 0, at::kInt));
+  x.fwd_off.slice(0, 1).copy_(at::cumsum(at::div(count * G + (bsa_mma::kFwdUnit - 1), bsa_mma::kFwdUnit, "floor"), 0, at::kInt));
+  x.bwd_off.slice(0, 1).copy_(at::cumsum(at::div(count * G + (bsa_mma::kBwdUnit - 1), bsa_mma::kBwdUnit, "floor"), 0, at::kInt));
+  at::Tensor cursor = at::zeros({S}, i32);
+  x.ents = at::empty({std::max<int64_t>(s.entries(), 1)}, i32);
+  bsa_mma::fill_entries(s, idx.data_ptr<int64_t>(), x.row_off.data_ptr<int>(), cursor.data_ptr<int>(), x.ents.data_ptr<int>(), st);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return x;
+}
+
+// The kernels' forward (o and the row log-sum-exp) and backward. CUDA cores (`mma` false): dq
+// query-stationary; dk, dv key-block-stationary over the transposed selection, built on the device.
+// Tensor cores (`mma` true): everything key-block-stationary over the transposed selection with
+// slots, built in the forward and kept for the backward; o, dq, dk, dv accumulated in fp32.
 struct BlockSparseCudaFn : public torch::autograd::Function<BlockSparseCudaFn> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                            const at::Tensor& v, const at::Tensor& idx, int64_t bs, int64_t qb, double scale) {
+                            const at::Tensor& v, const at::Tensor& idx, int64_t bs, int64_t qb, double scale, bool mma) {
     const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
     const at::Tensor ic = idx.to(q.device()).contiguous();
     const bsa_cuda::Shape s = bsa_shape(qc, kc, ic, bs, qb, scale);
-    at::Tensor o = at::empty_like(qc);
-    at::Tensor lse = at::empty({s.B, s.T, s.H}, qc.options().dtype(at::kFloat));
-    bsa_cuda::forward(bsa_dtype(qc), s, qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), ic.data_ptr<int64_t>(), o.data_ptr(),
-                      lse.data_ptr<float>(), c10::cuda::getCurrentCUDAStream(q.device().index()).stream());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    ctx->save_for_backward({qc, kc, vc, ic, o, lse});
+    const cudaStream_t st = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+    at::Tensor o, lse = at::empty({s.B, s.T, s.H}, qc.options().dtype(at::kFloat));
+    Transposed x;
+    if (mma) {
+      x = transpose_selection(s, ic, st);
+      const int64_t G = s.H / s.Hkv;
+      at::Tensor ml = at::empty({std::max<int64_t>(s.entries() * G, 1), 2}, qc.options().dtype(at::kFloat));
+      at::Tensor o_acc = at::zeros(qc.sizes(), qc.options().dtype(at::kFloat));
+      bsa_mma::forward(bsa_dtype(qc), s, qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), ic.data_ptr<int64_t>(),
+                       x.row_off.data_ptr<int>(), x.fwd_off.data_ptr<int>(), x.ents.data_ptr<int>(),
+                       reinterpret_cast<float2*>(ml.data_ptr<float>()), lse.data_ptr<float>(), o_acc.data_ptr<float>(), st);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      o = o_acc.to(qc.scalar_type());
+    } else {
+      o = at::empty_like(qc);
+      bsa_cuda::forward(bsa_dtype(qc), s, qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), ic.data_ptr<int64_t>(), o.data_ptr(),
+                        lse.data_ptr<float>(), st);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+    ctx->save_for_backward({qc, kc, vc, ic, o, lse, x.row_off, x.bwd_off, x.ents});
     ctx->saved_data["bs"] = bs;
     ctx->saved_data["qb"] = qb;
     ctx->saved_data["scale"] = scale;
+    ctx->saved_data["mma"] = mma;
     return o;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list g) {
     const auto sv = ctx->get_saved_variables();
     const at::Tensor &q = sv[0], &k = sv[1], &v = sv[2], &idx = sv[3], &o = sv[4], &lse = sv[5];
-    if (!g[0].defined()) return {at::zeros_like(q), at::zeros_like(k), at::zeros_like(v), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const at::Tensor none;
+    if (!g[0].defined()) return {at::zeros_like(q), at::zeros_like(k), at::zeros_like(v), none, none, none, none, none};
     const bsa_cuda::Shape s = bsa_shape(q, k, idx, ctx->saved_data["bs"].toInt(), ctx->saved_data["qb"].toInt(),
                                         ctx->saved_data["scale"].toDouble());
     const at::Tensor dout = g[0].to(q.scalar_type()).contiguous();
     const cudaStream_t st = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
     const auto dt = bsa_dtype(q);
+    auto f32 = q.options().dtype(at::kFloat);
+    at::Tensor dk = at::zeros(k.sizes(), f32), dv = at::zeros(v.sizes(), f32);
+    if (ctx->saved_data["mma"].toBool()) {
+      const at::Tensor &row_off = sv[6], &bwd_off = sv[7], &ents = sv[8];
+      const at::Tensor delta = (dout.to(at::kFloat) * o.to(at::kFloat)).sum(-1);  // [B,T,H]
+      at::Tensor dq = at::zeros(q.sizes(), f32);
+      bsa_mma::backward(dt, s, q.data_ptr(), k.data_ptr(), v.data_ptr(), dout.data_ptr(), lse.data_ptr<float>(),
+                        delta.data_ptr<float>(), row_off.data_ptr<int>(), bwd_off.data_ptr<int>(), ents.data_ptr<int>(),
+                        dq.data_ptr<float>(), dk.data_ptr<float>(), dv.data_ptr<float>(), st);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), none, none, none, none, none};
+    }
     auto i32 = q.options().dtype(at::kInt);
-    at::Tensor dq = at::empty_like(q), delta = at::empty({s.B, s.T, s.H}, q.options().dtype(at::kFloat));
+    at::Tensor dq = at::empty_like(q), delta = at::empty({s.B, s.T, s.H}, f32);
     bsa_cuda::backward_dq(dt, s, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), dout.data_ptr(),
                           idx.data_ptr<int64_t>(), lse.data_ptr<float>(), dq.data_ptr(), delta.data_ptr<float>(), st);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -311,17 +377,15 @@ struct BlockSparseCudaFn : public torch::autograd::Function<BlockSparseCudaFn> {
     bsa_cuda::fill_selections(s, idx.data_ptr<int64_t>(), row_off.data_ptr<int>(), cursor.data_ptr<int>(),
                               rows.data_ptr<int>(), st);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    const bool f32 = q.scalar_type() == at::kFloat;
-    at::Tensor dk = at::zeros(k.sizes(), k.options().dtype(at::kFloat)), dv = at::zeros(v.sizes(), v.options().dtype(at::kFloat));
     bsa_cuda::backward_dkdv(dt, s, q.data_ptr(), k.data_ptr(), v.data_ptr(), dout.data_ptr(), lse.data_ptr<float>(),
                             delta.data_ptr<float>(), row_off.data_ptr<int>(), item_off.data_ptr<int>(), rows.data_ptr<int>(),
                             dk.data_ptr<float>(), dv.data_ptr<float>(), st);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    if (!f32) {
+    if (q.scalar_type() != at::kFloat) {
       dk = dk.to(k.scalar_type());
       dv = dv.to(v.scalar_type());
     }
-    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dq, dk, dv, none, none, none, none, none};
   }
 };
 
@@ -331,13 +395,31 @@ struct BlockSparseCudaFn : public torch::autograd::Function<BlockSparseCudaFn> {
 at::Tensor block_sparse_attention_fast(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                        const at::Tensor& block_indices, int64_t bs, int64_t qb, double scale) {
 #if defined(MIXBENCH_WITH_CUDA)
-  if (bsa_kernel_applies(q, k, v, block_indices, bs, qb)) {
-    note_kernel("block_sparse_cuda");
-    return BlockSparseCudaFn::apply(q, k, v, block_indices, bs, qb, scale);
-  }
+  if (bsa_kernel_applies(q, k, v, block_indices, bs, qb))
+    return block_sparse_attention_cuda(q, k, v, block_indices, bs, qb, scale, BlockSparseKernels::Auto);
 #endif
   return block_sparse_attention_cpu(up_to_fp32(q), up_to_fp32(k), up_to_fp32(v), block_indices, bs, qb, scale)
       .to(q.scalar_type());
+}
+
+at::Tensor block_sparse_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const at::Tensor& block_indices, int64_t bs, int64_t qb, double scale,
+                                       BlockSparseKernels which) {
+#if defined(MIXBENCH_WITH_CUDA)
+  if (!bsa_kernel_applies(q, k, v, block_indices, bs, qb))
+    throw UsageError("block_sparse_attention_cuda: the CUDA kernels need q, k, v of one floating type on one GPU, "
+                     "D = Dv in {64, 128} and int64 block indices");
+  const bool mma_ok = bsa_mma_applies(q, k, v, block_indices, bs, qb);
+  if (which == BlockSparseKernels::TensorCores && !mma_ok)
+    throw UsageError(fmt::format("block_sparse_attention_cuda: the tensor-core kernels need bf16/fp16, D in {{64, 128}}, "
+                                 "q_block 1 and block_size >= 16 (got {}, D {}, q_block {}, block_size {})",
+                                 c10::toString(q.scalar_type()), q.size(3), qb, bs));
+  const bool mma = which == BlockSparseKernels::TensorCores || (which == BlockSparseKernels::Auto && mma_ok);
+  note_kernel(mma ? "block_sparse_mma" : "block_sparse_cuda");
+  return BlockSparseCudaFn::apply(q, k, v, block_indices, bs, qb, scale, mma);
+#else
+  throw UsageError("block_sparse_attention_cuda: built without CUDA");
+#endif
 }
 
 MIXBENCH_REGISTER(make_spec());

@@ -48,6 +48,15 @@ at::Tensor block_sparse_attention_fast(const at::Tensor& q, const at::Tensor& k,
                                        double scale);
 at::Tensor sparse_attention_fast(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const at::Tensor& indices, double scale);
+
+// The CUDA kernels behind block_sparse_attention_fast (same contract), chosen: Auto (what the fast
+// path runs) = TensorCores where they apply (bf16 / fp16, D = Dv ∈ {64, 128}, q_block 1, block_size
+// ≥ 16; block_sparse_mma.cu), else CudaCores (fp32 / bf16 / fp16, D = Dv ∈ {64, 128};
+// block_sparse_kernel.cu). UsageError when the chosen kernels cannot take the inputs or without CUDA.
+enum class BlockSparseKernels { Auto, CudaCores, TensorCores };
+at::Tensor block_sparse_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const at::Tensor& block_indices, int64_t block_size, int64_t q_block,
+                                       double scale, BlockSparseKernels which);
 at::Tensor dsa_indexer_fast(const at::Tensor& q_idx, const at::Tensor& k_idx, const at::Tensor& w_idx, int64_t topk,
                             double scale, bool relu);
 at::Tensor block_topk_fast(const at::Tensor& scores, int64_t block_size, int64_t topk, bool counted);
