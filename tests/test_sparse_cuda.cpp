@@ -6,7 +6,12 @@
 // head dims 64 and 128. Longer sequences (T ≈ 1–2K) against dense FP64 attention under the
 // selection's mask (on the GPU; itself checked against the reference). The forward + backward
 // captured in a CUDA graph replays what the eager calls compute, on new input values too. The op's
-// CUDA path (conformance) runs the kernels.
+// CUDA path (conformance) runs the kernels. The tensor-core kernels (bf16 / fp16, q_block 1, blocks of
+// ≥ 16 keys) on their own: block sizes 16 … 128 (key chunks of 16, 32, 64, partial chunks and
+// blocks), GQA groups 1 … 8 (3: tiles splitting a query's heads), odd T, −1 slots, empty rows, topk
+// beyond the causal blocks, T = 1, many work items per block; against the reference, against the
+// CUDA-core kernels, inside a CUDA graph, without host synchronisation and at T = 32K (d12: moba's
+// and nsa's block size and topk).
 //   Under compute-sanitizer: --gtest_filter='SparseCuda.BlockSparseSmall*' (a few small cases).
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -159,6 +164,29 @@ Grads fast_grads(const Case& c, const Inputs& x, double scale, at::ScalarType dt
   });
 }
 
+// The same through block_sparse_attention_cuda with the kernels `which`; `ran` gets the kernel notes.
+Grads kernel_grads(const Case& c, const Inputs& x, double scale, at::ScalarType dt, BlockSparseKernels which,
+                   std::string* ran = nullptr) {
+  auto o = at::TensorOptions().device(at::kCUDA).dtype(dt);
+  const at::Tensor idx = x.idx.to(at::kCUDA);
+  take_kernel_notes();
+  Grads g = with_grads(x.q.to(o), x.k.to(o), x.v.to(o), x.w.to(o), [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    return block_sparse_attention_cuda(q, k, v, idx, c.bs, c.qb, scale, which);
+  });
+  const std::string notes = take_kernel_notes();
+  if (ran) *ran = notes;
+  return g;
+}
+
+// The kernel notes of one forward of block_sparse_attention_fast in dt.
+std::string fast_kernel_of(const Case& c, const Inputs& x, double scale, at::ScalarType dt) {
+  c10::NoGradGuard ng;
+  auto o = at::TensorOptions().device(at::kCUDA).dtype(dt);
+  take_kernel_notes();
+  block_sparse_attention_fast(x.q.to(o), x.k.to(o), x.v.to(o), x.idx.to(at::kCUDA), c.bs, c.qb, scale);
+  return take_kernel_notes();
+}
+
 // The output comes from the kernels' autograd function (not the LibTorch path).
 bool ran_kernel(const Case& c, const Inputs& x, double scale, at::ScalarType dt) {
   auto o = at::TensorOptions().device(at::kCUDA).dtype(dt);
@@ -296,13 +324,17 @@ TEST(SparseCuda, BlockSparseLongSequences) {
 }
 
 #if defined(MIXBENCH_WITH_CUDA)
-// d12 shapes at T = 32K (per-token rows; nsa-like blocks of 64, qsa-like blocks of 4): the outputs
-// of sampled queries and all of q, k, v's gradients through them (the cotangent is zero elsewhere)
-// against dense FP64 attention of those queries — positions past int16 and every kernel's indexing
-// at length — then the kernels' time (forward; forward + backward) in bf16, printed.
+// d12 shapes at T = 32K (per-token rows; nsa-like blocks of 64 and nsa's own 32 with top-8 + own,
+// moba's 128 with top-2, qsa-like blocks of 4): the outputs of sampled queries and all of q, k, v's
+// gradients through them (the cotangent is zero elsewhere) against dense FP64 attention of those
+// queries — positions past int16 and every kernel's indexing at length; fp32 on the CUDA cores,
+// bf16 on the tensor cores where they apply and on the CUDA cores — then the kernels' time
+// (forward; forward + backward) in bf16, printed.
 TEST(SparseCuda, BlockSparseLongRange) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   const std::vector<std::pair<std::string, Case>> cases = {{"nsa-like", {1, 32768, 6, 6, 128, 64, 1, 17, 0.02}},
+                                                           {"nsa", {1, 32768, 6, 6, 128, 32, 1, 9}},
+                                                           {"moba", {1, 32768, 6, 6, 128, 128, 1, 2}},
                                                            {"qsa-like", {1, 32768, 6, 6, 128, 4, 1, 65, 0.02}}};
   uint64_t seed = 900;
   for (const auto& nc : cases) {
@@ -321,14 +353,22 @@ TEST(SparseCuda, BlockSparseLongRange) {
                                    [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
                                      return dense_masked(q, k, v, x.idx, c.bs, c.qb, scale, ts);
                                    });
-    for (at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
+    struct Run {
+      at::ScalarType dt;
+      BlockSparseKernels which;
+    };
+    for (const Run& run : {Run{at::kFloat, BlockSparseKernels::CudaCores}, Run{at::kBFloat16, BlockSparseKernels::CudaCores},
+                           Run{at::kBFloat16, BlockSparseKernels::TensorCores}}) {
+      const at::ScalarType dt = run.dt;
+      const bool mma = run.which == BlockSparseKernels::TensorCores;
+      if (mma && c.bs < 16) continue;  // blocks of 4: the CUDA cores only
       auto o = at::TensorOptions().device(at::kCUDA).dtype(dt);
       const at::Tensor idx = x.idx.to(at::kCUDA);
       Grads got = with_grads(x.q.to(o), x.k.to(o), x.v.to(o), w.to(o), [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-        return block_sparse_attention_fast(q, k, v, idx, c.bs, c.qb, scale);
+        return block_sparse_attention_cuda(q, k, v, idx, c.bs, c.qb, scale, run.which);
       });
       got.o = got.o.index_select(1, ts.to(at::kCUDA));
-      const std::string where = fmt::format("{} {} {}", name, c10::toString(dt), c.where());
+      const std::string where = fmt::format("{} {} {} {}", name, c10::toString(dt), mma ? "tensor cores" : "CUDA cores", c.where());
       if (dt == at::kFloat) expect_close(dense, got, kTolF32, kTolF32Grad, where);
       else expect_close(dense, got, kTolHalf, kTolHalf, where);
     }
@@ -336,8 +376,6 @@ TEST(SparseCuda, BlockSparseLongRange) {
     auto o = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
     at::Tensor q = x.q.to(o).requires_grad_(true), k = x.k.to(o).requires_grad_(true), v = x.v.to(o).requires_grad_(true);
     const at::Tensor idx = x.idx.to(at::kCUDA), wb = x.w.to(o);
-    auto fwd = [&] { return block_sparse_attention_fast(q, k, v, idx, c.bs, c.qb, scale); };
-    auto fwd_bwd = [&] { torch::autograd::grad({(fwd() * wb).sum()}, {q, k, v}); };
     auto ms = [&](auto&& f) {
       f();
       at::cuda::CUDAEvent a(cudaEventDefault), b(cudaEventDefault);
@@ -348,11 +386,17 @@ TEST(SparseCuda, BlockSparseLongRange) {
       b.synchronize();
       return a.elapsed_time(b) / reps;
     };
-    const double t_f = ms([&] { c10::NoGradGuard ng; fwd(); }), t_fb = ms(fwd_bwd);
-    const double pairs = double(c.B) * c.T * c.H * (c.topk - 0.5) * c.bs;  // about: (topk − ½) blocks per query
-    std::cout << fmt::format("[ timing ] {} T={} bf16: forward {:.2f} ms, forward+backward {:.2f} ms ({:.1f} G query-key pairs/s forward)\n",
-                             name, c.T, t_f, t_fb, pairs / (t_f * 1e6));
-    EXPECT_GT(t_f, 0.0);
+    for (BlockSparseKernels which : {BlockSparseKernels::CudaCores, BlockSparseKernels::TensorCores}) {
+      if (which == BlockSparseKernels::TensorCores && c.bs < 16) continue;
+      auto fwd = [&] { return block_sparse_attention_cuda(q, k, v, idx, c.bs, c.qb, scale, which); };
+      auto fwd_bwd = [&] { torch::autograd::grad({(fwd() * wb).sum()}, {q, k, v}); };
+      const double t_f = ms([&] { c10::NoGradGuard ng; fwd(); }), t_fb = ms(fwd_bwd);
+      const double pairs = double(c.B) * c.T * c.H * (c.topk - 0.5) * c.bs;  // about: (topk − ½) blocks per query
+      std::cout << fmt::format("[ timing ] {} T={} bf16 {}: forward {:.2f} ms, forward+backward {:.2f} ms ({:.1f} G query-key pairs/s forward)\n",
+                               name, c.T, which == BlockSparseKernels::TensorCores ? "tensor cores" : "CUDA cores", t_f, t_fb,
+                               pairs / (t_f * 1e6));
+      EXPECT_GT(t_f, 0.0);
+    }
   }
 }
 #endif
@@ -390,11 +434,9 @@ TEST(SparseCuda, BlockSparseOpCudaPath) {
 }
 
 #if defined(MIXBENCH_WITH_CUDA)
-// Forward + backward captured in a CUDA graph on fixed buffers: a replay gives what the eager calls
-// give, for the captured values and for new values copied into the same buffers.
-TEST(SparseCuda, BlockSparseGraphCapture) {
-  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
-  const Case c{2, 300, 4, 2, 128, 16, 1, 6, 0.2};
+// Forward + backward of `which` captured in a CUDA graph on fixed buffers: a replay gives what the
+// eager calls give, for the captured values and for new values copied into the same buffers.
+void check_graph_capture(const Case& c, BlockSparseKernels which) {
   auto f = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
   const double scale = 1.0 / std::sqrt(double(c.D));
   Inputs x = make_inputs(c, 31);
@@ -402,7 +444,7 @@ TEST(SparseCuda, BlockSparseGraphCapture) {
   at::Tensor w = x.w.to(f), idx = x.idx.to(at::kCUDA);
   at::Tensor o_out = at::empty_like(w), dq_out = at::empty_like(w), dk_out = at::empty_like(k.detach()), dv_out = at::empty_like(dk_out);
   auto step = [&] {
-    at::Tensor o = block_sparse_attention_fast(q, k, v, idx, c.bs, c.qb, scale);
+    at::Tensor o = block_sparse_attention_cuda(q, k, v, idx, c.bs, c.qb, scale, which);
     auto g = torch::autograd::grad({(o * w).sum()}, {q, k, v});
     c10::NoGradGuard ng;
     o_out.copy_(o);
@@ -412,15 +454,22 @@ TEST(SparseCuda, BlockSparseGraphCapture) {
   };
   auto eager = [&] {
     Grads e = with_grads(q, k, v, w, [&](const at::Tensor& a, const at::Tensor& b, const at::Tensor& cc) {
-      return block_sparse_attention_fast(a, b, cc, idx, c.bs, c.qb, scale);
+      return block_sparse_attention_cuda(a, b, cc, idx, c.bs, c.qb, scale, which);
     });
     return e;
   };
+  const bool mma = which == BlockSparseKernels::TensorCores;
   auto expect_replay = [&](const Grads& e, const std::string& where) {
-    // the same kernels: o and dq bit for bit; dk, dv are fp32 sums whose atomic additions may come
-    // in another order, rounded to bf16 (a last-bit difference here and there)
-    EXPECT_TRUE(at::equal(e.o, o_out)) << where;
-    EXPECT_TRUE(at::equal(e.dq, dq_out)) << where;
+    // The CUDA cores' o and dq: one thread's sums, bit for bit. Their dk, dv and every output of the
+    // tensor cores are fp32 sums whose atomic additions may come in another order, rounded to bf16
+    // (a last-bit difference here and there).
+    if (!mma) {
+      EXPECT_TRUE(at::equal(e.o, o_out)) << where;
+      EXPECT_TRUE(at::equal(e.dq, dq_out)) << where;
+    } else {
+      EXPECT_LE(rel_rms(e.o, o_out), 4e-3) << where;
+      EXPECT_LE(rel_rms(e.dq, dq_out), 4e-3) << where;
+    }
     EXPECT_LE(rel_rms(e.dk, dk_out), 4e-3) << where;
     EXPECT_LE(rel_rms(e.dv, dv_out), 4e-3) << where;
   };
@@ -455,8 +504,148 @@ TEST(SparseCuda, BlockSparseGraphCapture) {
   const Grads e2 = eager();
   expect_replay(e2, "new values");
   EXPECT_GT(rel_rms(e1.o, e2.o), 0.1) << "the replay must read the new inputs";
+  expect_close(reference_grads(c, y, scale), {o_out, dq_out, dk_out, dv_out}, kTolHalf, kTolHalf,
+               "replay of new values vs reference");
+}
+
+TEST(SparseCuda, BlockSparseGraphCapture) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  check_graph_capture({2, 300, 4, 2, 128, 16, 1, 6, 0.2}, BlockSparseKernels::CudaCores);
+}
+
+// The tensor cores in a graph: blocks of 16 (GQA 2) and of 128 (two key chunks, a partial last block).
+TEST(SparseCuda, BlockSparseTensorCoresGraphCapture) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  check_graph_capture({2, 300, 4, 2, 128, 16, 1, 6, 0.2}, BlockSparseKernels::TensorCores);
+  check_graph_capture({1, 333, 2, 2, 64, 128, 1, 2, 0.1}, BlockSparseKernels::TensorCores);
+}
+
+// Forward and backward of the tensor cores with CUDA's sync debug mode at error (after a warm-up):
+// no host synchronisation.
+TEST(SparseCuda, BlockSparseTensorCoresWithoutHostSync) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  const Case c{1, 517, 6, 6, 128, 32, 1, 9, 0.1};
+  const Inputs x = make_inputs(c, 41);
+  const double scale = 1.0 / std::sqrt(double(c.D));
+  kernel_grads(c, x, scale, at::kBFloat16, BlockSparseKernels::TensorCores);  // warm-up
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+  auto o = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  at::Tensor q = x.q.to(o).requires_grad_(true), k = x.k.to(o).requires_grad_(true), v = x.v.to(o).requires_grad_(true);
+  const at::Tensor idx = x.idx.to(at::kCUDA), w = x.w.to(o);
+  EXPECT_NO_THROW({
+    at::Tensor out = block_sparse_attention_cuda(q, k, v, idx, c.bs, c.qb, scale, BlockSparseKernels::TensorCores);
+    torch::autograd::grad({(out * w).sum()}, {q, k, v});
+  });
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
 }
 #endif
+
+// The kernels' choice: Auto takes the tensor cores for bf16 / fp16 per-token rows with blocks of ≥ 16
+// keys, the CUDA cores for fp32, q_block > 1 and smaller blocks; forcing a set that cannot take the
+// inputs is a UsageError.
+TEST(SparseCuda, BlockSparseKernelChoice) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  const double scale = 0.125;
+  struct Want {
+    Case c;
+    at::ScalarType dt;
+    std::string kernel;
+  };
+  const std::vector<Want> wants = {
+      {{1, 40, 2, 2, 64, 16, 1, 2}, at::kBFloat16, "block_sparse_mma"},
+      {{1, 40, 2, 2, 128, 128, 1, 2}, at::kHalf, "block_sparse_mma"},
+      {{1, 40, 2, 2, 64, 16, 1, 2}, at::kFloat, "block_sparse_cuda"},
+      {{1, 40, 2, 2, 64, 16, 16, 2}, at::kBFloat16, "block_sparse_cuda"},
+      {{1, 40, 2, 2, 64, 8, 1, 2}, at::kBFloat16, "block_sparse_cuda"},
+      {{1, 40, 2, 2, 32, 16, 1, 2}, at::kBFloat16, ""},  // the LibTorch path
+  };
+  for (const Want& w : wants) {
+    const Inputs x = make_inputs(w.c, 3);
+    EXPECT_EQ(fast_kernel_of(w.c, x, scale, w.dt), w.kernel) << w.c.where() << " " << c10::toString(w.dt);
+    auto o = at::TensorOptions().device(at::kCUDA).dtype(w.dt);
+    auto call = [&](BlockSparseKernels which) {
+      return block_sparse_attention_cuda(x.q.to(o), x.k.to(o), x.v.to(o), x.idx.to(at::kCUDA), w.c.bs, w.c.qb, scale, which);
+    };
+    if (w.kernel != "block_sparse_mma") EXPECT_THROW(call(BlockSparseKernels::TensorCores), UsageError) << w.c.where();
+    if (w.kernel.empty()) EXPECT_THROW(call(BlockSparseKernels::CudaCores), UsageError) << w.c.where();
+    else EXPECT_NO_THROW(call(BlockSparseKernels::CudaCores)) << w.c.where();
+  }
+  // the scoped choice: CUDA cores for what Auto gives the tensor cores
+  const Want& w = wants.front();
+  const Inputs x = make_inputs(w.c, 3);
+  {
+    ScopedBlockSparseKernels scoped(BlockSparseKernels::CudaCores);
+    EXPECT_EQ(fast_kernel_of(w.c, x, scale, w.dt), "block_sparse_cuda");
+  }
+  EXPECT_EQ(fast_kernel_of(w.c, x, scale, w.dt), "block_sparse_mma");
+}
+
+// The tensor cores against the FP64 reference in bf16 and fp16, and against the CUDA-core kernels
+// on the same inputs (both rounding once at the end; the tensor cores also round the probabilities
+// and score gradients to 16 bits before their products).
+TEST(SparseCuda, BlockSparseTensorCoresMatchReference) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<Case> cases = {
+      {1, 37, 2, 2, 64, 16, 1, 3, 0.2},          // odd T, blocks of 16 (chunk 16), −1 slots
+      {1, 150, 4, 2, 128, 32, 1, 9, 0.1},        // nsa-like: blocks of 32, 8 + own slots, GQA 2
+      {2, 301, 2, 2, 128, 128, 1, 2},            // moba-like: 2 chunks of 64, partial last block, 2 work items per own block
+      {1, 260, 6, 2, 64, 64, 1, 4, 0.3},         // GQA 3: a query's heads split across tiles of 64 and 32 items
+      {1, 200, 8, 1, 128, 48, 1, 5, 0.2},        // MQA, G = 8: blocks of 48 (chunks 32 + partial 16), 6 forward work items per block
+      {1, 90, 2, 2, 64, 100, 1, 3},              // one block of 90 keys (chunk 64 + partial), topk 3 > 1 causal block
+      {1, 70, 4, 4, 128, 16, 1, 8, 0.0, 0.1},    // topk 8 > 5 blocks, 10% of the queries without any slot
+      {2, 129, 4, 2, 64, 16, 1, 12, 0.5, 0.05},  // half the slots −1
+      {1, 17, 2, 1, 128, 16, 1, 2},              // T = block + 1
+      {1, 1, 2, 2, 64, 16, 1, 1},                // T = 1
+      {1, 64, 2, 2, 64, 64, 1, 1},               // T = one block, one tile of 64 items
+  };
+  uint64_t seed = 700;
+  for (const Case& c : cases) {
+    const Inputs x = make_inputs(c, seed++);
+    const double scale = 1.0 / std::sqrt(double(c.D));
+    const Grads ref = reference_grads(c, x, scale);
+    for (at::ScalarType dt : {at::kBFloat16, at::kHalf}) {
+      const std::string where = fmt::format("{} {}", c10::toString(dt), c.where());
+      ASSERT_EQ(fast_kernel_of(c, x, scale, dt), "block_sparse_mma") << where;
+      std::string ran;
+      const Grads got = kernel_grads(c, x, scale, dt, BlockSparseKernels::TensorCores, &ran);
+      EXPECT_EQ(ran, "block_sparse_mma") << where;
+      ASSERT_EQ(got.o.scalar_type(), dt) << where;
+      ASSERT_EQ(got.dq.scalar_type(), dt) << where;
+      ASSERT_EQ(got.dk.scalar_type(), dt) << where;
+      expect_close(ref, got, kTolHalf, kTolHalf, where);
+      const Grads old = kernel_grads(c, x, scale, dt, BlockSparseKernels::CudaCores);
+      expect_close(old, got, kTolHalf, kTolHalf, where + " vs CUDA cores");
+    }
+  }
+}
+
+// Queries without any slot (all −1) get o = 0 and dq = 0 exactly, add nothing to dk, dv, and the
+// others match the reference; a block listed only by such rows gets dk = dv = 0.
+TEST(SparseCuda, BlockSparseTensorCoresEmptyQueries) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  const Case c{1, 96, 4, 2, 64, 16, 1, 3, 0.0, 0.0};
+  Inputs x = make_inputs(c, 17);
+  x.idx.narrow(2, 0, 20).fill_(-1);   // queries 0–19: nothing (blocks 0 and 1 …)
+  x.idx.narrow(2, 50, 3).fill_(-1);   // queries 50–52: nothing
+  // … and no later query lists block 0 either: its keys get no gradient
+  x.idx.masked_fill_(x.idx == 0, -1);
+  const double scale = 1.0 / std::sqrt(double(c.D));
+  const Grads ref = reference_grads(c, x, scale);
+  for (at::ScalarType dt : {at::kBFloat16, at::kHalf}) {
+    const std::string where = fmt::format("{} empty queries", c10::toString(dt));
+    std::string ran;
+    const Grads got = kernel_grads(c, x, scale, dt, BlockSparseKernels::TensorCores, &ran);
+    EXPECT_EQ(ran, "block_sparse_mma") << where;
+    EXPECT_EQ(got.o.narrow(1, 0, 20).abs().max().item<double>(), 0.0) << where;
+    EXPECT_EQ(got.o.narrow(1, 50, 3).abs().max().item<double>(), 0.0) << where;
+    EXPECT_EQ(got.dq.narrow(1, 0, 20).abs().max().item<double>(), 0.0) << where;
+    EXPECT_EQ(got.dq.narrow(1, 50, 3).abs().max().item<double>(), 0.0) << where;
+    EXPECT_EQ(got.dk.narrow(1, 0, 16).abs().max().item<double>(), 0.0) << where;
+    EXPECT_EQ(got.dv.narrow(1, 0, 16).abs().max().item<double>(), 0.0) << where;
+    EXPECT_GT(got.o.narrow(1, 20, 30).abs().amax({2, 3}).min().item<double>(), 0.0) << where;
+    expect_close(ref, got, kTolHalf, kTolHalf, where);
+  }
+}
 
 }  // namespace
 }  // namespace mixbench

@@ -166,6 +166,46 @@ TEST(SparseLayersCuda, ForwardBackwardCapturedInAGraph) {
   }
 }
 
+// moba, nsa and seer at head dim 128 in bf16 with blocks of 16 … 32 keys (their block-sparse
+// attention on the tensor cores) against the same layers with it on the CUDA cores: the same
+// selection, and the output and every gradient within bf16 rounding of each other.
+TEST(SparseLayersCuda, TensorCoreAttentionMatchesCudaCores) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<std::pair<std::string, std::string>> runs = {
+      {"moba", "moba_block=32,moba_topk=3"}, {"nsa", "nsa_block=16,nsa_topk=3,nsa_window=40"}, {"seer", "seer_block=16,seer_topk=3"}};
+  for (const auto& [name, knobs] : runs) {
+    const MethodSpec& m = Registry::get().method(name);
+    const CaseDef c = m.cases().back();
+    const Config cfg = m.config.parse("d_model=256,head_dim=128," + knobs, &c.cfg);
+    LayerCase lc{cfg, LayerCtx{c.layer, cfg.i("n_layer")}, {}, {}};
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(11);
+    TensorMap in = m.make_inputs(cfg, lc.ctx, 2, 333, gen);
+    for (const auto& d : m.params(cfg, lc.ctx)) in.set(d.name, random_param(d, gen, at::TensorOptions().dtype(at::kDouble)));
+    for (const auto& [n, t] : in) {
+      lc.in.set(n, t.to(at::kCUDA, at::kBFloat16).detach().requires_grad_(true));
+      lc.names.push_back(n);
+    }
+    at::Tensor cy = at::randn({2, 333, 256}, at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16));
+    take_kernel_notes();
+    auto [t_out, t_grad] = forward_backward(m, lc, cy);
+    EXPECT_NE(take_kernel_notes().find("block_sparse_mma"), std::string::npos) << name;
+    TensorMap c_out, c_grad;
+    {
+      ScopedBlockSparseKernels scoped(BlockSparseKernels::CudaCores);
+      std::tie(c_out, c_grad) = forward_backward(m, lc, cy);
+    }
+    const std::string notes = take_kernel_notes();
+    EXPECT_EQ(notes.find("block_sparse_mma"), std::string::npos) << name << ": " << notes;
+    EXPECT_NE(notes.find("block_sparse_cuda"), std::string::npos) << name << ": " << notes;
+    EXPECT_TRUE(at::equal(t_out.at("selection"), c_out.at("selection"))) << name;
+    EXPECT_LT(rel_rms(c_out.at("y"), t_out.at("y")), 1e-2) << name;
+    for (const auto& [n, g] : c_grad) {
+      ASSERT_TRUE(t_grad.has(n)) << name << " " << n;
+      EXPECT_LT(rel_rms(g, t_grad.at(n)), 1e-2) << name << " " << n;
+    }
+  }
+}
+
 // The teachers at T = 64K (gpu-d12's 6 heads of 128, seer's 64-key blocks, qsa's 4-key blocks and
 // 64 + 1 selected blocks): peak memory above the inputs stays within the outputs (twice: the
 // chunks, then their concatenation) plus two chunk budgets; unchunked, the [B,H,T,T] probabilities

@@ -392,11 +392,22 @@ struct BlockSparseCudaFn : public torch::autograd::Function<BlockSparseCudaFn> {
 }  // namespace
 #endif
 
+namespace {
+thread_local BlockSparseKernels fast_kernels = BlockSparseKernels::Auto;
+}  // namespace
+
+ScopedBlockSparseKernels::ScopedBlockSparseKernels(BlockSparseKernels which) : prev_(fast_kernels) { fast_kernels = which; }
+ScopedBlockSparseKernels::~ScopedBlockSparseKernels() { fast_kernels = prev_; }
+
 at::Tensor block_sparse_attention_fast(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                        const at::Tensor& block_indices, int64_t bs, int64_t qb, double scale) {
 #if defined(MIXBENCH_WITH_CUDA)
-  if (bsa_kernel_applies(q, k, v, block_indices, bs, qb))
-    return block_sparse_attention_cuda(q, k, v, block_indices, bs, qb, scale, BlockSparseKernels::Auto);
+  if (bsa_kernel_applies(q, k, v, block_indices, bs, qb)) {
+    BlockSparseKernels which = fast_kernels;
+    if (which == BlockSparseKernels::TensorCores && !bsa_mma_applies(q, k, v, block_indices, bs, qb))
+      which = BlockSparseKernels::CudaCores;
+    return block_sparse_attention_cuda(q, k, v, block_indices, bs, qb, scale, which);
+  }
 #endif
   return block_sparse_attention_cpu(up_to_fp32(q), up_to_fp32(k), up_to_fp32(v), block_indices, bs, qb, scale)
       .to(q.scalar_type());

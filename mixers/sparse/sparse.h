@@ -57,6 +57,18 @@ enum class BlockSparseKernels { Auto, CudaCores, TensorCores };
 at::Tensor block_sparse_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                        const at::Tensor& block_indices, int64_t block_size, int64_t q_block,
                                        double scale, BlockSparseKernels which);
+// On this thread while it lives: block_sparse_attention_fast runs `which` in place of Auto where the
+// CUDA kernels apply (TensorCores only where they apply, else CudaCores). For tests and benchmarks.
+class ScopedBlockSparseKernels {
+ public:
+  explicit ScopedBlockSparseKernels(BlockSparseKernels which);
+  ~ScopedBlockSparseKernels();
+  ScopedBlockSparseKernels(const ScopedBlockSparseKernels&) = delete;
+  ScopedBlockSparseKernels& operator=(const ScopedBlockSparseKernels&) = delete;
+
+ private:
+  BlockSparseKernels prev_;
+};
 at::Tensor dsa_indexer_fast(const at::Tensor& q_idx, const at::Tensor& k_idx, const at::Tensor& w_idx, int64_t topk,
                             double scale, bool relu);
 at::Tensor block_topk_fast(const at::Tensor& scores, int64_t block_size, int64_t topk, bool counted);
