@@ -207,7 +207,9 @@ __global__ void __launch_bounds__(kFwdWarps * 32) fwd_kernel(const T* __restrict
       if (kOut) copy16(Vs + j * LD + d8, v + off, key < kb1);
     }
     __syncthreads();
-    if (t0 < c0 && t1 < c0) continue;  // every key of the chunk is after the warp's queries (or padding)
+    // every key of the chunk after all of the warp's queries (or padding): skip (warp-uniform, as
+    // mma.sync needs every lane)
+    if (__all_sync(0xffffffffu, t0 < c0 && t1 < c0)) continue;
 
     float sc[NT][4];
 #pragma unroll
