@@ -269,12 +269,15 @@ bsa_cuda::Shape bsa_shape(const at::Tensor& q, const at::Tensor& k, const at::Te
 }
 
 // The tensor-core kernels (block_sparse_mma.cu) take bf16 / fp16, D ∈ {64, 128}, q_block 1 and
-// blocks of at least 16 keys, on 16-byte aligned q, k, v (vector loads of 8 elements).
+// blocks of at least 16 keys, on 16-byte aligned q, k, v (vector loads of 8 elements; the forward
+// copies a non-contiguous input into a fresh, aligned tensor).
 bool bsa_mma_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& idx, int64_t bs,
                      int64_t qb) {
   if (!bsa_kernel_applies(q, k, v, idx, bs, qb) || q.scalar_type() == at::kFloat) return false;
   const bsa_cuda::Shape s = bsa_shape(q, k, idx, bs, qb, 1.0);
-  auto aligned = [](const at::Tensor& x) { return reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0; };
+  auto aligned = [](const at::Tensor& x) {
+    return !x.is_contiguous() || reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
+  };
   return bsa_mma::applies(bsa_dtype(q), s) && aligned(q) && aligned(k) && aligned(v);
 }
 
@@ -344,13 +347,15 @@ struct BlockSparseCudaFn : public torch::autograd::Function<BlockSparseCudaFn> {
     if (!g[0].defined()) return {at::zeros_like(q), at::zeros_like(k), at::zeros_like(v), none, none, none, none, none};
     const bsa_cuda::Shape s = bsa_shape(q, k, idx, ctx->saved_data["bs"].toInt(), ctx->saved_data["qb"].toInt(),
                                         ctx->saved_data["scale"].toDouble());
-    const at::Tensor dout = g[0].to(q.scalar_type()).contiguous();
+    at::Tensor dout = g[0].to(q.scalar_type()).contiguous();
     const cudaStream_t st = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
     const auto dt = bsa_dtype(q);
     auto f32 = q.options().dtype(at::kFloat);
     at::Tensor dk = at::zeros(k.sizes(), f32), dv = at::zeros(v.sizes(), f32);
     if (ctx->saved_data["mma"].toBool()) {
       const at::Tensor &row_off = sv[6], &bwd_off = sv[7], &ents = sv[8];
+      // 16-byte vector loads: a contiguous view at an odd offset is copied
+      if (reinterpret_cast<uintptr_t>(dout.data_ptr()) % 16 != 0) dout = dout.clone();
       const at::Tensor delta = (dout.to(at::kFloat) * o.to(at::kFloat)).sum(-1);  // [B,T,H]
       at::Tensor dq = at::zeros(q.sizes(), f32);
       bsa_mma::backward(dt, s, q.data_ptr(), k.data_ptr(), v.data_ptr(), dout.data_ptr(), lse.data_ptr<float>(),
