@@ -7,8 +7,8 @@
 # dense_full (gpu-d12, bf16), each sweep with its plot.
 # Usage: ci/gpu_sparse.sh OUT_DIR [DEPS_DIR]   (DEPS_DIR from ci/gpu_stage.sh; default .deps if present)
 # Every part after the build runs under its own time limit (seconds, overridable), in all at most
-# 9 minutes of GPU time with the defaults:
-#   MIXBENCH_SPARSE_TESTS_LIMIT        the GoogleTests (default 100)
+# 10 minutes of GPU time with the defaults:
+#   MIXBENCH_SPARSE_TESTS_LIMIT        the GoogleTests (default 160)
 #   MIXBENCH_SPARSE_CONFORMANCE_LIMIT  each conformance run, fp32 and bf16 (default 60)
 #   MIXBENCH_SANITIZER_LIMIT           each of the four sanitizer runs (default 35)
 #   MIXBENCH_SPARSE_TRAIN_LIMIT        the training sweep (default 120)
@@ -30,7 +30,7 @@ MB=build-gpu/mixbench
 SPARSE=dsa,moba,qsa,nsa,seer
 HYBRIDS=qsa_hybrid,moba_hybrid,lt2_hybrid_gdn_dsa
 # (SparseLayersCuda.Conformance* is the conformance runs below, left out here)
-timeout "${MIXBENCH_SPARSE_TESTS_LIMIT:-100}" $T \
+timeout "${MIXBENCH_SPARSE_TESTS_LIMIT:-160}" $T \
     --gtest_filter='SparseCuda.*:SparseTokenCuda.*:SparseLayersCuda.*-SparseLayersCuda.Conformance*' \
     --gtest_output="json:$OUT/gtests_sparse_cuda.json" > "$OUT/logs/gtests.log" 2>&1 || rc=1
 tail -3 "$OUT/logs/gtests.log"

@@ -12,7 +12,8 @@
 // beyond the causal blocks, T = 1, many work items per block; against the reference, against the
 // CUDA-core kernels, inside a CUDA graph, without host synchronisation and at T = 32K (d12: moba's
 // and nsa's block size and topk).
-//   Under compute-sanitizer: --gtest_filter='SparseCuda.BlockSparseSmall*' (a few small cases).
+//   Under compute-sanitizer: --gtest_filter='SparseCuda.BlockSparseSmall*' (a few small cases of
+//   both kernel sets).
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
@@ -236,6 +237,26 @@ TEST(SparseCuda, BlockSparseSmallCases) {
                            {2, 29, 2, 1, 64, 8, 3, 3, 0.3, 0.1},
                            {1, 70, 1, 1, 128, 64, 1, 2}},
                           {at::kFloat, at::kBFloat16}, 11);
+}
+
+// A few small cases of the tensor-core kernels (key chunks of 16, 32 + partial, 64 × 2 over a
+// partial block; GQA 2 and 1), quick enough for compute-sanitizer.
+TEST(SparseCuda, BlockSparseSmallTensorCores) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<Case> cases = {{1, 37, 4, 2, 64, 16, 1, 3, 0.2}, {1, 90, 2, 1, 128, 48, 1, 2, 0.1}, {1, 40, 2, 2, 64, 128, 1, 1}};
+  uint64_t seed = 61;
+  for (const Case& c : cases) {
+    const Inputs x = make_inputs(c, seed++);
+    const double scale = 1.0 / std::sqrt(double(c.D));
+    const Grads ref = reference_grads(c, x, scale);
+    for (at::ScalarType dt : {at::kBFloat16, at::kHalf}) {
+      const std::string where = fmt::format("{} {}", c10::toString(dt), c.where());
+      std::string ran;
+      const Grads got = kernel_grads(c, x, scale, dt, BlockSparseKernels::TensorCores, &ran);
+      EXPECT_EQ(ran, "block_sparse_mma") << where;
+      expect_close(ref, got, kTolHalf, kTolHalf, where);
+    }
+  }
 }
 
 // fp32 and bf16 against the reference: GQA 1 / 2 / 4 / 8, q_block 1 / = block / other, block
