@@ -252,7 +252,8 @@ TEST(SparseLayersCuda, TeachersMemoryBoundedAt64K) {
 // The trainer with --graph auto on a sparse method: the full-attention warm-up steps run eagerly,
 // the first step after them is captured (with the optimizer) and replayed for the rest of the run;
 // the losses stay finite and the run equals the same run without graphs to bf16 rounding. moba (no
-// warm-up) is captured from its second step.
+// warm-up) is captured from its second step; moba and nsa also at head dim 64 with blocks of 16 (bf16:
+// the tensor-core block-sparse kernels in the captured step).
 TEST(SparseLayersCuda, TrainerCapturesTheStepAfterTheWarmup) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   const std::vector<std::pair<std::string, std::string>> runs = {
@@ -263,7 +264,10 @@ TEST(SparseLayersCuda, TrainerCapturesTheStepAfterTheWarmup) {
       {"seer", "n_layer=2,d_model=64,head_dim=32,seq_len=64,seer_block=4,seer_topk=2,seer_gate_dim=8,"
                "full_attention_warmup_steps=3"},
       {"nsa", "n_layer=2,d_model=64,head_dim=32,seq_len=64,nsa_block=4,nsa_topk=2,nsa_window=8"},
-      {"moba", "n_layer=2,d_model=64,head_dim=32,seq_len=64,moba_block=8,moba_topk=2"}};
+      {"moba", "n_layer=2,d_model=64,head_dim=32,seq_len=64,moba_block=8,moba_topk=2"},
+      // head dim 64, blocks of 16 in bf16: the tensor-core block-sparse kernels inside the captured step
+      {"moba", "n_layer=2,d_model=128,head_dim=64,seq_len=64,moba_block=16,moba_topk=2"},
+      {"nsa", "n_layer=2,d_model=128,head_dim=64,seq_len=64,nsa_block=16,nsa_topk=2,nsa_window=8"}};
   for (const auto& [method, cfg] : runs) {
     TrainOptions o;
     o.method = method;
