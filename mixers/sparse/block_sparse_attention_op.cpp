@@ -165,6 +165,8 @@ std::vector<CaseDef> cases() {
       // head dims of the CUDA kernels (per-token rows with GQA; q_block = block_size, a partial block)
       {"kernel_d64_rows", c("H=4,Hkv=2,D=64,block_size=4,q_block=1,topk=5"), 2, 41},
       {"kernel_d128", c("H=2,Hkv=1,D=128,block_size=16,topk=3"), 1, 70},
+      // the tensor-core kernels' shape at bf16 / fp16 (per-token rows, blocks of 16, a partial block)
+      {"kernel_mma_rows", c("H=4,Hkv=2,D=64,block_size=16,q_block=1,topk=3"), 1, 53},
   };
 }
 
