@@ -1,0 +1,240 @@
+// The fused ops of a static-cache decode step (harness/decode_ops.h). On the CPU: their stand-ins are
+// the backbone's unfused ops bit for bit (the CPU decode path's numerics do not change). On a machine
+// with a GPU: each kernel against the same op in float64 on the CPU at the rounded inputs (odd row
+// widths, several rows, fp32 / bf16 / fp16, every mix), and against LibTorch's unfused path in the
+// same dtype; the captured decode step of a d12 model counted in kernels and held to a bound.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/GradMode.h>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <iostream>
+#include <string>
+#include <tuple>
+
+#include "harness/backbone.h"
+#include "harness/decode_graph.h"
+#include "harness/decode_ops.h"
+#include "harness/errors.h"
+#include "harness/fused_ops.h"
+#include "harness/registry.h"
+#include "tests/test_util.h"
+
+namespace mixbench {
+namespace {
+
+using mixbench_test::rel_rms;
+
+const char* mix_name(ResidualMix m) {
+  return m == ResidualMix::None ? "none" : m == ResidualMix::Scaled ? "scaled" : "backout";
+}
+
+// The backbone's unfused arithmetic of residual_norm, written out.
+ResidualNorm unfused_residual_norm(const at::Tensor& x, const at::Tensor& y, ResidualMix mix, const at::Tensor& a,
+                                   const at::Tensor& b, const at::Tensor& z) {
+  ResidualNorm o;
+  o.sum = y.defined() ? x + y : x;
+  o.residual = mix == ResidualMix::Scaled ? scaled_sum(a, o.sum, b, z) : mix == ResidualMix::Backout ? o.sum - b * z : o.sum;
+  o.normed = backbone_rms_norm(o.residual);
+  return o;
+}
+
+TEST(DecodeFused, CpuStandInsAreTheUnfusedOpsBitForBit) {
+  c10::NoGradGuard ng;
+  at::manual_seed(31);
+  for (auto dt : {at::kFloat, at::kDouble, at::kBFloat16})
+    for (ResidualMix mix : {ResidualMix::None, ResidualMix::Scaled, ResidualMix::Backout})
+      for (bool with_y : {false, true}) {
+        const auto o = at::TensorOptions().dtype(dt);
+        const at::Tensor x = at::randn({3, 1, 37}, o), y = with_y ? at::randn({3, 1, 37}, o) : at::Tensor(),
+                         z = at::randn({3, 1, 37}, o), a = at::randn({4}, o)[1], b = at::randn({1}, o);
+        const bool scaled = mix == ResidualMix::Scaled, any = mix != ResidualMix::None;
+        const ResidualNorm got = residual_norm(x, y, mix, scaled ? a : at::Tensor(), any ? b : at::Tensor(),
+                                               any ? z : at::Tensor(), /*keep_sum=*/true);
+        const ResidualNorm want = unfused_residual_norm(x, y, mix, a, b, z);
+        const std::string where = fmt::format("{} {} y={}", c10::toString(dt), mix_name(mix), with_y);
+        EXPECT_TRUE(at::equal(got.residual, want.residual)) << where;
+        EXPECT_TRUE(at::equal(got.normed, want.normed)) << where;
+        EXPECT_TRUE(at::equal(got.sum, want.sum)) << where;
+      }
+  // the embedding with its smear, and the previous embedding replaced in place
+  for (auto dt : {at::kFloat, at::kBFloat16}) {
+    const auto o = at::TensorOptions().dtype(dt);
+    const at::Tensor wte = at::randn({11, 40}, o), w = at::randn({1, 24}, o), lam = at::randn({1}, o);
+    const at::Tensor idx = at::tensor({3, 10}, at::kLong).view({2, 1}), prev0 = at::randn({2, 1, 40}, o);
+    const at::Tensor ve1 = at::randn({11, 8}, o), ve2 = at::randn({11, 13}, o);
+    at::Tensor prev = prev0.clone();
+    const EmbedStep got = embed_smear_step(wte, idx, w, lam, prev, {ve1, ve2});
+    const at::Tensor e = backbone_rms_norm(at::embedding(wte, idx));
+    const at::Tensor want = e + lam * at::sigmoid(at::linear(e.slice(2, 0, 24), w)) * prev0;
+    EXPECT_TRUE(at::equal(got.x, want)) << c10::toString(dt);
+    EXPECT_TRUE(at::equal(prev, e)) << c10::toString(dt) << ": prev holds the new embedding";
+    ASSERT_EQ(got.gathered.size(), 2u);
+    EXPECT_TRUE(at::equal(got.gathered[0], at::embedding(ve1, idx))) << c10::toString(dt);
+    EXPECT_TRUE(at::equal(got.gathered[1], at::embedding(ve2, idx))) << c10::toString(dt);
+  }
+  // the softcap, with and without the position's advance
+  const at::Tensor l = 30 * at::randn({2, 1, 50}), pos = at::full({1}, 7, at::kLong);
+  EXPECT_TRUE(at::equal(softcap_logits(l, 15.0, pos), 15.0 * at::tanh(l / 15.0)));
+  EXPECT_EQ(pos.item<int64_t>(), 8);
+  EXPECT_TRUE(at::equal(softcap_logits(l.to(at::kBFloat16), 15.0), 15.0 * at::tanh(l.to(at::kBFloat16).to(at::kFloat) / 15.0)));
+  EXPECT_EQ(pos.item<int64_t>(), 8);
+}
+
+TEST(DecodeFused, RejectsAMixWithoutItsInputs) {
+  const at::Tensor x = at::randn({1, 1, 8});
+  EXPECT_THROW(residual_norm(x, at::Tensor(), ResidualMix::Scaled, at::Tensor(), at::ones({1}), x), std::invalid_argument);
+  EXPECT_THROW(residual_norm(x, at::Tensor(), ResidualMix::Backout, at::Tensor(), at::ones({1}), at::Tensor()),
+               std::invalid_argument);
+  EXPECT_THROW(embed_smear_step(at::randn({5, 8}), at::zeros({1, 2}, at::kLong), at::randn({1, 4}), at::ones({1}),
+                                at::zeros({1, 1, 8})),
+               InputError);
+}
+
+// ------------------------------------------------------------------------------------------- GPU
+
+at::Tensor cuda(const at::Tensor& t, at::ScalarType dt) { return t.to(at::kCUDA, dt); }
+at::Tensor f64(const at::Tensor& t) { return t.detach().to(at::kCPU, at::kDouble); }
+
+TEST(DecodeFusedCuda, ResidualNormMatchesFp64AndTheUnfusedPath) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  c10::NoGradGuard ng;
+  at::manual_seed(32);
+  for (auto dt : {at::kFloat, at::kBFloat16, at::kHalf})
+    for (int64_t D : {1, 7, 24, 255, 256, 257, 768, 1000, 4099, 8192})
+      for (int64_t rows : {1, 3, 8})
+        for (ResidualMix mix : {ResidualMix::None, ResidualMix::Scaled, ResidualMix::Backout})
+          for (bool with_y : {false, true}) {
+            const at::Tensor x = cuda(at::randn({rows, 1, D}), dt), y = with_y ? cuda(at::randn({rows, 1, D}), dt) : at::Tensor(),
+                             z = cuda(at::randn({rows, 1, D}), dt);
+            // a, b: one element of a per-step vector (a view), as the stream passes them
+            const at::Tensor a = cuda(1.0 + 0.25 * at::randn({5}), dt)[2], b = cuda(0.5 + 0.25 * at::randn({1}), dt);
+            const bool scaled = mix == ResidualMix::Scaled, any = mix != ResidualMix::None;
+            const at::Tensor ua = scaled ? a : at::Tensor(), ub = any ? b : at::Tensor(), uz = any ? z : at::Tensor();
+            const ResidualNorm got = residual_norm(x, y, mix, ua, ub, uz, /*keep_sum=*/true);
+            ASSERT_EQ(got.residual.scalar_type(), dt);
+            ASSERT_EQ(got.normed.sizes(), x.sizes());
+            // float64 on the CPU at the rounded inputs
+            const ResidualNorm ref = residual_norm(f64(x), with_y ? f64(y) : at::Tensor(), mix, scaled ? f64(a) : at::Tensor(),
+                                                   any ? f64(b) : at::Tensor(), any ? f64(z) : at::Tensor(), true);
+            // LibTorch's unfused path in the same dtype on the GPU
+            const ResidualNorm lt = unfused_residual_norm(x, y, mix, a, b, z);
+            const std::string where = fmt::format("{} D{} rows{} {} y={}", c10::toString(dt), D, rows, mix_name(mix), with_y);
+            const double tol = dt == at::kFloat ? 2e-6 : dt == at::kHalf ? 2e-3 : 1e-2;
+            EXPECT_LE(rel_rms(ref.residual, got.residual), tol) << where << " residual";
+            EXPECT_LE(rel_rms(ref.normed, got.normed), tol) << where << " normed";
+            EXPECT_LE(rel_rms(ref.sum, got.sum), tol) << where << " sum";
+            EXPECT_LE(rel_rms(lt.residual, got.residual), tol) << where << " residual vs unfused";
+            EXPECT_LE(rel_rms(lt.normed, got.normed), tol) << where << " normed vs unfused";
+            // the normed rows have unit RMS
+            const at::Tensor ms = f64(got.normed).pow(2).mean(-1);
+            EXPECT_LE((ms - 1).abs().max().item<double>(), dt == at::kFloat ? 1e-4 : 3e-2) << where;
+          }
+  // a strided x (a view) is read through a contiguous copy
+  const at::Tensor big = at::randn({3, 2, 64}, at::TensorOptions().device(at::kCUDA));
+  const at::Tensor xv = big.slice(1, 1, 2);
+  const ResidualNorm got = residual_norm(xv, at::Tensor(), ResidualMix::None, {}, {}, {});
+  EXPECT_LE(rel_rms(residual_norm(f64(xv), at::Tensor(), ResidualMix::None, {}, {}, {}).normed, got.normed), 2e-6);
+}
+
+TEST(DecodeFusedCuda, EmbedSmearMatchesFp64AndReplacesThePreviousEmbedding) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  c10::NoGradGuard ng;
+  at::manual_seed(33);
+  for (auto dt : {at::kFloat, at::kBFloat16, at::kHalf})
+    for (int64_t D : {24, 25, 130, 768, 1031})
+      for (int64_t G : {1, 24, 32})
+        for (int64_t B : {1, 3}) {
+          const int64_t V = 97;
+          const at::Tensor wte = cuda(at::randn({V, D}), dt), w = cuda(at::randn({1, G}), dt),
+                           lam = cuda(0.5 + at::rand({1}), dt);
+          const at::Tensor idx = at::randint(V, {B, 1}, at::TensorOptions().dtype(at::kLong)).to(at::kCUDA);
+          const at::Tensor prev0 = cuda(at::randn({B, 1, D}), dt);
+          // value-embedding tables gathered in the same launch: none, one, several of odd widths
+          std::vector<at::Tensor> tables;
+          for (int64_t t = 0; t < G % 3; ++t) tables.push_back(cuda(at::randn({V, 7 + 64 * t}), dt));
+          at::Tensor prev = prev0.clone();
+          const EmbedStep step = embed_smear_step(wte, idx, w, lam, prev, tables);
+          const at::Tensor got = step.x;
+          ASSERT_EQ(step.gathered.size(), tables.size());
+          for (size_t t = 0; t < tables.size(); ++t)
+            EXPECT_TRUE(at::equal(step.gathered[t], at::embedding(tables[t], idx))) << "table " << t;
+          at::Tensor pref = f64(prev0);
+          const at::Tensor ref = embed_smear_step(f64(wte), idx.cpu(), f64(w), f64(lam), pref).x;
+          at::Tensor prev_lt = prev0.clone();  // LibTorch's unfused ops in the same dtype
+          const at::Tensor e = backbone_rms_norm(at::embedding(wte, idx));
+          const at::Tensor lt = e + lam * at::sigmoid(at::linear(e.slice(2, 0, G), w)) * prev_lt;
+          const std::string where = fmt::format("{} D{} G{} B{}", c10::toString(dt), D, G, B);
+          const double tol = dt == at::kFloat ? 2e-6 : dt == at::kHalf ? 2e-3 : 1e-2;
+          ASSERT_EQ(got.sizes(), prev0.sizes()) << where;
+          EXPECT_LE(rel_rms(ref, got), tol) << where << " x";
+          EXPECT_LE(rel_rms(pref, prev), tol) << where << " prev";
+          EXPECT_LE(rel_rms(lt, got), tol) << where << " x vs unfused";
+          EXPECT_LE(rel_rms(e, prev), tol) << where << " prev vs unfused";
+          // the smear matters: the result is not the embedding alone
+          EXPECT_GT(rel_rms(e, got), 1e-2) << where;
+        }
+}
+
+TEST(DecodeFusedCuda, SoftcapMatchesTheUnfusedPathAndAdvancesThePosition) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  c10::NoGradGuard ng;
+  at::manual_seed(34);
+  for (auto dt : {at::kFloat, at::kBFloat16, at::kHalf})
+    for (int64_t n : {1, 97, 32771}) {
+      const at::Tensor l = cuda(30 * at::randn({2, 1, n}), dt);
+      const at::Tensor pos = at::full({1}, 41, at::TensorOptions().dtype(at::kLong).device(at::kCUDA));
+      const at::Tensor got = softcap_logits(l, 15.0, pos);
+      ASSERT_EQ(got.scalar_type(), at::kFloat);
+      const at::Tensor ref = 15.0 * at::tanh(f64(l) / 15.0);
+      const at::Tensor lt = 15.0 * at::tanh(l.to(at::kFloat) / 15.0);
+      const std::string where = fmt::format("{} n{}", c10::toString(dt), n);
+      EXPECT_LE(rel_rms(ref, got), 1e-6) << where;
+      EXPECT_LE(rel_rms(lt, got), 1e-6) << where;
+      EXPECT_EQ(pos.item<int64_t>(), 42) << where;
+      (void)softcap_logits(l, 15.0);
+      EXPECT_EQ(pos.item<int64_t>(), 42) << where << ": no position, no advance";
+    }
+}
+
+// The captured decode step of the gpu-d12 model (bf16, batch 1, a short prompt): its kernels per
+// token, printed and held to a bound, and its logits against the eager (unfused) step's.
+TEST(DecodeFusedCuda, CapturedD12StepLaunchesFewKernels) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  c10::NoGradGuard ng;
+  // bounds on the captured step's kernel nodes (the greedy argmax and its copy included)
+  for (const auto& [name, bound] : {std::pair<std::string, int64_t>{"dense_full", 135}, {"gdn", 135}}) {
+    const MethodSpec& m = Registry::get().method(name);
+    const Config cfg = m.config.parse("n_layer=12,seq_len=2048");
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(4);
+    Model model = build_model(m, cfg, gen, at::TensorOptions().dtype(at::kFloat), true);
+    TensorMap moved;
+    for (const auto& [n, p] : model.params) moved.set(n, p.to(at::kCUDA, at::kBFloat16));
+    model.params = moved;
+    const int64_t V = model.dims.vocab, Tp = 16, T = 24;
+    const at::Tensor idx = at::randint(V, {1, T}, gen, at::TensorOptions().dtype(at::kLong)).to(at::kCUDA);
+    ModelCache eager;
+    model_prefill(model, idx.slice(1, 0, Tp), Backend::CUDA, &eager);
+    std::vector<at::Tensor> want;
+    for (int64_t t = Tp; t < T; ++t) want.push_back(model_decode_step(model, idx.slice(1, t, t + 1), eager, Backend::CUDA));
+    ModelCache cache;
+    model_prefill(model, idx.slice(1, 0, Tp), Backend::CUDA, &cache, 1024);
+    DecodeGraph g(model, cache, idx.slice(1, Tp, Tp + 1).contiguous());
+    const GraphNodes n = g.nodes();
+    std::cout << fmt::format("{} d12 bf16 B1: captured step of {} kernels, {} memsets, {} memcpys, {} other nodes\n", name,
+                             n.kernels, n.memsets, n.memcpys, n.other);
+    EXPECT_GT(n.kernels, 12) << name << ": at least one kernel per layer";
+    EXPECT_LE(n.launches(), bound) << name;
+    EXPECT_LE(rel_rms(want[0], g.logits()), 3e-2) << name << " warm-up step";
+    for (int64_t t = Tp + 1; t < T; ++t) {
+      g.input().copy_(idx.slice(1, t, t + 1));
+      g.step();
+      EXPECT_LE(rel_rms(want[size_t(t - Tp)], g.logits()), 3e-2) << name << " t=" << t;
+    }
+    EXPECT_EQ(cache.pos_dev.item<int64_t>(), T) << name << ": the softcap's launch advances the position once per step";
+  }
+}
+
+}  // namespace
+}  // namespace mixbench
