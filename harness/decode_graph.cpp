@@ -63,7 +63,15 @@ GraphNodes count_nodes(cudaGraph_t g) {
   for (cudaGraphNode_t node : nodes) {
     cudaGraphNodeType t;
     if (cudaGraphNodeGetType(node, &t) != cudaSuccess) throw std::runtime_error("cannot read a captured node's type");
-    if (t == cudaGraphNodeTypeKernel) ++c.kernels;
+    if (t == cudaGraphNodeTypeKernel) {
+      ++c.kernels;
+      cudaKernelNodeParams kp{};
+      const char* name = nullptr;
+      if (cudaGraphKernelNodeGetParams(node, &kp) != cudaSuccess || cudaFuncGetName(&name, kp.func) != cudaSuccess)
+        name = nullptr;
+      (void)cudaGetLastError();  // a kernel the runtime cannot name (e.g. a library's): no name, no error
+      c.kernel_names.push_back(name ? name : "");
+    }
     else if (t == cudaGraphNodeTypeMemset) ++c.memsets;
     else if (t == cudaGraphNodeTypeMemcpy) ++c.memcpys;
     else ++c.other;

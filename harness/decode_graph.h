@@ -8,6 +8,8 @@
 
 #include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "harness/backbone.h"
 
@@ -23,6 +25,7 @@ namespace mixbench {
 // The nodes of a captured CUDA graph by kind: what one replay launches.
 struct GraphNodes {
   int64_t kernels = 0, memsets = 0, memcpys = 0, other = 0;
+  std::vector<std::string> kernel_names;  // in node order; "" where the runtime cannot name one
   int64_t launches() const { return kernels + memsets + memcpys; }
 };
 
