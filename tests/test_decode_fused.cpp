@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cctype>
+#include <cmath>
 #include <iostream>
 #include <map>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "harness/errors.h"
 #include "harness/fused_ops.h"
 #include "harness/registry.h"
+#include "mixers/linear/delta_layer.h"
 #include "tests/test_util.h"
 
 namespace mixbench {
@@ -99,6 +101,7 @@ TEST(DecodeFused, RejectsAMixWithoutItsInputs) {
 
 at::Tensor cuda(const at::Tensor& t, at::ScalarType dt) { return t.to(at::kCUDA, dt); }
 at::Tensor f64(const at::Tensor& t) { return t.detach().to(at::kCPU, at::kDouble); }
+at::Tensor d64(const at::Tensor& t) { return t.to(at::kDouble); }
 
 TEST(DecodeFusedCuda, ResidualNormMatchesFp64AndTheUnfusedPath) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
@@ -198,6 +201,88 @@ TEST(DecodeFusedCuda, SoftcapMatchesTheUnfusedPathAndAdvancesThePosition) {
       EXPECT_EQ(pos.item<int64_t>(), 42) << where;
       (void)softcap_logits(l, 15.0);
       EXPECT_EQ(pos.item<int64_t>(), 42) << where << ": no position, no advance";
+    }
+}
+
+TEST(DecodeFusedCuda, LinearReluSquareMatchesFp64AndTheUnfusedPath) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  c10::NoGradGuard ng;
+  at::manual_seed(35);
+  for (auto dt : {at::kFloat, at::kBFloat16, at::kHalf})
+    for (int64_t rows : {1, 3, 8, 9})  // 9: more rows than the kernel takes (the GEMM and relu²)
+      for (auto [N, K] : {std::pair<int64_t, int64_t>{1, 7}, {5, 64}, {97, 1001}, {3072, 768}, {40, 24}}) {
+        // x [rows, 1, K] as the MLP sees it; W scaled so that h is O(1)
+        const at::Tensor x = cuda(at::randn({rows, 1, K}), dt), W = cuda(at::randn({N, K}) / std::sqrt(double(K)), dt);
+        const at::Tensor got = linear_relu_square(x, W);
+        ASSERT_EQ(got.sizes(), (at::IntArrayRef{rows, 1, N}));
+        ASSERT_EQ(got.scalar_type(), dt);
+        const at::Tensor ref = at::relu(at::linear(f64(x), f64(W))).square();
+        const at::Tensor lt = relu_square(at::linear(x, W));
+        const std::string where = fmt::format("{} rows{} N{} K{}", c10::toString(dt), rows, N, K);
+        const double tol = dt == at::kFloat ? 1e-5 : dt == at::kHalf ? 3e-3 : 2e-2;
+        EXPECT_LE(rel_rms(ref, got), tol) << where;
+        EXPECT_LE(rel_rms(lt, got), tol) << where << " vs unfused";
+        EXPECT_GT(f64(got).gt(0).to(at::kDouble).mean().item<double>(), 0.2) << where << ": a non-trivial case";
+        EXPECT_EQ(f64(got).lt(0).sum().item<int64_t>(), 0) << where << ": relu² is never negative";
+      }
+  // a view of x at an odd offset takes the unpacked loads
+  const at::Tensor big = at::randn({1, 1, 65}, at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16));
+  const at::Tensor W = at::randn({33, 64}, big.options()) / 8.0;
+  const at::Tensor xv = big.narrow(2, 1, 64);
+  EXPECT_LE(rel_rms(at::relu(at::linear(f64(xv), f64(W))).square(), linear_relu_square(xv, W)), 2e-2);
+}
+
+// gdn's decode step after its GEMM (gdn_static_step: conv step, L2 norms, the value embedding's
+// gate, the gated delta step and the gated output norm) against the same function's unfused ops in
+// float64 on the GPU, from the same cache: the output, the state, the conv tail and the position.
+TEST(DecodeFusedCuda, GdnStepMatchesFp64) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  c10::NoGradGuard ng;
+  at::manual_seed(36);
+  struct Case {
+    int64_t B, H, K, V, W;
+    bool ve;
+  };
+  for (auto dt : {at::kFloat, at::kBFloat16})
+    for (const Case& k : {Case{1, 6, 128, 128, 4, true}, Case{3, 4, 64, 32, 4, false}, Case{2, 3, 256, 64, 2, true},
+                          Case{2, 2, 16, 48, 3, true}, Case{1, 1, 40, 200, 4, false}}) {
+      const int64_t dm = 96, HK = k.H * k.K, HV = k.H * k.V, C = 2 * HK + HV, N = C + 2 * k.H + HV + (k.ve ? k.H : 0);
+      const linear::DeltaDims d{dm, k.H, k.K, k.V, k.W, 1e-5};
+      const auto opts = at::TensorOptions().device(at::kCUDA).dtype(dt), f32 = opts.dtype(at::kFloat);
+      TensorMap in{{"x", at::randn({k.B, 1, dm}, opts)}};
+      if (k.ve) in.set("ve", at::randn({k.B, 1, HV}, opts));
+      const at::Tensor norm_w = 1.0 + 0.25 * at::randn({k.V}, opts);
+      const at::Tensor w_proj = at::randn({N, dm}, opts) / std::sqrt(double(dm)), w_conv = 0.5 * at::randn({C, k.W}, opts);
+      const at::Tensor tail = at::randn({k.B, k.W - 1, C}, opts), S0 = 0.1 * at::randn({k.B, k.H, k.K, k.V}, f32);
+      const at::Tensor neg_a = -at::rand({k.H}, f32).mul(2.0).exp(), dt_bias = at::randn({k.H}, f32) - 3.0;
+      auto make_cache = [&](at::ScalarType t, at::ScalarType state_t) {
+        TensorMap c;
+        c.set("pos_dev", at::zeros({1}, opts.dtype(at::kLong)));
+        c.set("capacity", at::scalar_tensor(int64_t(64), at::TensorOptions().dtype(at::kLong)));
+        c.set("state", S0.to(state_t).clone());
+        c.set("w.proj", w_proj.to(t));
+        c.set("w.conv", w_conv.to(t));
+        c.set("qkv_tail", tail.to(t).clone());
+        c.set("w.neg_a", neg_a.to(state_t));
+        c.set("w.dt_bias", dt_bias.to(state_t));
+        set_cache_pos(c, 5);
+        return c;
+      };
+      TensorMap cache = make_cache(dt, at::kFloat);
+      const at::Tensor o = linear::gdn_static_step(in, d, cache, norm_w, d.eps, Backend::CUDA);
+      TensorMap in64;
+      for (const auto& [n, t] : in) in64.set(n, t.to(at::kDouble));
+      TensorMap ref = make_cache(at::kDouble, at::kDouble);
+      const at::Tensor o_ref = linear::gdn_static_step(in64, d, ref, norm_w.to(at::kDouble), d.eps, Backend::CUDA);
+      const std::string where = fmt::format("{} B{} H{} K{} V{} W{} ve={}", c10::toString(dt), k.B, k.H, k.K, k.V, k.W, k.ve);
+      ASSERT_EQ(o.sizes(), (at::IntArrayRef{k.B, 1, k.H, k.V})) << where;
+      ASSERT_EQ(o.scalar_type(), dt) << where;
+      const double tol = dt == at::kFloat ? 1e-5 : 2e-2;
+      EXPECT_LE(rel_rms(o_ref, o), tol) << where << " o";
+      EXPECT_LE(rel_rms(ref.at("state"), cache.at("state")), dt == at::kFloat ? 1e-6 : 1e-2) << where << " state";
+      EXPECT_LE(rel_rms(ref.at("qkv_tail"), cache.at("qkv_tail")), dt == at::kFloat ? 1e-6 : 1e-2) << where << " tail";
+      EXPECT_EQ(cache_pos(cache), 6) << where;
+      EXPECT_GT(rel_rms(d64(S0), ref.at("state")), 1e-3) << where << ": the state moved";
     }
 }
 
