@@ -140,7 +140,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 #pragma unroll
   for (int r = 0; r < kGemvRows; ++r) acc[r] = 0.f;
   const T* w = W + n * K;
-  for (int64_t k = int64_t(lane) * E; k < K; k += 32 * E) {
+#pragma unroll 4
+  for (int64_t k = int64_t(lane) * E; k < K; k += 32 * E) {  // unrolled: the row's loads in flight together
     const Pack<T, E> wp = *reinterpret_cast<const Pack<T, E>*>(w + k);
     float wf[E];
 #pragma unroll
