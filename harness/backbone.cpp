@@ -5,11 +5,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <optional>
 
+#include "harness/decode_ops.h"
 #include "harness/errors.h"
 #include "harness/nvtx.h"
 #include "harness/fused_ops.h"
+#include "harness/fused_stream.h"
 #include "harness/op_scope.h"
 
 namespace mixbench {
@@ -131,13 +134,15 @@ std::vector<ParamDef> backbone_defs(const MethodSpec& method, const Config& cfg,
   return defs;
 }
 
-at::Tensor rms_norm(const at::Tensor& x) {
+at::Tensor rms_norm(const at::Tensor& x) { return backbone_rms_norm(x); }
+}  // namespace
+
+at::Tensor backbone_rms_norm(const at::Tensor& x) {
   OpScope scope("mixbench::rms_norm");  // one launch on a GPU (at::rms_norm)
   // LibTorch's fused kernel on a GPU (one pass, fp32 statistics for half inputs, its own backward)
   if (x.is_cuda() && x.scalar_type() != at::kDouble) return at::rms_norm(x, {x.size(-1)}, std::nullopt, kRmsEps);
   return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + kRmsEps);
 }
-}  // namespace
 
 void init_param(at::Tensor& t, const ParamDef& def, at::Generator& gen) {
   c10::NoGradGuard ng;
@@ -246,16 +251,39 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
     section.reset();
     if (pass == Pass::Decode) section.emplace(std::move(name));
   };
+  // A static-cache decode step without gradient fuses the backbone's element-wise work into one
+  // launch per step boundary on a GPU (harness/decode_ops.h): the embedding with its smear, each
+  // residual update with the next sublayer's norm, the final norm, the softcap with the position's
+  // advance. Off the GPU the same ops run unfused, bit for bit as the other decode paths.
+  const bool fused = pass == Pass::Decode && cache->capacity > 0 && !at::GradMode::is_enabled();
   open_section("embed");
-  at::Tensor x = rms_norm(at::embedding(P.at("wte"), idx));
-  const at::Tensor embed = x;
-  if (pass == Pass::Decode) {
-    if (!cache->prev_embed.defined()) throw InputError("model_decode_step needs a cache filled by model_prefill");
-    at::Tensor gate = P.at("smear_lambda") * at::sigmoid(at::linear(x.slice(2, 0, 24), P.at("smear_gate")));
-    x = x + gate * cache->prev_embed;
-  } else if (T > 1) {
-    at::Tensor gate = P.at("smear_lambda") * at::sigmoid(at::linear(x.slice(1, 1).slice(2, 0, 24), P.at("smear_gate")));
-    x = at::cat({x.slice(1, 0, 1), x.slice(1, 1) + gate * x.slice(1, 0, T - 1)}, 1);
+  at::Tensor x, embed;
+  const bool fused_embed = fused && cache->prev_embed.defined() && cache->prev_embed.is_contiguous() &&
+                           cache->prev_embed.sizes() == at::IntArrayRef({idx.size(0), 1, d.d_model}) &&
+                           cache->prev_embed.scalar_type() == P.at("wte").scalar_type();
+  std::map<int64_t, at::Tensor> ve_rows;  // a fused embedding's gathered value embeddings, by block
+  if (fused_embed) {
+    std::vector<int64_t> blocks;
+    std::vector<at::Tensor> tables;
+    for (int64_t i = 0; i < d.n_layer; ++i)
+      if (const std::string n = fmt::format("ve.{}", i); P.has(n)) {
+        blocks.push_back(i);
+        tables.push_back(P.at(n));
+      }
+    EmbedStep e = embed_smear_step(P.at("wte"), idx, P.at("smear_gate"), P.at("smear_lambda"), cache->prev_embed, tables);
+    x = e.x;
+    for (size_t k = 0; k < blocks.size(); ++k) ve_rows[blocks[k]] = e.gathered[k];
+  } else {
+    x = rms_norm(at::embedding(P.at("wte"), idx));
+    embed = x;
+    if (pass == Pass::Decode) {
+      if (!cache->prev_embed.defined()) throw InputError("model_decode_step needs a cache filled by model_prefill");
+      at::Tensor gate = P.at("smear_lambda") * at::sigmoid(at::linear(x.slice(2, 0, 24), P.at("smear_gate")));
+      x = x + gate * cache->prev_embed;
+    } else if (T > 1) {
+      at::Tensor gate = P.at("smear_lambda") * at::sigmoid(at::linear(x.slice(1, 1).slice(2, 0, 24), P.at("smear_gate")));
+      x = at::cat({x.slice(1, 0, 1), x.slice(1, 1) + gate * x.slice(1, 0, T - 1)}, 1);
+    }
   }
   if (!m.stream || m.layer_specs.size() != size_t(d.n_layer) || m.layer_cfgs.size() != size_t(d.n_layer))
     throw std::logic_error("run_model needs a model made by build_model");
@@ -264,6 +292,7 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
   if (pass == Pass::Prefill && !cache->capacity) cache->layers.assign(size_t(plan.n_slots), TensorMap());
   if (aux) *aux = ModelAux();
   TensorMap state = stream.begin(x, P, backend);
+  const FusedDecodeStream* fs = fused ? dynamic_cast<const FusedDecodeStream*>(&stream) : nullptr;
   const char* pass_name = pass == Pass::Forward ? "forward" : pass == Pass::Prefill ? "prefill" : "decode";
   for (int64_t s = 0; s < plan.n_steps(); ++s) {
     const PlanStep& st = plan.steps[size_t(s)];
@@ -289,9 +318,10 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
         (st.n_iterations > 1 ? fmt::format("_{}", st.iteration) : "");
     open_section(section_name + ".mixer");
     TensorMap in;
-    in.set("x", stream.modulate(state, mix, rms_norm(stream.read(state, mix, P)), P));
+    in.set("x", fs ? fs->fused_input(state, mix, P) : stream.modulate(state, mix, rms_norm(stream.read(state, mix, P)), P));
     std::string ve_name = fmt::format("ve.{}", i);
-    if (P.has(ve_name)) in.set("ve", at::embedding(P.at(ve_name), idx));
+    if (auto it = ve_rows.find(i); it != ve_rows.end()) in.set("ve", it->second);
+    else if (P.has(ve_name)) in.set("ve", at::embedding(P.at(ve_name), idx));
     std::string prefix = fmt::format("layers.{}.mixer.", i);
     for (const auto& [name, t] : P)
       if (name.rfind(prefix, 0) == 0) in.set(name.substr(prefix.size()), t);
@@ -306,45 +336,62 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
       else if (pass == Pass::Prefill) out = mixer.prefill(in, cache->layers[size_t(st.slot)], lcfg, ctx, backend);
       else out = mixer.decode(in, cache->layers[size_t(st.slot)], lcfg, ctx, backend);
     }
-    stream.write(state, mix, out.at("y"), P);
+    if (fs) fs->fused_write(state, mix, out.at("y"), P);
+    else stream.write(state, mix, out.at("y"), P);
     if (aux) {
       at::Tensor a = out.get_or("aux_loss", at::Tensor());
       aux->layer_aux.push_back(a);
       if (a.defined()) aux->aux_loss = aux->aux_loss.defined() ? aux->aux_loss + a : a;
     }
     open_section(section_name + ".mlp");
-    at::Tensor h = relu_square(
-        at::linear(stream.modulate(state, mlp, rms_norm(stream.read(state, mlp, P)), P), P.at(fmt::format("layers.{}.mlp.c_fc", i))));
-    stream.write(state, mlp, at::linear(h, P.at(fmt::format("layers.{}.mlp.c_proj", i))), P);
+    const at::Tensor& c_fc = P.at(fmt::format("layers.{}.mlp.c_fc", i));
+    // a fused step: the GEMM and relu² in one kernel for its few rows
+    const at::Tensor mlp_in =
+        fs ? fs->fused_input(state, mlp, P) : stream.modulate(state, mlp, rms_norm(stream.read(state, mlp, P)), P);
+    at::Tensor h = fused ? linear_relu_square(mlp_in, c_fc) : relu_square(at::linear(mlp_in, c_fc));
+    const at::Tensor mlp_out = at::linear(h, P.at(fmt::format("layers.{}.mlp.c_proj", i)));
+    if (fs) fs->fused_write(state, mlp, mlp_out, P);
+    else stream.write(state, mlp, mlp_out, P);
   }
   open_section("head");
-  x = stream.finish(state, P, backend);
+  at::Tensor final_normed;  // the final norm, when a fused stream formed it with its last update
+  x = fs ? fs->fused_finish(state, P, backend, &final_normed) : stream.finish(state, P, backend);
   if (aux && state.has("aux_loss")) {
     const at::Tensor a = state.at("aux_loss");
     aux->aux_loss = aux->aux_loss.defined() ? aux->aux_loss + a : a;
   }
-  auto head = [&](at::Tensor h) {
-    if (last_only && h.size(1) > 1) h = h.slice(1, h.size(1) - 1);
+  ResidualStream::Exits ex = stream.exits(state, P, backend);
+  // one exit in a fused step: the stream's fused final norm (if it left one) and the softcap
+  // advancing the device position in its launch
+  const bool fused_head = fused && ex.hidden.empty();
+  // `normed`: h's final norm when the stream formed it already
+  auto head = [&](at::Tensor h, at::Tensor normed = at::Tensor()) {
+    if (!normed.defined()) {
+      if (last_only && h.size(1) > 1) h = h.slice(1, h.size(1) - 1);
+      normed = rms_norm(h);
+    }
+    at::Tensor logits = at::linear(normed, P.at("lm_head"));
+    if (fused_head) return softcap_logits(logits, 15.0, cache->pos_dev);
     // nanochat upcasts the logits to fp32 (from its bf16 compute dtype); an fp64 model stays fp64
-    at::Tensor logits = at::linear(rms_norm(h), P.at("lm_head"));
     logits = logits.to(at::promote_types(logits.scalar_type(), at::kFloat));
     return 15.0 * at::tanh(logits / 15.0);
   };
   if (cache) {
-    const at::Tensor last = embed.slice(1, embed.size(1) - 1);
-    if (cache->capacity && cache->prev_embed.defined() && cache->prev_embed.sizes() == last.sizes()) {
-      cache->prev_embed.copy_(last);  // in place: a captured step reads and writes the same buffer
-    } else {
-      cache->prev_embed = last.contiguous();
+    if (!fused_embed) {
+      const at::Tensor last = embed.slice(1, embed.size(1) - 1);
+      if (cache->capacity && cache->prev_embed.defined() && cache->prev_embed.sizes() == last.sizes()) {
+        cache->prev_embed.copy_(last);  // in place: a captured step reads and writes the same buffer
+      } else {
+        cache->prev_embed = last.contiguous();
+      }
     }
     cache->pos = pass == Pass::Decode ? cache->pos + 1 : T;
     if (cache->capacity) {
-      if (pass == Pass::Decode) cache->pos_dev.add_(1);
-      else cache->pos_dev.fill_(T);
+      if (pass == Pass::Decode && !fused_head) cache->pos_dev.add_(1);
+      else if (pass != Pass::Decode) cache->pos_dev.fill_(T);
     }
   }
-  ResidualStream::Exits ex = stream.exits(state, P, backend);
-  if (ex.hidden.empty()) return head(x);
+  if (ex.hidden.empty()) return head(x, final_normed);
   // several exits: every exit's logits, each token its chosen exit's
   std::vector<at::Tensor> all;
   for (const at::Tensor& h : ex.hidden) all.push_back(head(h));

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <stdexcept>
+#include <vector>
 
 #include "harness/errors.h"
 
@@ -18,6 +19,7 @@
 namespace mixbench {
 
 struct CapturedWork::Impl {
+  GraphNodes nodes;
 #if defined(MIXBENCH_WITH_CUDA)
   std::unique_ptr<c10::cuda::CUDAStream> side;
   std::unique_ptr<at::cuda::CUDAGraph> graph;
@@ -49,14 +51,47 @@ void CapturedWork::run(const std::function<void()>& work) {
 #endif
 }
 
+#if defined(MIXBENCH_WITH_CUDA)
+namespace {
+GraphNodes count_nodes(cudaGraph_t g) {
+  size_t n = 0;
+  if (cudaGraphGetNodes(g, nullptr, &n) != cudaSuccess) throw std::runtime_error("cannot list the captured graph's nodes");
+  std::vector<cudaGraphNode_t> nodes(n);
+  if (n > 0 && cudaGraphGetNodes(g, nodes.data(), &n) != cudaSuccess)
+    throw std::runtime_error("cannot list the captured graph's nodes");
+  GraphNodes c;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType t;
+    if (cudaGraphNodeGetType(node, &t) != cudaSuccess) throw std::runtime_error("cannot read a captured node's type");
+    if (t == cudaGraphNodeTypeKernel) {
+      ++c.kernels;
+      cudaKernelNodeParams kp{};
+      const char* name = nullptr;
+      if (cudaGraphKernelNodeGetParams(node, &kp) != cudaSuccess || cudaFuncGetName(&name, kp.func) != cudaSuccess)
+        name = nullptr;
+      (void)cudaGetLastError();  // a kernel the runtime cannot name (e.g. a library's): no name, no error
+      c.kernel_names.push_back(name ? name : "");
+    }
+    else if (t == cudaGraphNodeTypeMemset) ++c.memsets;
+    else if (t == cudaGraphNodeTypeMemcpy) ++c.memcpys;
+    else ++c.other;
+  }
+  return c;
+}
+}  // namespace
+#endif
+
 void CapturedWork::capture(const std::function<void()>& work) {
 #if defined(MIXBENCH_WITH_CUDA)
-  impl_->graph = std::make_unique<at::cuda::CUDAGraph>();
+  // kept past capture_end so that its nodes can be counted, then instantiated here
+  impl_->graph = std::make_unique<at::cuda::CUDAGraph>(/*keep_graph=*/true);
   try {
     c10::cuda::CUDAStreamGuard sg(*impl_->side);
     impl_->graph->capture_begin();
     work();
     impl_->graph->capture_end();
+    impl_->nodes = count_nodes(impl_->graph->raw_cuda_graph());
+    impl_->graph->instantiate();
   } catch (const std::exception& e) {
     try {
       impl_->graph->capture_end();
@@ -71,6 +106,8 @@ void CapturedWork::capture(const std::function<void()>& work) {
   (void)work;
 #endif
 }
+
+const GraphNodes& CapturedWork::nodes() const { return impl_->nodes; }
 
 void CapturedWork::replay() {
 #if defined(MIXBENCH_WITH_CUDA)
@@ -151,6 +188,8 @@ void DecodeGraph::restart(const at::Tensor& first) {
 }
 
 at::Tensor& DecodeGraph::input() { return impl_->input; }
+
+const GraphNodes& DecodeGraph::nodes() const { return impl_->work->nodes(); }
 
 const at::Tensor& DecodeGraph::logits() const { return impl_->replayed ? impl_->logits : impl_->warm_logits; }
 

@@ -8,6 +8,8 @@
 
 #include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "harness/backbone.h"
 
@@ -20,6 +22,13 @@ namespace mixbench {
 // current stream (work queued after it on that stream sees its results). Throws
 // std::runtime_error with the reason when the capture fails (a host read, an allocation the graph
 // cannot replay, ...), UsageError without a CUDA build.
+// The nodes of a captured CUDA graph by kind: what one replay launches.
+struct GraphNodes {
+  int64_t kernels = 0, memsets = 0, memcpys = 0, other = 0;
+  std::vector<std::string> kernel_names;  // in node order; "" where the runtime cannot name one
+  int64_t launches() const { return kernels + memsets + memcpys; }
+};
+
 class CapturedWork {
  public:
   explicit CapturedWork(int device);  // device < 0: the current one
@@ -29,6 +38,8 @@ class CapturedWork {
   void run(const std::function<void()>& work);
   void capture(const std::function<void()>& work);
   void replay();
+  // The nodes of the last capture (all zero before one).
+  const GraphNodes& nodes() const;
 
  private:
   struct Impl;
@@ -56,6 +67,9 @@ class DecodeGraph {
   at::Tensor& input();
   // The last step's logits [B,1,vocab].
   const at::Tensor& logits() const;
+  // The nodes of the captured step (its kernels: the launches one token costs, the greedy argmax
+  // and its copy into the input included).
+  const GraphNodes& nodes() const;
 
  private:
   struct Impl;

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 
 #include "harness/backbone.h"
+#include "harness/decode_ops.h"
+#include "harness/fused_stream.h"
 #include "harness/fused_ops.h"
 
 #include <stdexcept>
@@ -10,7 +12,7 @@
 namespace mixbench {
 namespace {
 
-class NanochatStream final : public ResidualStream {
+class NanochatStream final : public ResidualStream, public FusedDecodeStream {
  public:
   explicit NanochatStream(int64_t backout_step) : backout_step_(backout_step) {}
   std::string name() const override { return "nanochat"; }
@@ -39,8 +41,47 @@ class NanochatStream final : public ResidualStream {
 
   void write(TensorMap& st, const Sublayer& s, const at::Tensor& y, const TensorMap&) const override {
     st.set("x", st.at("x") + y);
-    const int64_t keep = backout_step_ < 0 ? s.n_steps / 2 : backout_step_;
-    if (s.kind == Sublayer::Kind::Mlp && s.step == keep) st.set("backout", st.at("x"));
+    if (keeps_backout(s)) st.set("backout", st.at("x"));
+  }
+
+  // A fused decode step: the previous sublayer's output (deferred by fused_write as "y"), the
+  // resid / x0 mix before a mixer and the norm in one op, the same values as write + read + norm.
+  at::Tensor fused_input(TensorMap& st, const Sublayer& s, const TensorMap& P) const override {
+    const bool mixer = s.kind == Sublayer::Kind::Mixer, keep = st.has("backout_pending");
+    ResidualNorm rn = residual_norm(st.at("x"), st.get_or("y", at::Tensor()), mixer ? ResidualMix::Scaled : ResidualMix::None,
+                                    mixer ? P.at("resid_lambdas")[s.step] : at::Tensor(),
+                                    mixer ? P.at("x0_lambdas")[s.step] : at::Tensor(), mixer ? st.at("x0") : at::Tensor(), keep);
+    if (keep) st.set("backout", rn.sum);
+    st.erase("y");
+    st.erase("backout_pending");
+    st.set("x", rn.residual);
+    return modulate(st, s, rn.normed, P);
+  }
+
+  void fused_write(TensorMap& st, const Sublayer& s, const at::Tensor& y, const TensorMap&) const override {
+    if (st.has("y")) throw std::logic_error("nanochat stream: two fused writes without an input between them");
+    st.set("y", y);
+    if (keeps_backout(s)) st.set("backout_pending", y);  // a marker: the sum is kept as the backout
+  }
+
+  // The last output, the backout and the final norm in one op.
+  at::Tensor fused_finish(TensorMap& st, const TensorMap& P, Backend backend, at::Tensor* normed) const override {
+    if (!st.has("y") || st.has("backout_pending")) {  // nothing deferred, or the backout is the sum itself (a one-step plan)
+      if (st.has("y")) {
+        st.set("x", st.at("x") + st.at("y"));
+        st.set("backout", st.at("x"));
+        st.erase("y");
+        st.erase("backout_pending");
+      }
+      return finish(st, P, backend);
+    }
+    const bool backout = st.has("backout");
+    ResidualNorm rn = residual_norm(st.at("x"), st.at("y"), backout ? ResidualMix::Backout : ResidualMix::None, at::Tensor(),
+                                    backout ? P.at("backout_lambda") : at::Tensor(), backout ? st.at("backout") : at::Tensor());
+    st.erase("y");
+    st.set("x", rn.residual);
+    if (normed) *normed = rn.normed;
+    return rn.residual;
   }
 
   at::Tensor finish(TensorMap& st, const TensorMap& P, Backend) const override {
@@ -49,6 +90,11 @@ class NanochatStream final : public ResidualStream {
   }
 
  private:
+  // whether the state after sublayer s is the one the backout subtracts
+  bool keeps_backout(const Sublayer& s) const {
+    const int64_t keep = backout_step_ < 0 ? s.n_steps / 2 : backout_step_;
+    return s.kind == Sublayer::Kind::Mlp && s.step == keep;
+  }
   int64_t backout_step_;  // < 0: the unrolled midpoint n_steps / 2
 };
 

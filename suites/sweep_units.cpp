@@ -255,7 +255,10 @@ Unit decode_unit(const MethodSpec& method, const SweepOptions& opt) {
         pt.measured = [cs, after_prefill, c, capacity]() -> Json {
           return {{"bytes_after_prefill", after_prefill}, {"context_after_prefill", c},
                   {"bytes_at_end", cs->cache->bytes()}, {"context_at_end", cs->cache->pos},
-                  {"static_capacity", capacity}, {"cuda_graph", true}};
+                  {"static_capacity", capacity}, {"cuda_graph", true},
+                  // what one step launches: the captured graph's kernel nodes (and all its nodes)
+                  {"graph_kernels_per_step", cs->graph->nodes().kernels},
+                  {"graph_nodes_per_step", cs->graph->nodes().launches() + cs->graph->nodes().other}};
         };
         return pt;
       }

@@ -102,7 +102,7 @@ TEST(OpCount, StaticDecodeStepOfDenseFullAndGdnStaysFused) {
     std::string method;
     int64_t per_layer, total;
   };
-  for (const Bound& b : {Bound{"dense_full", 13, 166}, Bound{"gdn", 16, 196}}) {
+  for (const Bound& b : {Bound{"dense_full", 8, 100}, Bound{"gdn", 8, 100}}) {
     for (const bool unprepared : {true, false}) {
       const StepCount s = count_decode_step(b.method, unprepared);
       std::string per_layer;

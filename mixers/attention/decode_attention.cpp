@@ -52,7 +52,7 @@ at::Tensor attention_decode_static_reference(const at::Tensor& q, const at::Tens
 
 at::Tensor attention_decode_static(const at::Tensor& q, const at::Tensor& K, const at::Tensor& V, const at::Tensor& pos_dev,
                                    double scale, double logit_scale_a) {
-  OpScope scope("mixbench::attention_decode_static");  // split-KV: a split and a combine launch on a GPU
+  OpScope scope("mixbench::attention_decode_static");  // split-KV: one launch on a GPU (the splits merge in it)
 #if defined(MIXBENCH_WITH_CUDA)
   if (q.is_cuda() && attn_decode_cuda::supported_head_dim(int(q.size(-1))) &&
       (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf)) {
@@ -68,8 +68,14 @@ at::Tensor attention_decode_static(const at::Tensor& q, const at::Tensor& K, con
     const auto dt = q.scalar_type() == at::kFloat      ? attn_decode_cuda::Dtype::F32
                     : q.scalar_type() == at::kBFloat16 ? attn_decode_cuda::Dtype::BF16
                                                        : attn_decode_cuda::Dtype::F16;
+    // the arrival counters of the kernel's merge: one zeroed buffer per device and size, kept (each
+    // launch leaves it zero; made at the first, eager, step, before any capture)
+    const int64_t slots = attn_decode_cuda::counter_slots(B, H);
+    const at::Tensor counters = layers::device_constant(fmt::format("attn_decode_counters/{}", slots),
+                                                        q.options().dtype(at::kInt), [&] { return at::zeros({slots}, at::kInt); });
     attn_decode_cuda::decode(dt, qc.data_ptr(), K.data_ptr(), V.data_ptr(), o.data_ptr(), pos_dev.data_ptr<int64_t>(), B, H,
                              Hkv, D, cap, float(scale), logit_scale_a, ws.data_ptr<float>(), splits,
+                             reinterpret_cast<unsigned*>(counters.data_ptr<int32_t>()),
                              c10::cuda::getCurrentCUDAStream(q.device().index()).stream());
     return o;
   }

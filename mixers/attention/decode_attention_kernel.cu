@@ -2,8 +2,9 @@
 // walks its share of the valid cache slots with 4 warps, a warp taking every 4th key, 4 keys per
 // iteration with their loads issued together; scores, an online softmax and the weighted sum of V
 // in fp32 registers (each lane holds D/32 dimensions of every query head of its group). The 4 warps
-// merge in shared memory and write (max, sum, unnormalised output) per split. Phase 2 merges the
-// splits and rounds once to the cache's dtype.
+// merge in shared memory and write (max, sum, unnormalised output) per split. Phase 2, in the same
+// launch, merges the splits and rounds once to the cache's dtype: the last block of each (row, head
+// group) to finish does it, found by an atomic count of arrivals (threadfence-reduction style).
 #include "mixers/attention/decode_attention_kernel.h"
 
 #include "harness/cuda_dtype.cuh"
@@ -34,7 +35,8 @@ template <class T, int D, int kMaxGroup>
 __global__ void __launch_bounds__(kWarps * 32) split_kernel(const T* __restrict__ q, const T* __restrict__ K,
                                                           const T* __restrict__ V, const int64_t* __restrict__ pos_dev,
                                                           int H, int Hkv, int cap, float scale, double logit_a,
-                                                          float* __restrict__ ws, int splits) {
+                                                          float* __restrict__ ws, int splits, T* __restrict__ o,
+                                                          unsigned* __restrict__ counters) {
   constexpr int EPL = D / 32;
   const int split = blockIdx.x, bk = blockIdx.y, b = bk / Hkv, hk = bk % Hkv;
   const int G = H / Hkv, g0 = blockIdx.z * kMaxGroup, ng = min(kMaxGroup, G - g0);
@@ -139,55 +141,67 @@ __global__ void __launch_bounds__(kWarps * 32) split_kernel(const T* __restrict_
     }
     out[2 + d] = A;
   }
-}
-
-template <class T>
-__global__ void combine_kernel(const float* __restrict__ ws, T* __restrict__ o, int BH, int D, int splits) {
-  const int bh = blockIdx.x;
-  float M = -INFINITY;
-  for (int s = 0; s < splits; ++s) M = fmaxf(M, ws[(int64_t(s) * BH + bh) * (D + 2)]);
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+  // Phase 2 in the same launch: the last block of this (b, head group) to finish merges the splits
+  // (its count of arrivals in `counters`, reset to zero by that block for the next launch).
+  __shared__ int is_last;
+  __threadfence();  // this block's partials are visible device-wide before it is counted
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned* c = counters + (int64_t(b) * Hkv + hk) * gridDim.z + blockIdx.z;
+    is_last = atomicAdd(c, 1u) == unsigned(splits - 1);
+    if (is_last) *c = 0u;
+  }
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  const int64_t BH = int64_t(B) * H;
+  for (int i = threadIdx.x; i < ng * D; i += blockDim.x) {
+    const int g = i / D, d = i % D;
+    const int64_t bh = int64_t(b) * H + hk * G + g0 + g;
+    // every split's partials (the other blocks' read past L1): their max, then the weighted sums
+    float M = -INFINITY;
+    for (int sp = 0; sp < splits; ++sp) M = fmaxf(M, __ldcg(ws + (int64_t(sp) * BH + bh) * (D + 2)));
     float L = 0.f, A = 0.f;
-    for (int s = 0; s < splits; ++s) {
-      const float* p = ws + (int64_t(s) * BH + bh) * (D + 2);
-      if (p[0] == -INFINITY) continue;
-      const float f = __expf(p[0] - M);
-      L += f * p[1];
-      A += f * p[2 + d];
+    for (int sp = 0; sp < splits; ++sp) {
+      const float* p = ws + (int64_t(sp) * BH + bh) * (D + 2);
+      const float pm = __ldcg(p);
+      if (pm == -INFINITY) continue;
+      const float f = __expf(pm - M);
+      L += f * __ldcg(p + 1);
+      A += f * __ldcg(p + 2 + d);
     }
-    o[int64_t(bh) * D + d] = layers::from_f32<T>(A / L);
+    o[bh * D + d] = layers::from_f32<T>(A / L);
   }
 }
 
 template <class T, int D, int GM>
-void launch_split(const void* q, const void* K, const void* V, const int64_t* pos_dev, int B, int H, int Hkv, int cap,
-                  float scale, double logit_a, float* ws, int splits, cudaStream_t stream) {
+void launch_split(const void* q, const void* K, const void* V, void* o, const int64_t* pos_dev, int B, int H, int Hkv,
+                  int cap, float scale, double logit_a, float* ws, int splits, unsigned* counters, cudaStream_t stream) {
   const int G = H / Hkv;
   dim3 grid(unsigned(splits), unsigned(B * Hkv), unsigned((G + GM - 1) / GM));
   split_kernel<T, D, GM><<<grid, kWarps * 32, 0, stream>>>(static_cast<const T*>(q), static_cast<const T*>(K),
                                                            static_cast<const T*>(V), pos_dev, H, Hkv, cap, scale, logit_a,
-                                                           ws, splits);
+                                                           ws, splits, static_cast<T*>(o), counters);
 }
 
 template <class T, int D>
 void launch(const void* q, const void* K, const void* V, void* o, const int64_t* pos_dev, int B, int H, int Hkv, int cap,
-            float scale, double logit_a, float* ws, int splits, cudaStream_t stream) {
+            float scale, double logit_a, float* ws, int splits, unsigned* counters, cudaStream_t stream) {
   // the query heads of one KV head in registers: as many as the group has, up to kGroupCap
   const int G = H / Hkv;
-  if (G == 1) launch_split<T, D, 1>(q, K, V, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, stream);
-  else if (G == 2) launch_split<T, D, 2>(q, K, V, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, stream);
-  else if (G <= 4) launch_split<T, D, 4>(q, K, V, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, stream);
-  else launch_split<T, D, kGroupCap>(q, K, V, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, stream);
-  combine_kernel<T><<<unsigned(B * H), unsigned(std::min(D, 256)), 0, stream>>>(ws, static_cast<T*>(o), B * H, D, splits);
+  if (G == 1) launch_split<T, D, 1>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, counters, stream);
+  else if (G == 2) launch_split<T, D, 2>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, counters, stream);
+  else if (G <= 4) launch_split<T, D, 4>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, counters, stream);
+  else launch_split<T, D, kGroupCap>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, counters, stream);
 }
 
 template <class T>
 void dispatch_d(int D, const void* q, const void* K, const void* V, void* o, const int64_t* pos_dev, int B, int H, int Hkv,
-                int cap, float scale, double logit_a, float* ws, int splits, cudaStream_t stream) {
+                int cap, float scale, double logit_a, float* ws, int splits, unsigned* counters, cudaStream_t stream) {
   switch (D) {
-    case 64: return launch<T, 64>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, stream);
-    case 128: return launch<T, 128>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, stream);
-    case 256: return launch<T, 256>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, stream);
+    case 64: return launch<T, 64>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, counters, stream);
+    case 128: return launch<T, 128>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, counters, stream);
+    case 256: return launch<T, 256>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, counters, stream);
     default: throw std::invalid_argument("decode attention kernel: head_dim must be 64, 128 or 256");
   }
 }
@@ -207,15 +221,22 @@ int choose_splits(int B, int Hkv, int cap, int sms) {
 
 int64_t workspace_floats(int B, int H, int D, int splits) { return int64_t(splits) * B * H * (D + 2); }
 
+int64_t counter_slots(int B, int H) { return int64_t(B) * H; }
+
 void decode(Dtype dt, const void* q, const void* K, const void* V, void* o, const int64_t* pos_dev, int B, int H, int Hkv,
-            int D, int cap, float scale, double logit_a, float* workspace, int splits, cudaStream_t stream) {
+            int D, int cap, float scale, double logit_a, float* workspace, int splits, unsigned* counters,
+            cudaStream_t stream) {
   if (B == 0 || H == 0) return;
   if (Hkv <= 0 || H % Hkv != 0) throw std::invalid_argument("decode attention kernel: H must be a multiple of Hkv");
+  if (!counters || splits < 1) throw std::invalid_argument("decode attention kernel: it needs its counters and a split");
   switch (dt) {
-    case Dtype::F32: return dispatch_d<float>(D, q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, workspace, splits, stream);
+    case Dtype::F32:
+      return dispatch_d<float>(D, q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, workspace, splits, counters, stream);
     case Dtype::BF16:
-      return dispatch_d<__nv_bfloat16>(D, q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, workspace, splits, stream);
-    case Dtype::F16: return dispatch_d<__half>(D, q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, workspace, splits, stream);
+      return dispatch_d<__nv_bfloat16>(D, q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, workspace, splits, counters,
+                                       stream);
+    case Dtype::F16:
+      return dispatch_d<__half>(D, q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, workspace, splits, counters, stream);
   }
 }
 

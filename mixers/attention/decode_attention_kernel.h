@@ -19,10 +19,14 @@ bool supported_head_dim(int D);
 int choose_splits(int B, int Hkv, int cap, int sms);
 // fp32 workspace the kernel needs: splits · B · H · (D + 2).
 int64_t workspace_floats(int B, int H, int D, int splits);
+// The arrival counters one launch uses: B · H unsigned ints, zero before the first launch; every
+// launch leaves them zero again (so one buffer serves every launch on a stream, one at a time).
+int64_t counter_slots(int B, int H);
 // o[b,h] = Σ_j softmax_j(scale · s · q[b,h]·K[b,j,h/G]) V[b,j,h/G] over the first n = min(pos + 1, cap)
 // slots, pos = *pos_dev, s = log(pos + a) / log(a) when logit_a > 0 (else 1), G = H / Hkv.
-// q, o [B,H,D]; K, V [B,cap,Hkv,D]; all contiguous, of type dt.
+// q, o [B,H,D]; K, V [B,cap,Hkv,D]; all contiguous, of type dt. One kernel launch.
 void decode(Dtype dt, const void* q, const void* K, const void* V, void* o, const int64_t* pos_dev, int B, int H, int Hkv,
-            int D, int cap, float scale, double logit_a, float* workspace, int splits, cudaStream_t stream);
+            int D, int cap, float scale, double logit_a, float* workspace, int splits, unsigned* counters,
+            cudaStream_t stream);
 
 }  // namespace mixbench::attn_decode_cuda

@@ -73,6 +73,98 @@ __global__ void delta_step_kernel(const T* __restrict__ q, const T* __restrict__
   }
 }
 
+// Σ over the block of every thread's v (blockDim a multiple of 32); red: 32 floats, free on entry
+// and again on return. Every thread gets the sum.
+__device__ __forceinline__ float block_sum(float v, float* red) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float s = 0.f;
+  for (int w = 0; w < warps; ++w) s += red[w];
+  __syncthreads();  // red is free again
+  return s;
+}
+
+template <class T>
+__device__ __forceinline__ float round_to(float v) {
+  const T t = from_f32<T>(v);
+  return load_f32(&t);
+}
+
+// One block per (b, h); thread j owns columns j, j + blockDim, ... of S (as delta_step_kernel).
+template <class T>
+__global__ void gdn_step_kernel(GdnStep p) {
+  extern __shared__ float sm[];  // q[K], k[K], o[V], 32 partial sums
+  float* qs = sm;
+  float* ks = sm + p.K;
+  float* os = sm + 2 * p.K;
+  float* red = os + p.V;
+  const int64_t bh = blockIdx.x, row = bh / p.H, h = bh % p.H;
+  const int K = p.K, V = p.V;
+  // the gates, as gated_delta_step forms them
+  const RawGates& raw = p.gates;
+  const float b = 1.f / (1.f + expf(-load_f32(static_cast<const T*>(raw.b_raw) + row * raw.stride + h)));
+  const float z = load_f32(static_cast<const T*>(raw.a_raw) + row * raw.stride + h) + raw.dt_bias[h];
+  const float decay = __expf(raw.neg_a[h] * (z > 20.f ? z : log1pf(expf(z))));
+  // q, k L2-normalized and rounded as stored; q scaled
+  const T* qr = static_cast<const T*>(p.qk) + row * p.qk_stride + h * K;
+  const T* kr = static_cast<const T*>(p.qk) + row * p.qk_stride + (p.H + h) * K;
+  float sq = 0.f, sk = 0.f;
+  for (int i = threadIdx.x; i < K; i += blockDim.x) {
+    const float qv = load_f32(qr + i), kv = load_f32(kr + i);
+    qs[i] = qv;
+    ks[i] = kv;
+    sq += qv * qv;
+    sk += kv * kv;
+  }
+  const float rq = rsqrtf(block_sum(sq, red) + p.l2_eps), rk = rsqrtf(block_sum(sk, red) + p.l2_eps);
+  for (int i = threadIdx.x; i < K; i += blockDim.x) {
+    qs[i] = round_to<T>(qs[i] * rq) * p.scale;
+    ks[i] = round_to<T>(ks[i] * rk);
+  }
+  __syncthreads();
+  // the value embedding's gate (the gated add's arithmetic)
+  const T* vr = static_cast<const T*>(p.v) + row * p.v_stride + h * V;
+  const T* ver = p.ve ? static_cast<const T*>(p.ve) + row * p.ve_stride + h * V : nullptr;
+  const float veg =
+      p.ve ? p.ve_scale / (1.f + __expf(-load_f32(static_cast<const T*>(p.ve_z) + row * p.ve_z_stride + h))) : 0.f;
+  float* s = p.S + bh * int64_t(K) * V;
+  float ss = 0.f;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) {
+    float vj = load_f32(vr + j);
+    if (ver) vj = round_to<T>(vj + veg * load_f32(ver + j));
+    float pred = 0.f;
+    for (int i = 0; i < K; ++i) pred += ks[i] * (decay * s[int64_t(i) * V + j]);
+    const float u = b * (vj - pred);
+    float acc = 0.f;
+    for (int i = 0; i < K; ++i) {
+      const float sn = decay * s[int64_t(i) * V + j] + ks[i] * u;
+      s[int64_t(i) * V + j] = sn;
+      acc += qs[i] * sn;
+    }
+    const float o = round_to<T>(acc);
+    os[j] = o;
+    ss += o * o;
+  }
+  // the gated RMSNorm over the head's V outputs (the row norm's arithmetic)
+  const float r = rsqrtf(block_sum(ss, red) / float(V) + p.norm_eps);
+  const T* gr = static_cast<const T*>(p.gate) + row * p.gate_stride + h * V;
+  T* out = static_cast<T*>(p.o) + bh * V;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) {
+    const float g = load_f32(gr + j), sg = 1.f / (1.f + __expf(-g));
+    out[j] = from_f32<T>(os[j] * r * load_f32(static_cast<const T*>(p.norm_w) + j) * (g * sg));
+  }
+}
+
+template <class T>
+void gdn_launch(const GdnStep& p, cudaStream_t stream) {
+  if (p.B * p.H == 0) return;
+  const int threads = int(std::min<int64_t>(256, ((std::max(p.K, p.V) + 31) / 32) * 32));
+  gdn_step_kernel<T><<<unsigned(p.B * p.H), threads, size_t(2 * p.K + p.V + 32) * sizeof(float), stream>>>(p);
+}
+
 template <class T>
 void conv_launch(const void* x, void* tail, const void* w, void* y, int64_t B, int64_t C, int W, cudaStream_t stream) {
   const int64_t n = B * C;
@@ -134,6 +226,19 @@ void gated_delta_step(Dtype dt, const void* q, const void* k, const void* v, con
     case Dtype::F16: delta_launch<__half>(q, k, v, nullptr, nullptr, d, scale, S, o, B, H, K, V, stream, gates); break;
   }
   check("delta_step kernel");
+}
+
+void gdn_step(Dtype dt, const GdnStep& p, cudaStream_t stream) {
+  if (p.K < 1 || p.K > 256 || p.V < 1 || p.V > 256) throw std::invalid_argument("gdn_step kernel: K and V must be 1..256");
+  if (!p.qk || !p.v || !p.norm_w || !p.gate || !p.S || !p.o || !p.gates.b_raw || !p.gates.a_raw || !p.gates.neg_a ||
+      !p.gates.dt_bias || (p.ve && !p.ve_z))
+    throw std::invalid_argument("gdn_step kernel: an input is missing");
+  switch (dt) {
+    case Dtype::F32: gdn_launch<float>(p, stream); break;
+    case Dtype::BF16: gdn_launch<__nv_bfloat16>(p, stream); break;
+    case Dtype::F16: gdn_launch<__half>(p, stream); break;
+  }
+  check("gdn_step kernel");
 }
 
 }  // namespace mixbench::linear::decode_cuda

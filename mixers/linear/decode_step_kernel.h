@@ -35,4 +35,33 @@ void gated_delta_step(Dtype dt, const void* q, const void* k, const void* v, con
 void delta_step(Dtype dt, const void* q, const void* k, const void* v, const float* beta, const float* g, Decay decay,
                 float scale, float* S, void* o, int64_t B, int64_t H, int64_t K, int64_t V, cudaStream_t stream);
 
+// Gated DeltaNet's decode step after its short convolution, one block per (b, h): q and k
+// L2-normalized (x·rsqrt(Σx² + l2_eps), rounded to dt as the unfused l2 norm stores them), v plus
+// the value embedding's gate v + ve_scale·σ(z)·ve (when ve is given; rounded to dt), the gated
+// delta rule's step as gated_delta_step (β, g from `gates`, S in place), and the output's gated
+// RMSNorm o·rsqrt(mean(o²) + norm_eps)·w·silu(gate) over the head's V channels (o rounded to dt
+// first). Row b of each input starts at b·(its stride) elements: qk holds the H q heads then the H
+// k heads [2H, K], v, ve and gate [H, V], z [H]. w [V] of dt; o [B, H, V] contiguous. K, V ≤ 256.
+struct GdnStep {
+  int64_t B = 0, H = 0;
+  int K = 0, V = 0;
+  const void* qk = nullptr;
+  int64_t qk_stride = 0;
+  const void* v = nullptr;
+  int64_t v_stride = 0;
+  const void* ve = nullptr;  // null: no value embedding
+  int64_t ve_stride = 0;
+  const void* ve_z = nullptr;
+  int64_t ve_z_stride = 0;
+  float ve_scale = 0.f;
+  RawGates gates;
+  const void* norm_w = nullptr;
+  const void* gate = nullptr;
+  int64_t gate_stride = 0;
+  float l2_eps = 0.f, norm_eps = 0.f, scale = 0.f;
+  float* S = nullptr;
+  void* o = nullptr;
+};
+void gdn_step(Dtype dt, const GdnStep& p, cudaStream_t stream);
+
 }  // namespace mixbench::linear::decode_cuda

@@ -318,6 +318,72 @@ at::Tensor gated_delta_static_step(const DeltaQKV& qkv, const at::Tensor& b_lin,
   return delta_core_cached("gated_delta_rule", qkv, beta, g, backend, cache, true);
 }
 
+at::Tensor gdn_static_step(const TensorMap& in, const DeltaDims& d, TensorMap& cache, const at::Tensor& norm_w,
+                           double norm_eps, Backend backend) {
+  const at::Tensor& x = in.at("x");
+  if (x.dim() != 3 || x.size(1) != 1) throw InputError("delta decode takes x [B,1,d]");
+  const int64_t B = x.size(0), H = d.H, HK = d.H * d.K, HV = d.H * d.V, C = 2 * HK + HV;
+  const bool ve = in.has("ve");
+  const at::Tensor proj = at::linear(x.view({B, x.size(2)}), cache.at("w.proj"));  // [B, C + 2H + HV (+ H)]
+  if (proj.size(1) != C + 2 * H + HV + (ve ? H : 0))
+    throw InputError(fmt::format("gdn decode: the prepared projection has {} columns, {} expected", proj.size(1),
+                                 C + 2 * H + HV + (ve ? H : 0)));
+  const at::Tensor y = conv_cached(proj.narrow(1, 0, C).view({B, 1, C}), cache.at("w.conv"), cache, "qkv_tail", true);
+  const at::Tensor b_lin = proj.narrow(1, C, H).view({B, 1, H}), a_lin = proj.narrow(1, C + H, H).view({B, 1, H});
+  const at::Tensor gate = proj.narrow(1, C + 2 * H, HV).view({B, 1, H, d.V});
+  const at::Tensor z = ve ? proj.narrow(1, C + 2 * H + HV, H).view({B, 1, H}) : at::Tensor();
+  const at::Tensor &neg_a = cache.at("w.neg_a"), &dt_bias = cache.at("w.dt_bias");
+  OpScope scope("mixbench::gdn_step");  // one launch on a GPU
+#if defined(MIXBENCH_WITH_CUDA)
+  const auto st = x.scalar_type();
+  const at::Tensor ve_t = ve ? in.at("ve") : at::Tensor();
+  if (fused_step_dtype(y) && y.is_contiguous() && proj.is_contiguous() && proj.scalar_type() == st && y.scalar_type() == st &&
+      cache.has("state") && cache.at("state").scalar_type() == at::kFloat && cache.at("state").is_contiguous() &&
+      d.K <= 256 && d.V <= 256 && neg_a.scalar_type() == at::kFloat && dt_bias.scalar_type() == at::kFloat &&
+      neg_a.is_cuda() && dt_bias.is_cuda() && neg_a.is_contiguous() && dt_bias.is_contiguous() && norm_w.is_cuda() &&
+      norm_w.numel() == d.V && (!ve || (ve_t.is_cuda() && ve_t.scalar_type() == st && ve_t.numel() == B * HV))) {
+    const at::Tensor w = norm_w.to(st).contiguous(), vec = ve ? ve_t.contiguous() : at::Tensor();
+    at::Tensor o = at::empty({B, 1, H, d.V}, y.options());
+    decode_cuda::GdnStep p;
+    p.B = B;
+    p.H = H;
+    p.K = int(d.K);
+    p.V = int(d.V);
+    p.qk = y.data_ptr();
+    p.qk_stride = C;
+    p.v = static_cast<const char*>(y.data_ptr()) + 2 * HK * y.element_size();
+    p.v_stride = C;
+    if (ve) {
+      p.ve = vec.data_ptr();
+      p.ve_stride = HV;
+      p.ve_z = z.data_ptr();
+      p.ve_z_stride = proj.size(1);
+      p.ve_scale = 3.f;
+    }
+    p.gates = decode_cuda::RawGates{b_lin.data_ptr(), a_lin.data_ptr(), proj.size(1), neg_a.data_ptr<float>(),
+                                    dt_bias.data_ptr<float>()};
+    p.norm_w = w.data_ptr();
+    p.gate = gate.data_ptr();
+    p.gate_stride = proj.size(1);
+    p.l2_eps = float(kDeltaL2Eps);
+    p.norm_eps = float(norm_eps);
+    p.scale = float(1.0 / std::sqrt(double(d.K)));
+    p.S = cache.at("state").data_ptr<float>();
+    p.o = o.data_ptr();
+    decode_cuda::gdn_step(conv_dtype(y), p, stream_of(y));
+    set_cache_pos(cache, cache_pos(cache) + 1);
+    return o;
+  }
+#endif
+  // the unfused ops, as qkv_static_step, gated_delta_static_step and gdn's output norm run them
+  const at::Tensor qk = l2norm(y.narrow(2, 0, 2 * HK).view({B, 1, 2 * H, d.K}));
+  at::Tensor v = y.narrow(2, 2 * HK, HV).view({B, 1, H, d.V});
+  if (ve) v = gated_add(v, z, 3.0, in.at("ve").view({B, 1, H, d.V}));
+  const DeltaQKV qkv{qk.narrow(2, 0, H), qk.narrow(2, H, H), v};
+  const at::Tensor o = gated_delta_static_step(qkv, b_lin, a_lin, neg_a, dt_bias, backend, cache);
+  return rms_norm_gated(o, norm_w, norm_eps, gate, NormGate::Silu);
+}
+
 ParamAliases delta_fla_aliases(const DeltaDims& d) {
   ParamAliases a;
   for (const char* n : {"q_proj", "k_proj", "v_proj", "b_proj", "o_proj"}) a.aliases.push_back({std::string(n) + ".weight", n});

@@ -67,6 +67,15 @@ at::Tensor delta_core_cached(const std::string& op, const DeltaQKV& qkv, const a
 at::Tensor gated_delta_static_step(const DeltaQKV& qkv, const at::Tensor& b_lin, const at::Tensor& a_lin,
                                    const at::Tensor& neg_a, const at::Tensor& dt_bias, Backend backend, TensorMap& cache);
 
+// Gated DeltaNet's whole decode step over a static cache prepared at prefill ("w.proj" holding
+// q|k|v|b|a|g projections, then the value-embedding gate's rows on VE layers; "w.neg_a",
+// "w.dt_bias"): the joint GEMM and the conv step, then the L2 norms of q and k, the value
+// embedding's gate, gated_delta_static_step and the output's gated RMSNorm (gain norm_w, eps
+// norm_eps, silu of the g projection) as one op ("mixbench::gdn_step"): one kernel on a GPU
+// (decode_cuda::gdn_step), elsewhere those ops unfused. x [B,1,d]; returns o [B,1,H,V] before o_proj.
+at::Tensor gdn_static_step(const TensorMap& in, const DeltaDims& d, TensorMap& cache, const at::Tensor& norm_w,
+                           double norm_eps, Backend backend);
+
 // Parameters every delta layer has: q/k/v projections and convs, b_proj, o_norm, o_proj, ve_gate.
 std::vector<ParamDef> delta_common_params(const DeltaDims& d, const LayerCtx& ctx);
 TensorMap delta_make_inputs(const Config& c, const LayerCtx& ctx, int64_t B, int64_t T, at::Generator& gen);

@@ -44,6 +44,11 @@ TensorMap run(const TensorMap& in, const Config& c, Backend backend, TensorMap* 
   // (one per decode step), and the decay's constants are prepared once at prefill (a decode step
   // takes this path when the prefill prepared it)
   const bool joint = cache && cache_is_static(*cache) && (!decode || cache->has("w.proj"));
+  // its decode step: one GEMM, the conv step and one op for the rest (gdn_static_step), then o_proj
+  if (joint && decode) {
+    const at::Tensor o = gdn_static_step(in, d, *cache, in.at("o_norm"), d.eps, backend);
+    return {{"y", at::linear(o.reshape({B, T, d.H * d.V}), in.at("o_proj"))}};
+  }
   DeltaQKV qkv = !cache ? delta_qkv(in, d)
                  : joint ? delta_qkv_cached(in, d, *cache, decode, {"b_proj", "a_proj", "g_proj"})
                          : delta_qkv_cached(in, d, *cache, decode);

@@ -1,0 +1,190 @@
+#include "harness/decode_ops.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <vector>
+
+#include "harness/backbone.h"
+#include "harness/errors.h"
+#include "harness/fused_ops.h"
+#include "harness/op_scope.h"
+
+#if defined(MIXBENCH_WITH_CUDA)
+#include <c10/cuda/CUDAStream.h>
+
+#include "harness/decode_ops_kernel.h"
+#endif
+
+namespace mixbench {
+
+#if defined(MIXBENCH_WITH_CUDA)
+namespace {
+bool kernel_dtype_ok(const at::Tensor& t) {
+  const auto st = t.scalar_type();
+  return t.is_cuda() && (st == at::kFloat || st == at::kBFloat16 || st == at::kHalf);
+}
+fused_cuda::Dtype kernel_dtype(const at::Tensor& t) {
+  return t.scalar_type() == at::kFloat      ? fused_cuda::Dtype::F32
+         : t.scalar_type() == at::kBFloat16 ? fused_cuda::Dtype::BF16
+                                            : fused_cuda::Dtype::F16;
+}
+cudaStream_t stream_of(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
+// t on x's device in x's dtype with x's shape (a tensor the row kernels read beside x)
+bool beside(const at::Tensor& t, const at::Tensor& x) {
+  return t.is_cuda() && t.device() == x.device() && t.scalar_type() == x.scalar_type() && t.sizes() == x.sizes();
+}
+bool scalar_beside(const at::Tensor& t, const at::Tensor& x) {
+  return t.is_cuda() && t.device() == x.device() && t.numel() == 1;
+}
+}  // namespace
+#endif
+
+ResidualNorm residual_norm(const at::Tensor& x, const at::Tensor& y, ResidualMix mix, const at::Tensor& a,
+                           const at::Tensor& b, const at::Tensor& z, bool keep_sum) {
+  OpScope scope("mixbench::residual_norm");
+  if (mix != ResidualMix::None && (!b.defined() || !z.defined() || (mix == ResidualMix::Scaled && !a.defined())))
+    throw std::invalid_argument("residual_norm: the mix needs its scale(s) and z");
+#if defined(MIXBENCH_WITH_CUDA)
+  if (kernel_dtype_ok(x) && x.dim() >= 1 && x.numel() > 0 && x.size(-1) <= decode_cuda_ops::kMaxRow &&
+      (!y.defined() || beside(y, x)) &&
+      (mix == ResidualMix::None || (beside(z, x) && scalar_beside(b, x) && (mix != ResidualMix::Scaled || scalar_beside(a, x))))) {
+    const at::ScalarType st = x.scalar_type();
+    const at::Tensor xc = x.contiguous(), yc = y.defined() ? y.contiguous() : at::Tensor(),
+                     zc = mix != ResidualMix::None ? z.contiguous() : at::Tensor(),
+                     ac = mix == ResidualMix::Scaled ? a.to(st) : at::Tensor(),
+                     bc = mix != ResidualMix::None ? b.to(st) : at::Tensor();
+    ResidualNorm out;
+    out.residual = at::empty_like(xc);
+    out.normed = at::empty_like(xc);
+    if (keep_sum) out.sum = mix == ResidualMix::None ? out.residual : at::empty_like(xc);
+    decode_cuda_ops::ResidualNormArgs p;
+    p.D = int(xc.size(-1));
+    p.rows = xc.numel() / p.D;
+    p.mix = mix == ResidualMix::None     ? decode_cuda_ops::Mix::None
+            : mix == ResidualMix::Scaled ? decode_cuda_ops::Mix::Scaled
+                                         : decode_cuda_ops::Mix::Backout;
+    p.eps = float(kRmsEps);
+    p.x = xc.data_ptr();
+    p.y = yc.defined() ? yc.data_ptr() : nullptr;
+    p.a = ac.defined() ? ac.data_ptr() : nullptr;
+    p.b = bc.defined() ? bc.data_ptr() : nullptr;
+    p.z = zc.defined() ? zc.data_ptr() : nullptr;
+    p.residual = out.residual.data_ptr();
+    p.sum = keep_sum && mix != ResidualMix::None ? out.sum.data_ptr() : nullptr;
+    p.normed = out.normed.data_ptr();
+    decode_cuda_ops::residual_norm(kernel_dtype(xc), p, stream_of(xc));
+    return out;
+  }
+#endif
+  // the backbone's unfused ops, in its order
+  const at::Tensor s = y.defined() ? x + y : x;
+  ResidualNorm out;
+  out.residual = mix == ResidualMix::Scaled ? scaled_sum(a, s, b, z) : mix == ResidualMix::Backout ? s - b * z : s;
+  out.normed = backbone_rms_norm(out.residual);
+  if (keep_sum) out.sum = s;
+  return out;
+}
+
+EmbedStep embed_smear_step(const at::Tensor& wte, const at::Tensor& idx, const at::Tensor& w, const at::Tensor& lambda,
+                           const at::Tensor& prev, const std::vector<at::Tensor>& tables) {
+  OpScope scope("mixbench::embed_smear_step");
+  if (idx.dim() != 2 || idx.size(1) != 1 || idx.scalar_type() != at::kLong || wte.dim() != 2 || w.dim() != 2 ||
+      w.size(0) != 1 || w.size(1) > wte.size(1) || lambda.numel() != 1 ||
+      prev.sizes() != at::IntArrayRef({idx.size(0), 1, wte.size(1)}))
+    throw InputError(fmt::format("embed_smear_step takes idx [B,1] int64, wte [V,d], w [1,G≤d], λ [1] and prev [B,1,d] "
+                                 "(got idx {}, wte {}, w {}, λ {}, prev {})",
+                                 c10::str(idx.sizes()), c10::str(wte.sizes()), c10::str(w.sizes()),
+                                 c10::str(lambda.sizes()), c10::str(prev.sizes())));
+  for (const at::Tensor& t : tables)
+    if (t.dim() != 2) throw InputError(fmt::format("embed_smear_step: a gathered table must be [vocab, w] (got {})", c10::str(t.sizes())));
+  EmbedStep out;
+#if defined(MIXBENCH_WITH_CUDA)
+  const int64_t D = wte.size(1);
+  bool tables_fit = tables.size() <= size_t(decode_cuda_ops::kMaxGather);
+  for (const at::Tensor& t : tables)
+    tables_fit = tables_fit && t.device() == wte.device() && t.scalar_type() == wte.scalar_type() && t.is_contiguous() &&
+                 t.numel() > 0;
+  if (kernel_dtype_ok(wte) && wte.is_contiguous() && D <= decode_cuda_ops::kMaxRow && w.size(1) <= 32 && tables_fit &&
+      idx.device() == wte.device() && w.device() == wte.device() && lambda.device() == wte.device() &&
+      prev.device() == wte.device() && prev.scalar_type() == wte.scalar_type() && prev.is_contiguous() &&
+      w.scalar_type() == wte.scalar_type()) {
+    const at::Tensor ic = idx.contiguous(), wc = w.contiguous(), lc = lambda.to(wte.scalar_type());
+    at::Tensor x = at::empty_like(prev);
+    decode_cuda_ops::EmbedSmearArgs p;
+    p.rows = idx.size(0);
+    p.vocab = wte.size(0);
+    p.D = int(D);
+    p.G = int(w.size(1));
+    p.eps = float(kRmsEps);
+    p.idx = ic.data_ptr<int64_t>();
+    p.wte = wte.data_ptr();
+    p.w = wc.data_ptr();
+    p.lambda = lc.data_ptr();
+    p.prev = prev.data_ptr();
+    p.x = x.data_ptr();
+    p.n_gather = int(tables.size());
+    for (size_t t = 0; t < tables.size(); ++t) {
+      out.gathered.push_back(at::empty({idx.size(0), 1, tables[t].size(1)}, tables[t].options()));
+      p.gather_table[t] = tables[t].data_ptr();
+      p.gather_vocab[t] = tables[t].size(0);
+      p.gather_width[t] = tables[t].size(1);
+      p.gather_out[t] = out.gathered.back().data_ptr();
+    }
+    decode_cuda_ops::embed_smear(kernel_dtype(wte), p, stream_of(wte));
+    out.x = x;
+    return out;
+  }
+#endif
+  // the backbone's unfused ops
+  const at::Tensor e = backbone_rms_norm(at::embedding(wte, idx));
+  const at::Tensor gate = lambda * at::sigmoid(at::linear(e.slice(2, 0, w.size(1)), w));
+  out.x = e + gate * prev;
+  prev.copy_(e);
+  for (const at::Tensor& t : tables) out.gathered.push_back(at::embedding(t, idx));
+  return out;
+}
+
+at::Tensor linear_relu_square(const at::Tensor& x, const at::Tensor& W) {
+  OpScope scope("mixbench::linear_relu_square");
+  if (W.dim() != 2 || x.dim() < 1 || x.size(-1) != W.size(1))
+    throw InputError(fmt::format("linear_relu_square takes x [..., K] and W [N, K] (got x {}, W {})", c10::str(x.sizes()),
+                                 c10::str(W.sizes())));
+#if defined(MIXBENCH_WITH_CUDA)
+  const int64_t rows = x.numel() / std::max<int64_t>(x.size(-1), 1);
+  if (kernel_dtype_ok(x) && W.device() == x.device() && W.scalar_type() == x.scalar_type() && W.is_contiguous() &&
+      rows >= 1 && rows <= decode_cuda_ops::kGemvRows && x.size(-1) > 0 && W.size(0) > 0) {
+    const at::Tensor xc = x.contiguous();
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+    shape.back() = W.size(0);
+    at::Tensor y = at::empty(shape, x.options());
+    decode_cuda_ops::linear_relu_square(kernel_dtype(xc), xc.data_ptr(), W.data_ptr(), y.data_ptr(), int(rows), W.size(0),
+                                        W.size(1), stream_of(xc));
+    return y;
+  }
+#endif
+  return relu_square(at::linear(x, W));
+}
+
+at::Tensor softcap_logits(const at::Tensor& logits, double cap, const at::Tensor& advance) {
+  OpScope scope("mixbench::softcap_logits");
+  if (advance.defined() && (advance.numel() != 1 || advance.scalar_type() != at::kLong))
+    throw std::invalid_argument("softcap_logits: the position to advance must be one int64");
+#if defined(MIXBENCH_WITH_CUDA)
+  if (kernel_dtype_ok(logits) && (!advance.defined() || advance.device() == logits.device())) {
+    const at::Tensor lc = logits.contiguous();
+    at::Tensor out = at::empty(lc.sizes(), lc.options().dtype(at::kFloat));
+    decode_cuda_ops::softcap(kernel_dtype(lc), lc.data_ptr(), out.data_ptr<float>(), lc.numel(), float(cap),
+                             advance.defined() ? advance.data_ptr<int64_t>() : nullptr, stream_of(lc));
+    return out;
+  }
+#endif
+  const at::Tensor l = logits.to(at::promote_types(logits.scalar_type(), at::kFloat));
+  at::Tensor out = cap * at::tanh(l / cap);
+  if (advance.defined()) advance.add_(1);
+  return out;
+}
+
+}  // namespace mixbench

@@ -1,0 +1,261 @@
+// The backbone's element-wise work of a static-cache decode step in one launch per step boundary
+// (harness/decode_ops_kernel.h). At batch 1 a decode step is bound by its launches, not by these
+// rows of a few thousand elements: one block per row keeps the row's fp32 values in shared memory
+// between the sum of squares and the normalized write, and a block reduction forms the statistics.
+#include "harness/decode_ops_kernel.h"
+
+#include "harness/cuda_dtype.cuh"
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace mixbench::decode_cuda_ops {
+namespace {
+
+using layers::from_f32;
+using layers::load_f32;
+
+constexpr int kThreads = 256;
+
+// The value a tensor of type T holds after v is stored in it.
+template <class T>
+__device__ __forceinline__ float round_to(float v) {
+  const T t = from_f32<T>(v);
+  return load_f32(&t);
+}
+
+// Σ over the block of every thread's v; red holds kThreads/32 floats. Every thread gets the sum.
+__device__ __forceinline__ float block_sum(float v, float* red) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float s = 0.f;
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) s += red[w];
+  return s;
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) residual_norm_kernel(ResidualNormArgs p) {
+  extern __shared__ float buf[];  // [D] the row's r, then kThreads/32 partial sums
+  float* red = buf + p.D;
+  const int64_t base = int64_t(blockIdx.x) * p.D;
+  const T* x = static_cast<const T*>(p.x) + base;
+  const T* y = p.y ? static_cast<const T*>(p.y) + base : nullptr;
+  const T* z = p.z ? static_cast<const T*>(p.z) + base : nullptr;
+  T* residual = static_cast<T*>(p.residual) + base;
+  T* sum = p.sum ? static_cast<T*>(p.sum) + base : nullptr;
+  T* normed = static_cast<T*>(p.normed) + base;
+  const float fa = p.a ? load_f32(static_cast<const T*>(p.a)) : 1.f;
+  const float fb = p.b ? load_f32(static_cast<const T*>(p.b)) : 0.f;
+  float ss = 0.f;
+  for (int j = threadIdx.x; j < p.D; j += kThreads) {
+    float s = load_f32(x + j);
+    if (y) s = round_to<T>(s + load_f32(y + j));  // x + y, materialized
+    if (sum) sum[j] = from_f32<T>(s);
+    float r = s;
+    if (p.mix == Mix::Scaled) r = round_to<T>(fa * s + fb * load_f32(z + j));  // one rounding (fused scaled_sum)
+    else if (p.mix == Mix::Backout) r = round_to<T>(s - round_to<T>(fb * load_f32(z + j)));  // b·z, then s − b·z
+    residual[j] = from_f32<T>(r);
+    buf[j] = r;
+    ss += r * r;
+  }
+  const float inv = rsqrtf(block_sum(ss, red) / float(p.D) + p.eps);
+  for (int j = threadIdx.x; j < p.D; j += kThreads) normed[j] = from_f32<T>(buf[j] * inv);
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) embed_smear_kernel(EmbedSmearArgs p) {
+  extern __shared__ float buf[];  // [D] the normalized embedding, then kThreads/32 partial sums
+  float* red = buf + p.D;
+  const int64_t row = blockIdx.x, base = row * p.D;
+  const int64_t id = p.idx[row];
+  if (blockIdx.y > 0) {  // a gathered table's row
+    const int t = int(blockIdx.y) - 1;
+    if (id < 0 || id >= p.gather_vocab[t]) __trap();
+    const int64_t w = p.gather_width[t];
+    const T* src = static_cast<const T*>(p.gather_table[t]) + id * w;
+    T* dst = static_cast<T*>(p.gather_out[t]) + row * w;
+    for (int64_t j = threadIdx.x; j < w; j += kThreads) dst[j] = src[j];
+    return;
+  }
+  if (id < 0 || id >= p.vocab) __trap();  // as the embedding's device-side index check
+  const T* e = static_cast<const T*>(p.wte) + id * p.D;
+  float ss = 0.f;
+  for (int j = threadIdx.x; j < p.D; j += kThreads) {
+    const float v = load_f32(e + j);
+    buf[j] = v;
+    ss += v * v;
+  }
+  const float inv = rsqrtf(block_sum(ss, red) / float(p.D) + p.eps);
+  for (int j = threadIdx.x; j < p.D; j += kThreads) buf[j] = round_to<T>(buf[j] * inv);  // rms_norm's output
+  __syncthreads();
+  // the gate: a G-wide dot product (the GEMM's output in T), σ, then λ·σ, each rounded as stored
+  float d = threadIdx.x < p.G ? buf[threadIdx.x] * load_f32(static_cast<const T*>(p.w) + threadIdx.x) : 0.f;
+  if (threadIdx.x < 32) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
+    if (threadIdx.x == 0) red[0] = d;
+  }
+  __syncthreads();
+  const float sg = round_to<T>(1.f / (1.f + expf(-round_to<T>(red[0]))));
+  const float gate = round_to<T>(load_f32(static_cast<const T*>(p.lambda)) * sg);
+  T* prev = static_cast<T*>(p.prev) + base;
+  T* x = static_cast<T*>(p.x) + base;
+  for (int j = threadIdx.x; j < p.D; j += kThreads) {
+    const float pv = load_f32(prev + j);  // read before this thread overwrites it
+    x[j] = from_f32<T>(buf[j] + round_to<T>(gate * pv));
+    prev[j] = from_f32<T>(buf[j]);
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) softcap_kernel(const T* __restrict__ l, float* __restrict__ out, int64_t n,
+                                                           float cap, int64_t* advance) {
+  const float inv = 1.f / cap;  // LibTorch divides by a host scalar as a product with its reciprocal
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
+    out[i] = cap * tanhf(load_f32(l + i) * inv);
+  if (advance && blockIdx.x == 0 && threadIdx.x == 0) *advance += 1;
+}
+
+// 16-byte packs of E elements when K and the buffers allow, single elements otherwise.
+template <class T, int E>
+struct alignas(E * sizeof(T)) Pack {
+  T v[E];
+};
+
+constexpr int kGemvWarps = 4;
+
+template <class T, int E>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    linear_relu_square_kernel(const T* __restrict__ x, const T* __restrict__ W, T* __restrict__ y, int rows, int64_t N,
+                              int64_t K) {
+  const int lane = threadIdx.x & 31;
+  const int64_t n = int64_t(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
+  if (n >= N) return;  // whole warps
+  float acc[kGemvRows];
+#pragma unroll
+  for (int r = 0; r < kGemvRows; ++r) acc[r] = 0.f;
+  const T* w = W + n * K;
+#pragma unroll 4
+  for (int64_t k = int64_t(lane) * E; k < K; k += 32 * E) {  // unrolled: the row's loads in flight together
+    const Pack<T, E> wp = *reinterpret_cast<const Pack<T, E>*>(w + k);
+    float wf[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) wf[e] = load_f32(&wp.v[e]);
+#pragma unroll
+    for (int r = 0; r < kGemvRows; ++r) {
+      if (r < rows) {
+        const Pack<T, E> xp = *reinterpret_cast<const Pack<T, E>*>(x + int64_t(r) * K + k);
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[r] += wf[e] * load_f32(&xp.v[e]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kGemvRows; ++r) {
+    if (r < rows) {
+      float a = acc[r];
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) a += __shfl_xor_sync(0xffffffffu, a, off);
+      if (lane == 0) {
+        const float h = round_to<T>(a);
+        y[int64_t(r) * N + n] = from_f32<T>(h > 0.f ? h * h : 0.f);
+      }
+    }
+  }
+}
+
+template <class T>
+void linear_relu_square_t(const void* x, const void* W, void* y, int rows, int64_t N, int64_t K, cudaStream_t s) {
+  constexpr int E = int(16 / sizeof(T));
+  const bool packed = K % E == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(W) % 16 == 0;
+  const unsigned blocks = unsigned((N + kGemvWarps - 1) / kGemvWarps);
+  if (packed)
+    linear_relu_square_kernel<T, E><<<blocks, kGemvWarps * 32, 0, s>>>(static_cast<const T*>(x), static_cast<const T*>(W),
+                                                                      static_cast<T*>(y), rows, N, K);
+  else
+    linear_relu_square_kernel<T, 1><<<blocks, kGemvWarps * 32, 0, s>>>(static_cast<const T*>(x), static_cast<const T*>(W),
+                                                                      static_cast<T*>(y), rows, N, K);
+}
+
+void check(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+void check_row(int D, const char* what) {
+  if (D < 1 || D > kMaxRow)
+    throw std::invalid_argument(std::string(what) + " kernel: rows of " + std::to_string(D) + " elements (1.." +
+                                std::to_string(kMaxRow) + " taken)");
+}
+
+size_t row_smem(int D) { return sizeof(float) * (size_t(D) + kThreads / 32); }
+
+template <class T>
+void residual_norm_t(const ResidualNormArgs& p, cudaStream_t s) {
+  residual_norm_kernel<T><<<unsigned(p.rows), kThreads, row_smem(p.D), s>>>(p);
+}
+template <class T>
+void embed_smear_t(const EmbedSmearArgs& p, cudaStream_t s) {
+  embed_smear_kernel<T><<<dim3(unsigned(p.rows), unsigned(1 + p.n_gather)), kThreads, row_smem(p.D), s>>>(p);
+}
+template <class T>
+void softcap_t(const void* l, float* out, int64_t n, float cap, int64_t* advance, cudaStream_t s) {
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  softcap_kernel<T><<<unsigned(blocks < 1 ? 1 : blocks > 132 * 8 ? 132 * 8 : blocks), kThreads, 0, s>>>(
+      static_cast<const T*>(l), out, n, cap, advance);
+}
+}  // namespace
+
+#define MIXBENCH_DECODE_OPS_DISPATCH(dt, F, ...)            \
+  switch (dt) {                                             \
+    case Dtype::F32: F<float>(__VA_ARGS__); break;          \
+    case Dtype::BF16: F<__nv_bfloat16>(__VA_ARGS__); break; \
+    case Dtype::F16: F<__half>(__VA_ARGS__); break;         \
+  }
+
+void residual_norm(Dtype dt, const ResidualNormArgs& p, cudaStream_t s) {
+  check_row(p.D, "residual norm");
+  if (!p.x || !p.residual || !p.normed) throw std::invalid_argument("residual norm kernel: x, residual and normed are required");
+  if (p.mix != Mix::None && (!p.b || !p.z)) throw std::invalid_argument("residual norm kernel: a mix reads b and z");
+  if (p.mix == Mix::Scaled && !p.a) throw std::invalid_argument("residual norm kernel: the scaled mix reads a");
+  if (p.rows < 1) return;
+  if (p.rows > 2147483647) throw std::invalid_argument("residual norm kernel: too many rows");
+  MIXBENCH_DECODE_OPS_DISPATCH(dt, residual_norm_t, p, s)
+  check("residual norm");
+}
+
+void embed_smear(Dtype dt, const EmbedSmearArgs& p, cudaStream_t s) {
+  check_row(p.D, "embed smear");
+  if (p.G < 1 || p.G > 32 || p.G > p.D) throw std::invalid_argument("embed smear kernel: the gate reads 1..32 channels of the row");
+  if (p.n_gather < 0 || p.n_gather > kMaxGather)
+    throw std::invalid_argument("embed smear kernel: at most " + std::to_string(kMaxGather) + " gathered tables");
+  for (int t = 0; t < p.n_gather; ++t)
+    if (!p.gather_table[t] || !p.gather_out[t] || p.gather_width[t] < 1)
+      throw std::invalid_argument("embed smear kernel: a gathered table without rows or output");
+  if (p.rows < 1) return;
+  if (p.rows > 2147483647) throw std::invalid_argument("embed smear kernel: too many rows");
+  MIXBENCH_DECODE_OPS_DISPATCH(dt, embed_smear_t, p, s)
+  check("embed smear");
+}
+
+void linear_relu_square(Dtype dt, const void* x, const void* W, void* y, int rows, int64_t N, int64_t K, cudaStream_t s) {
+  if (rows < 1 || rows > kGemvRows) throw std::invalid_argument("linear relu² kernel: 1.." + std::to_string(kGemvRows) + " rows");
+  if (N < 1 || K < 1 || (N + kGemvWarps - 1) / kGemvWarps > 2147483647)
+    throw std::invalid_argument("linear relu² kernel: empty or too large a weight");
+  MIXBENCH_DECODE_OPS_DISPATCH(dt, linear_relu_square_t, x, W, y, rows, N, K, s)
+  check("linear relu²");
+}
+
+void softcap(Dtype dt, const void* logits, float* out, int64_t n, float cap, int64_t* advance, cudaStream_t s) {
+  if (n < 1 && !advance) return;
+  MIXBENCH_DECODE_OPS_DISPATCH(dt, softcap_t, logits, out, n, cap, advance, s)
+  check("softcap");
+}
+#undef MIXBENCH_DECODE_OPS_DISPATCH
+
+}  // namespace mixbench::decode_cuda_ops

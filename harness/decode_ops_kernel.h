@@ -1,0 +1,72 @@
+// The CUDA kernels behind harness/decode_ops.h: the backbone's element-wise work of a static-cache
+// decode step (B rows of one token each), one launch per step boundary. Rows are contiguous
+// [rows, D] in one dtype (fp32, bf16 or fp16); one block per row, fp32 arithmetic, and a rounding
+// to the dtype wherever the unfused LibTorch path materializes a tensor (so that the fused step
+// stays within one rounding of the unfused one).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "harness/fused_ops_kernel.h"
+
+namespace mixbench::decode_cuda_ops {
+
+using fused_cuda::Dtype;
+
+// Widest row the row kernels take (its fp32 copy lives in shared memory).
+constexpr int kMaxRow = 8192;
+
+enum class Mix {
+  None,     // r = s
+  Scaled,   // r = a·s + b·z (nanochat's resid / x0 mix; a, b one element each)
+  Backout,  // r = s − b·z (nanochat's backout; b one element)
+};
+
+// Per row: s = x + y (y null: s = x), r = mix(s), written to `residual` (and s to `sum` when
+// non-null), and normed = r·rsqrt(mean(r²) + eps). a, b: one element each on the device, in the
+// rows' dtype (null where the mix does not read them).
+struct ResidualNormArgs {
+  int64_t rows = 0;
+  int D = 0;
+  Mix mix = Mix::None;
+  float eps = 0.f;
+  const void *x = nullptr, *y = nullptr, *a = nullptr, *b = nullptr, *z = nullptr;
+  void *residual = nullptr, *sum = nullptr, *normed = nullptr;
+};
+void residual_norm(Dtype dt, const ResidualNormArgs& p, cudaStream_t stream);
+
+// Per row i: e = rms_norm(wte[idx[i]]), the smear gate g = λ·σ(e[:G]·w) and x = e + g·prev[i];
+// prev[i] ← e in place. wte [vocab, D], w [G] (G ≤ 32), λ one element, prev and x [rows, D]; idx
+// int64 [rows] on the device (an id outside [0, vocab) stops the kernel with a device error).
+// In the same launch, row idx[i] of each of n_gather further tables [vocab, width_t] is copied to
+// row i of out_t [rows, width_t] (the value embeddings of the step's layers).
+constexpr int kMaxGather = 32;
+struct EmbedSmearArgs {
+  int64_t rows = 0, vocab = 0;
+  int D = 0, G = 0;
+  float eps = 0.f;
+  const int64_t* idx = nullptr;
+  const void *wte = nullptr, *w = nullptr, *lambda = nullptr;
+  void *prev = nullptr, *x = nullptr;
+  int n_gather = 0;
+  const void* gather_table[kMaxGather] = {};
+  int64_t gather_vocab[kMaxGather] = {};
+  int64_t gather_width[kMaxGather] = {};
+  void* gather_out[kMaxGather] = {};
+};
+void embed_smear(Dtype dt, const EmbedSmearArgs& p, cudaStream_t stream);
+
+// The MLP's first half for a few rows: y[r, n] = relu(Σ_k x[r,k]·W[n,k])² with fp32 accumulation,
+// the product rounded to dt before the activation (as the unfused GEMM stores it). x [rows, K],
+// W [N, K], y [rows, N] contiguous; 1 ≤ rows ≤ kGemvRows. One warp per output column n, reading
+// W's row once for every row of x.
+constexpr int kGemvRows = 8;
+void linear_relu_square(Dtype dt, const void* x, const void* W, void* y, int rows, int64_t N, int64_t K,
+                        cudaStream_t stream);
+
+// out = cap·tanh(l/cap) in fp32 over n logits of dtype dt; `advance` (int64, one element on the
+// device, or null) is incremented by one in the same launch.
+void softcap(Dtype dt, const void* logits, float* out, int64_t n, float cap, int64_t* advance, cudaStream_t stream);
+
+}  // namespace mixbench::decode_cuda_ops

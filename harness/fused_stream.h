@@ -1,0 +1,26 @@
+// A residual stream that fuses its updates in a static-cache decode step. In a decode step without
+// gradient over static caches the backbone (harness/backbone.cpp) asks its stream for this
+// interface (dynamic_cast) and, when the stream has it, calls these in place of read + RMSNorm +
+// modulate, write and finish: the stream may defer a sublayer's output and add it to the residual in
+// the next input's op (harness/decode_ops.h: the add, the stream's mix and the norm in one launch
+// on a GPU). The values are those of the unfused calls.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include "harness/residual.h"
+
+namespace mixbench {
+
+class FusedDecodeStream {
+ public:
+  virtual ~FusedDecodeStream() = default;
+  // What sublayer `s` reads: modulate(norm(read(s))), with any deferred output added first.
+  virtual at::Tensor fused_input(TensorMap& state, const Sublayer& s, const TensorMap& params) const = 0;
+  // Takes the sublayer's output y [B,T,d] (it may be deferred to the next fused_input or fused_finish).
+  virtual void fused_write(TensorMap& state, const Sublayer& s, const at::Tensor& y, const TensorMap& params) const = 0;
+  // finish()'s value; *normed: its final RMSNorm (backbone_rms_norm) when the stream formed it in the
+  // same op, else left undefined (the backbone norms it).
+  virtual at::Tensor fused_finish(TensorMap& state, const TensorMap& params, Backend backend, at::Tensor* normed) const = 0;
+};
+
+}  // namespace mixbench

@@ -1,0 +1,422 @@
+// The fused ops of a static-cache decode step (harness/decode_ops.h). On the CPU: their stand-ins are
+// the backbone's unfused ops bit for bit (the CPU decode path's numerics do not change). On a machine
+// with a GPU: each kernel against the same op in float64 on the CPU at the rounded inputs (odd row
+// widths, several rows, fp32 / bf16 / fp16, every mix), and against LibTorch's unfused path in the
+// same dtype; the captured decode step of a d12 model counted in kernels and held to a bound.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/GradMode.h>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cctype>
+#include <cmath>
+#include <iostream>
+#include <map>
+#include <vector>
+#include <string>
+#include <tuple>
+
+#include "harness/backbone.h"
+#include "harness/decode_graph.h"
+#include "harness/decode_ops.h"
+#include "harness/errors.h"
+#include "harness/fused_ops.h"
+#include "harness/registry.h"
+#include "mixers/attention/attention.h"
+#include "mixers/linear/delta_layer.h"
+#include "tests/test_util.h"
+
+namespace mixbench {
+namespace {
+
+using mixbench_test::rel_rms;
+
+const char* mix_name(ResidualMix m) {
+  return m == ResidualMix::None ? "none" : m == ResidualMix::Scaled ? "scaled" : "backout";
+}
+
+// The backbone's unfused arithmetic of residual_norm, written out.
+ResidualNorm unfused_residual_norm(const at::Tensor& x, const at::Tensor& y, ResidualMix mix, const at::Tensor& a,
+                                   const at::Tensor& b, const at::Tensor& z) {
+  ResidualNorm o;
+  o.sum = y.defined() ? x + y : x;
+  o.residual = mix == ResidualMix::Scaled ? scaled_sum(a, o.sum, b, z) : mix == ResidualMix::Backout ? o.sum - b * z : o.sum;
+  o.normed = backbone_rms_norm(o.residual);
+  return o;
+}
+
+TEST(DecodeFused, CpuStandInsAreTheUnfusedOpsBitForBit) {
+  c10::NoGradGuard ng;
+  at::manual_seed(31);
+  for (auto dt : {at::kFloat, at::kDouble, at::kBFloat16})
+    for (ResidualMix mix : {ResidualMix::None, ResidualMix::Scaled, ResidualMix::Backout})
+      for (bool with_y : {false, true}) {
+        const auto o = at::TensorOptions().dtype(dt);
+        const at::Tensor x = at::randn({3, 1, 37}, o), y = with_y ? at::randn({3, 1, 37}, o) : at::Tensor(),
+                         z = at::randn({3, 1, 37}, o), a = at::randn({4}, o)[1], b = at::randn({1}, o);
+        const bool scaled = mix == ResidualMix::Scaled, any = mix != ResidualMix::None;
+        const ResidualNorm got = residual_norm(x, y, mix, scaled ? a : at::Tensor(), any ? b : at::Tensor(),
+                                               any ? z : at::Tensor(), /*keep_sum=*/true);
+        const ResidualNorm want = unfused_residual_norm(x, y, mix, a, b, z);
+        const std::string where = fmt::format("{} {} y={}", c10::toString(dt), mix_name(mix), with_y);
+        EXPECT_TRUE(at::equal(got.residual, want.residual)) << where;
+        EXPECT_TRUE(at::equal(got.normed, want.normed)) << where;
+        EXPECT_TRUE(at::equal(got.sum, want.sum)) << where;
+      }
+  // the embedding with its smear, and the previous embedding replaced in place
+  for (auto dt : {at::kFloat, at::kBFloat16}) {
+    const auto o = at::TensorOptions().dtype(dt);
+    const at::Tensor wte = at::randn({11, 40}, o), w = at::randn({1, 24}, o), lam = at::randn({1}, o);
+    const at::Tensor idx = at::tensor({3, 10}, at::kLong).view({2, 1}), prev0 = at::randn({2, 1, 40}, o);
+    const at::Tensor ve1 = at::randn({11, 8}, o), ve2 = at::randn({11, 13}, o);
+    at::Tensor prev = prev0.clone();
+    const EmbedStep got = embed_smear_step(wte, idx, w, lam, prev, {ve1, ve2});
+    const at::Tensor e = backbone_rms_norm(at::embedding(wte, idx));
+    const at::Tensor want = e + lam * at::sigmoid(at::linear(e.slice(2, 0, 24), w)) * prev0;
+    EXPECT_TRUE(at::equal(got.x, want)) << c10::toString(dt);
+    EXPECT_TRUE(at::equal(prev, e)) << c10::toString(dt) << ": prev holds the new embedding";
+    ASSERT_EQ(got.gathered.size(), 2u);
+    EXPECT_TRUE(at::equal(got.gathered[0], at::embedding(ve1, idx))) << c10::toString(dt);
+    EXPECT_TRUE(at::equal(got.gathered[1], at::embedding(ve2, idx))) << c10::toString(dt);
+  }
+  // the softcap, with and without the position's advance
+  const at::Tensor l = 30 * at::randn({2, 1, 50}), pos = at::full({1}, 7, at::kLong);
+  EXPECT_TRUE(at::equal(softcap_logits(l, 15.0, pos), 15.0 * at::tanh(l / 15.0)));
+  EXPECT_EQ(pos.item<int64_t>(), 8);
+  EXPECT_TRUE(at::equal(softcap_logits(l.to(at::kBFloat16), 15.0), 15.0 * at::tanh(l.to(at::kBFloat16).to(at::kFloat) / 15.0)));
+  EXPECT_EQ(pos.item<int64_t>(), 8);
+}
+
+TEST(DecodeFused, RejectsAMixWithoutItsInputs) {
+  const at::Tensor x = at::randn({1, 1, 8});
+  EXPECT_THROW(residual_norm(x, at::Tensor(), ResidualMix::Scaled, at::Tensor(), at::ones({1}), x), std::invalid_argument);
+  EXPECT_THROW(residual_norm(x, at::Tensor(), ResidualMix::Backout, at::Tensor(), at::ones({1}), at::Tensor()),
+               std::invalid_argument);
+  EXPECT_THROW(embed_smear_step(at::randn({5, 8}), at::zeros({1, 2}, at::kLong), at::randn({1, 4}), at::ones({1}),
+                                at::zeros({1, 1, 8})),
+               InputError);
+}
+
+// ------------------------------------------------------------------------------------------- GPU
+
+at::Tensor cuda(const at::Tensor& t, at::ScalarType dt) { return t.to(at::kCUDA, dt); }
+at::Tensor f64(const at::Tensor& t) { return t.detach().to(at::kCPU, at::kDouble); }
+at::Tensor d64(const at::Tensor& t) { return t.to(at::kDouble); }
+
+TEST(DecodeFusedCuda, ResidualNormMatchesFp64AndTheUnfusedPath) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  c10::NoGradGuard ng;
+  at::manual_seed(32);
+  for (auto dt : {at::kFloat, at::kBFloat16, at::kHalf})
+    for (int64_t D : {1, 7, 24, 255, 256, 257, 768, 1000, 4099, 8192})
+      for (int64_t rows : {1, 3, 8})
+        for (ResidualMix mix : {ResidualMix::None, ResidualMix::Scaled, ResidualMix::Backout})
+          for (bool with_y : {false, true}) {
+            const at::Tensor x = cuda(at::randn({rows, 1, D}), dt), y = with_y ? cuda(at::randn({rows, 1, D}), dt) : at::Tensor(),
+                             z = cuda(at::randn({rows, 1, D}), dt);
+            // a, b: one element of a per-step vector (a view), as the stream passes them
+            const at::Tensor a = cuda(1.0 + 0.25 * at::randn({5}), dt)[2], b = cuda(0.5 + 0.25 * at::randn({1}), dt);
+            const bool scaled = mix == ResidualMix::Scaled, any = mix != ResidualMix::None;
+            const at::Tensor ua = scaled ? a : at::Tensor(), ub = any ? b : at::Tensor(), uz = any ? z : at::Tensor();
+            const ResidualNorm got = residual_norm(x, y, mix, ua, ub, uz, /*keep_sum=*/true);
+            ASSERT_EQ(got.residual.scalar_type(), dt);
+            ASSERT_EQ(got.normed.sizes(), x.sizes());
+            // float64 on the CPU at the rounded inputs
+            const ResidualNorm ref = residual_norm(f64(x), with_y ? f64(y) : at::Tensor(), mix, scaled ? f64(a) : at::Tensor(),
+                                                   any ? f64(b) : at::Tensor(), any ? f64(z) : at::Tensor(), true);
+            // LibTorch's unfused path in the same dtype on the GPU
+            const ResidualNorm lt = unfused_residual_norm(x, y, mix, a, b, z);
+            const std::string where = fmt::format("{} D{} rows{} {} y={}", c10::toString(dt), D, rows, mix_name(mix), with_y);
+            const double tol = dt == at::kFloat ? 2e-6 : dt == at::kHalf ? 2e-3 : 1e-2;
+            EXPECT_LE(rel_rms(ref.residual, got.residual), tol) << where << " residual";
+            EXPECT_LE(rel_rms(ref.normed, got.normed), tol) << where << " normed";
+            EXPECT_LE(rel_rms(ref.sum, got.sum), tol) << where << " sum";
+            EXPECT_LE(rel_rms(lt.residual, got.residual), tol) << where << " residual vs unfused";
+            EXPECT_LE(rel_rms(lt.normed, got.normed), tol) << where << " normed vs unfused";
+            // the normed rows have unit RMS (rows wide enough that eps does not show)
+            if (D >= 24) {
+              const at::Tensor ms = f64(got.normed).pow(2).mean(-1);
+              EXPECT_LE((ms - 1).abs().max().item<double>(), dt == at::kFloat ? 1e-4 : 3e-2) << where;
+            }
+          }
+  // a strided x (a view) is read through a contiguous copy
+  const at::Tensor big = at::randn({3, 2, 64}, at::TensorOptions().device(at::kCUDA));
+  const at::Tensor xv = big.slice(1, 1, 2);
+  const ResidualNorm got = residual_norm(xv, at::Tensor(), ResidualMix::None, {}, {}, {});
+  EXPECT_LE(rel_rms(residual_norm(f64(xv), at::Tensor(), ResidualMix::None, {}, {}, {}).normed, got.normed), 2e-6);
+}
+
+TEST(DecodeFusedCuda, EmbedSmearMatchesFp64AndReplacesThePreviousEmbedding) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  c10::NoGradGuard ng;
+  at::manual_seed(33);
+  for (auto dt : {at::kFloat, at::kBFloat16, at::kHalf})
+    for (int64_t D : {24, 25, 130, 768, 1031})
+      for (int64_t G : {1, 24, 32})
+        for (int64_t B : {1, 3}) {
+          const int64_t V = 97;
+          // the gate's dot product O(1): σ away from 0 and 1
+          const at::Tensor wte = cuda(at::randn({V, D}), dt), w = cuda(at::randn({1, G}) / std::sqrt(double(G)), dt),
+                           lam = cuda(0.5 + at::rand({1}), dt);
+          const at::Tensor idx = at::randint(V, {B, 1}, at::TensorOptions().dtype(at::kLong)).to(at::kCUDA);
+          const at::Tensor prev0 = cuda(at::randn({B, 1, D}), dt);
+          // value-embedding tables gathered in the same launch: none, one, several of odd widths
+          std::vector<at::Tensor> tables;
+          for (int64_t t = 0; t < G % 3; ++t) tables.push_back(cuda(at::randn({V, 7 + 64 * t}), dt));
+          at::Tensor prev = prev0.clone();
+          const EmbedStep step = embed_smear_step(wte, idx, w, lam, prev, tables);
+          const at::Tensor got = step.x;
+          ASSERT_EQ(step.gathered.size(), tables.size());
+          for (size_t t = 0; t < tables.size(); ++t)
+            EXPECT_TRUE(at::equal(step.gathered[t], at::embedding(tables[t], idx))) << "table " << t;
+          at::Tensor pref = f64(prev0);
+          const at::Tensor ref = embed_smear_step(f64(wte), idx.cpu(), f64(w), f64(lam), pref).x;
+          at::Tensor prev_lt = prev0.clone();  // LibTorch's unfused ops in the same dtype
+          const at::Tensor e = backbone_rms_norm(at::embedding(wte, idx));
+          const at::Tensor lt = e + lam * at::sigmoid(at::linear(e.slice(2, 0, G), w)) * prev_lt;
+          const std::string where = fmt::format("{} D{} G{} B{}", c10::toString(dt), D, G, B);
+          const double tol = dt == at::kFloat ? 2e-6 : dt == at::kHalf ? 2e-3 : 1e-2;
+          ASSERT_EQ(got.sizes(), prev0.sizes()) << where;
+          EXPECT_LE(rel_rms(ref, got), tol) << where << " x";
+          EXPECT_LE(rel_rms(pref, prev), tol) << where << " prev";
+          EXPECT_LE(rel_rms(lt, got), tol) << where << " x vs unfused";
+          EXPECT_LE(rel_rms(e, prev), tol) << where << " prev vs unfused";
+          // the smear matters: the result is not the embedding alone
+          EXPECT_GT(rel_rms(e, got), 1e-3) << where;
+        }
+}
+
+TEST(DecodeFusedCuda, SoftcapMatchesTheUnfusedPathAndAdvancesThePosition) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  c10::NoGradGuard ng;
+  at::manual_seed(34);
+  for (auto dt : {at::kFloat, at::kBFloat16, at::kHalf})
+    for (int64_t n : {1, 97, 32771}) {
+      const at::Tensor l = cuda(30 * at::randn({2, 1, n}), dt);
+      const at::Tensor pos = at::full({1}, 41, at::TensorOptions().dtype(at::kLong).device(at::kCUDA));
+      const at::Tensor got = softcap_logits(l, 15.0, pos);
+      ASSERT_EQ(got.scalar_type(), at::kFloat);
+      const at::Tensor ref = 15.0 * at::tanh(f64(l) / 15.0);
+      const at::Tensor lt = 15.0 * at::tanh(l.to(at::kFloat) / 15.0);
+      const std::string where = fmt::format("{} n{}", c10::toString(dt), n);
+      EXPECT_LE(rel_rms(ref, got), 1e-6) << where;
+      EXPECT_LE(rel_rms(lt, got), 1e-6) << where;
+      EXPECT_EQ(pos.item<int64_t>(), 42) << where;
+      (void)softcap_logits(l, 15.0);
+      EXPECT_EQ(pos.item<int64_t>(), 42) << where << ": no position, no advance";
+    }
+}
+
+TEST(DecodeFusedCuda, LinearReluSquareMatchesFp64AndTheUnfusedPath) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  c10::NoGradGuard ng;
+  at::manual_seed(35);
+  for (auto dt : {at::kFloat, at::kBFloat16, at::kHalf})
+    for (int64_t rows : {1, 3, 8, 9})  // 9: more rows than the kernel takes (the GEMM and relu²)
+      for (auto [N, K] : {std::pair<int64_t, int64_t>{1, 7}, {5, 64}, {97, 1001}, {3072, 768}, {40, 24}}) {
+        // x [rows, 1, K] as the MLP sees it; W scaled so that h is O(1)
+        const at::Tensor x = cuda(at::randn({rows, 1, K}), dt), W = cuda(at::randn({N, K}) / std::sqrt(double(K)), dt);
+        const at::Tensor got = linear_relu_square(x, W);
+        ASSERT_EQ(got.sizes(), (at::IntArrayRef{rows, 1, N}));
+        ASSERT_EQ(got.scalar_type(), dt);
+        const at::Tensor ref = at::relu(at::linear(f64(x), f64(W))).square();
+        const at::Tensor lt = relu_square(at::linear(x, W));
+        const std::string where = fmt::format("{} rows{} N{} K{}", c10::toString(dt), rows, N, K);
+        const double tol = dt == at::kFloat ? 1e-5 : dt == at::kHalf ? 3e-3 : 2e-2;
+        EXPECT_LE(rel_rms(ref, got), tol) << where;
+        EXPECT_LE(rel_rms(lt, got), tol) << where << " vs unfused";
+        if (got.numel() >= 64)
+          EXPECT_GT(f64(got).gt(0).to(at::kDouble).mean().item<double>(), 0.2) << where << ": a non-trivial case";
+        EXPECT_EQ(f64(got).lt(0).sum().item<int64_t>(), 0) << where << ": relu² is never negative";
+      }
+  // a view of x at an odd offset takes the unpacked loads
+  const at::Tensor big = at::randn({1, 1, 65}, at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16));
+  const at::Tensor W = at::randn({33, 64}, big.options()) / 8.0;
+  const at::Tensor xv = big.narrow(2, 1, 64);
+  EXPECT_LE(rel_rms(at::relu(at::linear(f64(xv), f64(W))).square(), linear_relu_square(xv, W)), 2e-2);
+}
+
+// gdn's decode step after its GEMM (gdn_static_step: conv step, L2 norms, the value embedding's
+// gate, the gated delta step and the gated output norm) against the same function's unfused ops in
+// float64 on the GPU, from the same cache: the output, the state, the conv tail and the position.
+TEST(DecodeFusedCuda, GdnStepMatchesFp64) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  c10::NoGradGuard ng;
+  at::manual_seed(36);
+  struct Case {
+    int64_t B, H, K, V, W;
+    bool ve;
+  };
+  for (auto dt : {at::kFloat, at::kBFloat16})
+    for (const Case& k : {Case{1, 6, 128, 128, 4, true}, Case{3, 4, 64, 32, 4, false}, Case{2, 3, 256, 64, 2, true},
+                          Case{2, 2, 16, 48, 3, true}, Case{1, 1, 40, 200, 4, false}}) {
+      const int64_t dm = 96, HK = k.H * k.K, HV = k.H * k.V, C = 2 * HK + HV, N = C + 2 * k.H + HV + (k.ve ? k.H : 0);
+      const linear::DeltaDims d{dm, k.H, k.K, k.V, k.W, 1e-5};
+      const auto opts = at::TensorOptions().device(at::kCUDA).dtype(dt), f32 = opts.dtype(at::kFloat);
+      TensorMap in{{"x", at::randn({k.B, 1, dm}, opts)}};
+      if (k.ve) in.set("ve", at::randn({k.B, 1, HV}, opts));
+      const at::Tensor norm_w = 1.0 + 0.25 * at::randn({k.V}, opts);
+      const at::Tensor w_proj = at::randn({N, dm}, opts) / std::sqrt(double(dm)), w_conv = 0.5 * at::randn({C, k.W}, opts);
+      const at::Tensor tail = at::randn({k.B, k.W - 1, C}, opts), S0 = 0.1 * at::randn({k.B, k.H, k.K, k.V}, f32);
+      const at::Tensor neg_a = -at::rand({k.H}, f32).mul(2.0).exp(), dt_bias = at::randn({k.H}, f32) - 3.0;
+      auto make_cache = [&](at::ScalarType t, at::ScalarType state_t) {
+        TensorMap c;
+        c.set("pos_dev", at::zeros({1}, opts.dtype(at::kLong)));
+        c.set("capacity", at::scalar_tensor(int64_t(64), at::TensorOptions().dtype(at::kLong)));
+        c.set("state", S0.to(state_t).clone());
+        c.set("w.proj", w_proj.to(t));
+        c.set("w.conv", w_conv.to(t));
+        c.set("qkv_tail", tail.to(t).clone());
+        c.set("w.neg_a", neg_a.to(state_t));
+        c.set("w.dt_bias", dt_bias.to(state_t));
+        set_cache_pos(c, 5);
+        return c;
+      };
+      TensorMap cache = make_cache(dt, at::kFloat);
+      const at::Tensor o = linear::gdn_static_step(in, d, cache, norm_w, d.eps, Backend::CUDA);
+      TensorMap in64;
+      for (const auto& [n, t] : in) in64.set(n, t.to(at::kDouble));
+      TensorMap ref = make_cache(at::kDouble, at::kDouble);
+      const at::Tensor o_ref = linear::gdn_static_step(in64, d, ref, norm_w.to(at::kDouble), d.eps, Backend::CUDA);
+      const std::string where = fmt::format("{} B{} H{} K{} V{} W{} ve={}", c10::toString(dt), k.B, k.H, k.K, k.V, k.W, k.ve);
+      ASSERT_EQ(o.sizes(), (at::IntArrayRef{k.B, 1, k.H, k.V})) << where;
+      ASSERT_EQ(o.scalar_type(), dt) << where;
+      const double tol = dt == at::kFloat ? 1e-5 : 2e-2;
+      EXPECT_LE(rel_rms(o_ref, o), tol) << where << " o";
+      EXPECT_LE(rel_rms(ref.at("state"), cache.at("state")), dt == at::kFloat ? 1e-6 : 1e-2) << where << " state";
+      EXPECT_LE(rel_rms(ref.at("qkv_tail"), cache.at("qkv_tail")), dt == at::kFloat ? 1e-6 : 1e-2) << where << " tail";
+      EXPECT_EQ(cache_pos(cache), 6) << where;
+      EXPECT_GT(rel_rms(d64(S0), ref.at("state")), 1e-3) << where << ": the state moved";
+    }
+}
+
+// The split-KV decode attention merges its splits in its one launch (the last block of each row and
+// head group): many splits, GQA groups, repeated launches on the same arrival counters (each launch
+// must leave them zero), against the masked reference; one kernel node when captured.
+TEST(DecodeFusedCuda, SplitKvAttentionMergesInItsOneLaunch) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  c10::NoGradGuard ng;
+  at::manual_seed(37);
+  for (auto dt : {at::kFloat, at::kBFloat16})
+    for (auto [B, H, Hkv, D, cap] : {std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>{1, 6, 6, 128, 4096},
+                                     {2, 8, 2, 64, 1000}, {3, 12, 1, 256, 300}, {1, 16, 2, 128, 70}}) {
+      const auto opts = at::TensorOptions().device(at::kCUDA).dtype(dt);
+      const at::Tensor q = at::randn({B, H, D}, opts), K = at::randn({B, cap, Hkv, D}, opts), V = at::randn({B, cap, Hkv, D}, opts);
+      for (int64_t pos : {int64_t(0), cap / 3, cap - 1, cap + 5}) {
+        const at::Tensor pd = at::full({1}, pos, opts.dtype(at::kLong));
+        const double scale = 1.0 / std::sqrt(double(D));
+        const at::Tensor ref = attention_decode_static_reference(d64(q), d64(K), d64(V), pd, scale, 0.0);
+        const at::Tensor first = attention_decode_static(q, K, V, pd, scale, 0.0);
+        const std::string where = fmt::format("{} B{} H{} Hkv{} D{} cap{} pos{}", c10::toString(dt), B, H, Hkv, D, cap, pos);
+        EXPECT_LE(rel_rms(ref, first), dt == at::kFloat ? 1e-5 : 1e-2) << where;
+        for (int rep = 0; rep < 3; ++rep)  // the same counters again: the same merge, bit for bit
+          EXPECT_TRUE(at::equal(first, attention_decode_static(q, K, V, pd, scale, 0.0))) << where << " rep " << rep;
+      }
+    }
+  // captured: one kernel
+  const auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  const at::Tensor q = at::randn({1, 6, 128}, opts), K = at::randn({1, 1024, 6, 128}, opts), V = at::randn_like(K);
+  const at::Tensor pd = at::full({1}, 700, opts.dtype(at::kLong));
+  at::Tensor out;
+  CapturedWork w(-1);
+  auto work = [&] { out = attention_decode_static(q, K, V, pd, 0.088, 0.0); };
+  w.run(work);
+  const at::Tensor eager = out.clone();
+  w.capture(work);
+  EXPECT_EQ(w.nodes().kernels, 1);
+  w.replay();
+  EXPECT_TRUE(at::equal(eager, out));
+}
+
+// The captured decode step of the gpu-d12 model (bf16, batch 1, a short prompt): its kernels per
+// token, printed by name and held to bounds, and its logits against the eager (unfused) step's.
+// Per step dense_full runs 37 GEMMs (q|k|v, out and c_proj per layer, lm_head) and 65 other kernels
+// (the embedding, per layer two residual norms, the q/k/v step, the split-KV attention and c_fc
+// with relu², the final norm, the softcap, the greedy argmax and its copy); gdn
+// 37 GEMMs (w.proj, o_proj, c_proj per layer, lm_head) and 65 others (per layer two residual
+// norms, the conv step, the gdn step and c_fc with relu²). A GEMM may take a second kernel (a
+// split-K reduction): the bound on all kernels allows one per GEMM.
+TEST(DecodeFusedCuda, CapturedD12StepLaunchesFewKernels) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  c10::NoGradGuard ng;
+  struct Expect {
+    std::string method;
+    int64_t gemms, others;
+  };
+  for (const Expect& e : {Expect{"dense_full", 37, 65}, Expect{"gdn", 37, 65}}) {
+    const std::string& name = e.method;
+    const MethodSpec& m = Registry::get().method(name);
+    const Config cfg = m.config.parse("n_layer=12,seq_len=2048");
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(4);
+    Model model = build_model(m, cfg, gen, at::TensorOptions().dtype(at::kFloat), true);
+    TensorMap moved;
+    for (const auto& [n, p] : model.params) moved.set(n, p.to(at::kCUDA, at::kBFloat16));
+    model.params = moved;
+    const int64_t V = model.dims.vocab, Tp = 16, T = 24;
+    const at::Tensor idx = at::randint(V, {1, T}, gen, at::TensorOptions().dtype(at::kLong)).to(at::kCUDA);
+    ModelCache eager;
+    model_prefill(model, idx.slice(1, 0, Tp), Backend::CUDA, &eager);
+    std::vector<at::Tensor> want;
+    for (int64_t t = Tp; t < T; ++t) want.push_back(model_decode_step(model, idx.slice(1, t, t + 1), eager, Backend::CUDA));
+    ModelCache cache;
+    model_prefill(model, idx.slice(1, 0, Tp), Backend::CUDA, &cache, 1024);
+    DecodeGraph g(model, cache, idx.slice(1, Tp, Tp + 1).contiguous());
+    const GraphNodes n = g.nodes();
+    std::map<std::string, int> by_name;
+    int64_t unnamed = 0, gemm_like = 0;
+    for (const std::string& k : n.kernel_names) {
+      ++by_name[k.empty() ? "(unnamed)" : k];
+      std::string low = k;
+      for (char& c : low) c = char(std::tolower(static_cast<unsigned char>(c)));
+      if (k.empty()) ++unnamed;
+      else if (low.find("gemm") != std::string::npos || low.find("gemv") != std::string::npos ||
+               low.find("cutlass") != std::string::npos || low.find("xmma") != std::string::npos ||
+               low.find("splitk") != std::string::npos || low.find("cublas") != std::string::npos)
+        ++gemm_like;
+    }
+    std::cout << fmt::format("{} d12 bf16 B1: captured step of {} kernels ({} GEMM-like, {} unnamed), {} memsets, {} memcpys, "
+                             "{} other nodes; expected {} GEMMs + {} others\n",
+                             name, n.kernels, gemm_like, unnamed, n.memsets, n.memcpys, n.other, e.gemms, e.others);
+    for (const auto& [k, c] : by_name) std::cout << fmt::format("  {:>4} × {}\n", c, k.substr(0, 160));
+    EXPECT_GT(n.kernels, 12) << name << ": at least one kernel per layer";
+    EXPECT_LE(n.launches(), e.gemms * 2 + e.others) << name;
+    if (unnamed == 0) EXPECT_LE(n.kernels - gemm_like, e.others) << name << ": kernels other than the GEMMs";
+    // twelve bf16 layers of roundings that differ between the fused and unfused steps (the four-layer
+    // check in DecodeCuda.CapturedStepsMatchEagerSteps holds 3e-2)
+    const double tol = 5e-2;
+    EXPECT_LE(rel_rms(want[0], g.logits()), tol) << name << " warm-up step";
+    for (int64_t t = Tp + 1; t < T; ++t) {
+      g.input().copy_(idx.slice(1, t, t + 1));
+      g.step();
+      EXPECT_LE(rel_rms(want[size_t(t - Tp)], g.logits()), tol) << name << " t=" << t;
+    }
+    EXPECT_EQ(cache.pos_dev.item<int64_t>(), T) << name << ": the softcap's launch advances the position once per step";
+  }
+}
+
+// Models of other depths through the fused step on the CPU: one layer (the backout is the last
+// sublayer's sum, added at the finish), three layers (the backout inside), against the forward.
+TEST(DecodeFused, StaticStepsMatchTheForwardAtAnyDepth) {
+  c10::NoGradGuard ng;
+  for (const std::string name : {"dense_full", "gdn"})
+    for (int64_t L : {1, 2, 3}) {
+      const MethodSpec& m = Registry::get().method(name);
+      const Config cfg = m.config.parse(fmt::format("n_layer={},d_model=64,head_dim=16,seq_len=24,vocab=50", L));
+      at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(12);
+      const Model model = build_model(m, cfg, gen, at::TensorOptions().dtype(at::kDouble), true);
+      const int64_t T = 12, Tp = 5;
+      const at::Tensor idx = at::randint(50, {2, T}, gen, at::TensorOptions().dtype(at::kLong));
+      const at::Tensor full = model_forward(model, idx, Backend::CPU);
+      ModelCache cache;
+      model_prefill(model, idx.slice(1, 0, Tp), Backend::CPU, &cache, T);
+      for (int64_t t = Tp; t < T; ++t) {
+        const at::Tensor lt = model_decode_step(model, idx.slice(1, t, t + 1), cache, Backend::CPU);
+        EXPECT_LT(rel_rms(full.slice(1, t, t + 1), lt), 1e-10) << name << " L" << L << " t=" << t;
+      }
+      EXPECT_EQ(cache.pos_dev.item<int64_t>(), T) << name << " L" << L;
+    }
+}
+
+}  // namespace
+}  // namespace mixbench
