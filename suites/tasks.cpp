@@ -303,7 +303,8 @@ std::vector<Json> run_one(const Run& r, const TasksPreset& P, int64_t steps, con
   };
   Config cfg;
   try {
-    cfg = ms.config.parse(task_model_config(ms, P, s));
+    // a sparse method's full-attention warm-up in steps, from its fraction of the run (as the trainer)
+    cfg = resolve_full_attention_warmup(ms.config.parse(task_model_config(ms, P, s)), steps);
   } catch (const InputError& e) {
     return all_rows("skipped", "reason", fmt::format("config refused: {}", e.what()));
   }
