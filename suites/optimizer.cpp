@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <iterator>
 #include <stdexcept>
@@ -413,14 +414,8 @@ std::vector<double> Optimizer::host_values(int64_t it, bool single) const {
   }
   for (const auto& [gi, slot] : adam_slot_) {
     const Group& g = groups_[gi];
-    const double lr = g.lr * lrm;
-    const double bias1 = 1 - std::pow(g.beta1, double(adam_step_));
-    const double bias2 = 1 - std::pow(g.beta2, double(adam_step_));
-    v[size_t(slot)] = 1 - lr * g.wd;
-    v[size_t(slot) + 1] = bias2;
-    // LibTorch's CUDA division by a host value: x · (1 / v), the reciprocal in the operands' opmath type
-    v[size_t(slot) + 2] = single ? double(1.0f / float(bias2)) : 1.0 / bias2;
-    v[size_t(slot) + 3] = -lr / bias1;
+    const std::array<double, 4> a = adamw_step_values(g.lr * lrm, g.wd, g.beta1, g.beta2, adam_step_, single);
+    std::copy(a.begin(), a.end(), v.begin() + slot);
   }
   return v;
 }
@@ -430,53 +425,127 @@ void Optimizer::use_device_scalars() {
   const at::Device dev = m1_.begin()->second.device();
   for (const auto& [n, t] : m1_)
     if (t.device() != dev) throw std::logic_error("device scalars: the parameters are on more than one device");
-  dev_ = at::zeros({n_scalars_}, at::TensorOptions().dtype(at::kDouble).device(dev));
-  dev32_ = at::zeros({n_scalars_}, at::TensorOptions().dtype(at::kFloat).device(dev));
+  scalars_ = ScalarBuffer(n_scalars_, dev);
 }
 
 void Optimizer::write_scalars(int64_t it) {
   if (!device_scalars()) throw std::logic_error("Optimizer::write_scalars needs use_device_scalars()");
   ++adam_step_;
-  const bool cuda = dev_.is_cuda();
-  // A fresh host tensor every step: pinned memory from LibTorch's caching host allocator, which does
-  // not hand a block out again before the asynchronous copies that read it have run.
-  const auto host = at::TensorOptions().pinned_memory(cuda);
-  const std::vector<double> v64 = host_values(it, false), v32 = host_values(it, true);
-  at::Tensor h64 = at::empty({n_scalars_}, host.dtype(at::kDouble));
-  at::Tensor h32 = at::empty({n_scalars_}, host.dtype(at::kFloat));
-  double* p64 = h64.data_ptr<double>();
-  float* p32 = h32.data_ptr<float>();
-  for (int64_t i = 0; i < n_scalars_; ++i) {
-    p64[i] = v64[size_t(i)];
-    p32[i] = float(v32[size_t(i)]);
-  }
-  dev_.copy_(h64, /*non_blocking=*/cuda);
-  dev32_.copy_(h32, /*non_blocking=*/cuda);
+  scalars_.write(host_values(it, false), host_values(it, true));
 }
-
-namespace {
-StepScalar scalar_at(const at::Tensor& buf, int64_t i) { return {0.0, buf.select(0, i)}; }
-}  // namespace
 
 MuonScalars Optimizer::muon_scalars(size_t group, int64_t rows, int64_t cols, at::ScalarType dtype) const {
   if (dtype != at::kFloat && dtype != at::kDouble)
     throw std::logic_error("device scalars: Muon parameters must be fp32 or fp64");
-  const at::Tensor& buf = dtype == at::kDouble ? dev_ : dev32_;
   const int64_t slot = muon_slot_.at({group, {rows, cols}});
-  return {scalar_at(buf, 0), scalar_at(buf, 1), scalar_at(buf, slot), scalar_at(buf, slot + 1)};
+  return {scalars_.at(0, dtype), scalars_.at(1, dtype), scalars_.at(slot, dtype), scalars_.at(slot + 1, dtype)};
 }
 
 AdamScalars Optimizer::adam_scalars(size_t group, at::ScalarType dtype) const {
   if (dtype != at::kFloat && dtype != at::kDouble)
     throw std::logic_error("device scalars: AdamW state must be fp32 or fp64");
-  const at::Tensor& buf = dtype == at::kDouble ? dev_ : dev32_;
-  const int64_t slot = adam_slot_.at(group);
+  return scalars_.adam(adam_slot_.at(group), dtype);
+}
+
+// ------------------------------------------------------------------ scalar buffers
+std::array<double, 4> adamw_step_values(double lr, double wd, double beta1, double beta2, int64_t t, bool single) {
+  const double bias1 = 1 - std::pow(beta1, double(t));
+  const double bias2 = 1 - std::pow(beta2, double(t));
+  // LibTorch's CUDA division by a host value: x · (1 / v), the reciprocal in the operands' opmath type
+  return {1 - lr * wd, bias2, single ? double(1.0f / float(bias2)) : 1.0 / bias2, -lr / bias1};
+}
+
+ScalarBuffer::ScalarBuffer(int64_t n, at::Device dev)
+    : f64_(at::zeros({n}, at::TensorOptions().dtype(at::kDouble).device(dev))),
+      f32_(at::zeros({n}, at::TensorOptions().dtype(at::kFloat).device(dev))) {}
+
+void ScalarBuffer::write(const std::vector<double>& v64, const std::vector<double>& v32) {
+  if (!defined()) throw std::logic_error("ScalarBuffer::write on an empty buffer");
+  const int64_t n = f64_.size(0);
+  if (int64_t(v64.size()) != n || int64_t(v32.size()) != n)
+    throw std::logic_error("ScalarBuffer::write: the values do not fill the buffer");
+  const bool cuda = f64_.is_cuda();
+  // A fresh host tensor every step: pinned memory from LibTorch's caching host allocator, which does
+  // not hand a block out again before the asynchronous copies that read it have run.
+  const auto host = at::TensorOptions().pinned_memory(cuda);
+  at::Tensor h64 = at::empty({n}, host.dtype(at::kDouble));
+  at::Tensor h32 = at::empty({n}, host.dtype(at::kFloat));
+  double* p64 = h64.data_ptr<double>();
+  float* p32 = h32.data_ptr<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    p64[i] = v64[size_t(i)];
+    p32[i] = float(v32[size_t(i)]);
+  }
+  f64_.copy_(h64, /*non_blocking=*/cuda);
+  f32_.copy_(h32, /*non_blocking=*/cuda);
+}
+
+StepScalar ScalarBuffer::at(int64_t i, at::ScalarType dtype) const {
+  if (dtype != at::kFloat && dtype != at::kDouble) throw std::logic_error("ScalarBuffer: operands must be fp32 or fp64");
+  return {0.0, (dtype == at::kDouble ? f64_ : f32_).select(0, i)};
+}
+
+AdamScalars ScalarBuffer::adam(int64_t i, at::ScalarType dtype) const {
   AdamScalars s;
-  s.decay = scalar_at(buf, slot);
-  s.bias2_reciprocal = buf.is_cuda();
-  s.bias2 = scalar_at(buf, slot + (s.bias2_reciprocal ? 2 : 1));
-  s.step_factor = scalar_at(buf, slot + 3);
+  s.decay = at(i, dtype);
+  s.bias2_reciprocal = is_cuda();
+  s.bias2 = at(i + (s.bias2_reciprocal ? 2 : 1), dtype);
+  s.step_factor = at(i + 3, dtype);
   return s;
+}
+
+// ------------------------------------------------------------------ plain AdamW
+PlainAdamW::PlainAdamW(const Model& m, double beta1, double beta2, double eps, double weight_decay)
+    : beta1_(beta1), beta2_(beta2), eps_(eps), wd_(weight_decay) {
+  for (const auto& [n, p] : m.params) {
+    const auto st = at::promote_types(p.scalar_type(), at::kFloat);
+    moments_[n] = {at::zeros_like(p, st), at::zeros_like(p, st)};
+  }
+}
+
+void PlainAdamW::step(Model& m, int64_t it, double lr) {
+  if (device_scalars()) {
+    write_scalars(it, lr);
+    apply(m);
+    return;
+  }
+  for (const auto& [n, t] : m.params) {
+    at::Tensor p = t;
+    if (!p.grad().defined()) continue;
+    auto& [m1, m2] = moments_.at(n);
+    adamw_update(p, p.grad(), m1, m2, it + 1, lr, beta1_, beta2_, eps_, p.dim() >= 2 ? wd_ : 0.0);
+  }
+}
+
+void PlainAdamW::use_device_scalars() {
+  if (moments_.empty()) throw std::logic_error("device scalars for an optimizer without parameters");
+  const at::Device dev = moments_.begin()->second.first.device();
+  for (const auto& [n, mv] : moments_)
+    if (mv.first.device() != dev) throw std::logic_error("device scalars: the parameters are on more than one device");
+  scalars_ = ScalarBuffer(8, dev);
+}
+
+void PlainAdamW::write_scalars(int64_t it, double lr) {
+  if (!device_scalars()) throw std::logic_error("PlainAdamW::write_scalars needs use_device_scalars()");
+  std::vector<double> v64, v32;
+  for (double wd : {wd_, 0.0}) {
+    const std::array<double, 4> a = adamw_step_values(lr, wd, beta1_, beta2_, it + 1, false);
+    const std::array<double, 4> b = adamw_step_values(lr, wd, beta1_, beta2_, it + 1, true);
+    v64.insert(v64.end(), a.begin(), a.end());
+    v32.insert(v32.end(), b.begin(), b.end());
+  }
+  scalars_.write(v64, v32);
+}
+
+void PlainAdamW::apply(Model& m) {
+  if (!device_scalars()) throw std::logic_error("PlainAdamW::apply needs use_device_scalars()");
+  c10::NoGradGuard ng;
+  for (const auto& [n, t] : m.params) {
+    at::Tensor p = t;
+    if (!p.grad().defined()) continue;
+    auto& [m1, m2] = moments_.at(n);
+    adamw_update(p, p.grad(), m1, m2, scalars_.adam(p.dim() >= 2 ? 0 : 4, m1.scalar_type()), beta1_, beta2_, eps_);
+  }
 }
 
 TensorMap Optimizer::state() const {

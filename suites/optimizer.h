@@ -6,6 +6,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -78,6 +79,36 @@ void muon_update(at::Tensor& p, const at::Tensor& g, at::Tensor& momentum_buffer
                  const MuonScalars& s, double beta2, bool bf16);
 void adamw_update(at::Tensor& p, const at::Tensor& g, at::Tensor& exp_avg, at::Tensor& exp_avg_sq, const AdamScalars& s,
                   double beta1, double beta2, double eps);
+// The step-dependent values of AdamW step t (≥ 1) at learning rate lr, derived in double as
+// adamw_update derives them, in the order of an AdamW slot of a ScalarBuffer: 1 − lr·wd, 1 − β2^t,
+// its reciprocal (rounded through fp32 when `single`: LibTorch's CUDA division by a host value
+// multiplies by the reciprocal in the operands' opmath type), −lr / (1 − β1^t).
+std::array<double, 4> adamw_step_values(double lr, double wd, double beta1, double beta2, int64_t t, bool single);
+
+// The device half of step-dependent values: a small buffer on the parameters' device, in fp64 and
+// (the same values rounded) in fp32 for fp32 operands, whose slots the update kernels read when they
+// run, so that kernels captured in a CUDA graph once replay with each step's values.
+class ScalarBuffer {
+ public:
+  ScalarBuffer() = default;
+  ScalarBuffer(int64_t n, at::Device dev);  // n slots, zero
+  bool defined() const { return f64_.defined(); }
+  bool is_cuda() const { return f64_.is_cuda(); }
+  // Writes v64 into the fp64 buffer and v32 (rounded to fp32) into the fp32 one, both of n values: on
+  // a GPU a copy from a fresh pinned host tensor on the current stream, ordered before the kernels
+  // that read the buffer (LibTorch's caching host allocator does not hand the host block out again
+  // before the copy ran).
+  void write(const std::vector<double>& v64, const std::vector<double>& v32);
+  // Slot i as a 0-dim tensor of the buffer for operands of `dtype`: fp64 or fp32 (logic_error otherwise).
+  StepScalar at(int64_t i, at::ScalarType dtype) const;
+  // AdamW's scalars for state of `dtype` from slots [i, i + 4), written from adamw_step_values
+  // (single for the fp32 buffer): on a GPU the second moment's bias correction is read as its
+  // reciprocal.
+  AdamScalars adam(int64_t i, at::ScalarType dtype) const;
+
+ private:
+  at::Tensor f64_, f32_;
+};
 
 // The rule the trainer applies to a parameter: its ParamDef's rule, or for OptimKind::Auto, by the
 // parameter's leaf name (after the last '.') and shape:
@@ -115,7 +146,7 @@ class Optimizer {
   // device instead of passing them as host values, so that the kernels of apply() can be captured
   // in a CUDA graph once and replayed at every step. The arithmetic is the host path's, bit for bit.
   void use_device_scalars();
-  bool device_scalars() const { return dev_.defined(); }
+  bool device_scalars() const { return scalars_.defined(); }
   // The host half of a step with device scalars: counts the step (AdamW's t) and writes iteration
   // `it`'s values into the buffer (a copy from a fresh pinned host tensor on the current stream,
   // ordered before the kernels that read it; the host tensor is not reused before the copy ran).
@@ -161,8 +192,7 @@ class Optimizer {
   std::map<std::pair<size_t, std::pair<int64_t, int64_t>>, int64_t> muon_slot_;
   std::map<size_t, int64_t> adam_slot_;
   int64_t n_scalars_ = 0;
-  at::Tensor dev_;    // [n_scalars_] fp64 on the parameters' device (undefined: host scalars)
-  at::Tensor dev32_;  // the same values rounded to fp32 (reciprocals computed in fp32)
+  ScalarBuffer scalars_;  // [n_scalars_] on the parameters' device (undefined: host scalars)
   // iteration `it`'s values at the current adam_step_ (single: reciprocals computed in fp32)
   std::vector<double> host_values(int64_t it, bool single) const;
   // The update of every parameter (of `only`): muon(group, rows, cols, p, grad, m1, m2) per Muon
@@ -171,6 +201,31 @@ class Optimizer {
   void update(Model& m, const std::set<std::string>* only, const MuonFn& muon, const AdamFn& adam);
   MuonScalars muon_scalars(size_t group, int64_t rows, int64_t cols, at::ScalarType dtype) const;
   AdamScalars adam_scalars(size_t group, at::ScalarType dtype) const;
+};
+
+// Plain AdamW over every parameter of a model (the task suite's): the learning rate of each step
+// given by the caller, β1, β2, ε, and decoupled weight decay on parameters of rank ≥ 2 only, fp32
+// moments at least. A parameter without a gradient at a step is left as it is (no decay, no moment
+// update). Host values by default; with device scalars every step reads its values from a
+// ScalarBuffer, so that apply() can be captured in a CUDA graph once and replayed at every step.
+class PlainAdamW {
+ public:
+  PlainAdamW(const Model& m, double beta1, double beta2, double eps, double weight_decay);
+  // Step `it` (AdamW's t = it + 1) at learning rate lr with the parameters' current .grad() values:
+  // adamw_update with host values, or with device scalars write_scalars(it, lr) then apply(m). The
+  // gradients are left as they are.
+  void step(Model& m, int64_t it, double lr);
+  void use_device_scalars();  // on the device of the parameters (logic_error: none, or several devices)
+  bool device_scalars() const { return scalars_.defined(); }
+  // The host half of a step with device scalars: step `it`'s values at learning rate lr into the buffer.
+  void write_scalars(int64_t it, double lr);
+  // The device half: the update kernels, reading the buffer (no host synchronisation).
+  void apply(Model& m);
+
+ private:
+  double beta1_, beta2_, eps_, wd_;
+  std::map<std::string, std::pair<at::Tensor, at::Tensor>> moments_;  // parameter -> (m, v)
+  ScalarBuffer scalars_;  // AdamW slots: [0, 4) the decayed parameters' (rank ≥ 2), [4, 8) the others'
 };
 
 }  // namespace mixbench

@@ -15,6 +15,8 @@
 #include "harness/errors.h"
 #include "harness/tf32_scope.h"
 #include "suites/optimizer.h"
+#include "suites/step_graph.h"
+#include "suites/sweep_measure.h"
 #include "suites/train_presets.h"
 
 namespace mixbench {
@@ -122,6 +124,156 @@ void task_batch(const std::vector<ProbeSeq>& seqs, int64_t T, int64_t bos, at::T
   }
 }
 
+// ------------------------------------------------------------------ training
+namespace {
+void check_graph_mode(const std::string& graph) {
+  if (graph != "auto" && graph != "off") throw UsageError(fmt::format("--graph {}: takes auto or off", graph));
+}
+}  // namespace
+
+TaskTraining train_task(const MethodSpec& method, const Config& cfg, const TaskSetting& s, const TasksPreset& P,
+                        uint64_t seed, int64_t steps, const std::string& device, const std::string& graph_mode) {
+  check_graph_mode(graph_mode);
+  const bool cuda = device == "cuda";
+  const at::Device dev = cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  const Backend backend = cuda ? Backend::CUDA : Backend::CPU;
+  const int64_t bos = task_vocab(s);
+  TaskTraining out;
+  Model& model = out.model;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  model = build_model(method, cfg, gen, at::TensorOptions().dtype(at::kFloat));
+  std::vector<std::string> names;
+  for (const auto& [n, t] : model.params) names.push_back(n);
+  for (const auto& n : names) {
+    at::Tensor p = model.params.at(n).to(dev);
+    p.requires_grad_(true);
+    model.params.set(n, p);
+  }
+  PlainAdamW adamw(model, 0.9, 0.999, 1e-8, P.weight_decay);
+  Schedule sched;
+  sched.steps = steps;
+  sched.warmup = std::max<int64_t>(1, steps / 10);
+  sched.warmdown_ratio = 0.2;
+  auto clear_grads = [&] {
+    for (const auto& [n, p] : model.params) p.mutable_grad() = at::Tensor();
+  };
+
+  // The graph (suites/step_graph.h): captured at the first step after the first whose layers do not
+  // depend on the step, then replayed. Every step of a run that wants one, the eager ones too, reads
+  // the AdamW values from the device buffer: the same kernels as the replays.
+  const bool graph_wanted = cuda && graph_mode == "auto";
+  out.graph_reason = !cuda ? "not on a GPU" : !graph_wanted ? "--graph off" : "";
+#if !defined(MIXBENCH_WITH_CUDA)
+  if (graph_wanted) out.graph_reason = "built without CUDA";
+#endif
+  if (graph_wanted) adamw.use_device_scalars();
+  StepGraph graph;
+  at::Tensor graph_x, graph_y, graph_lm;  // the static batch and loss the graph reads and writes
+  std::string dependence;                 // why the last uncaptured step ran eagerly
+  int64_t captured_at = -1;
+  auto capture = [&](const at::Tensor& x, const at::Tensor& y) {
+    graph_x = x.to(dev);
+    graph_y = y.to(dev);
+    // a warm-up pass on the capture stream (its gradients are discarded), then the capture
+    graph.warm_up([&] { model_loss(model, graph_x, graph_y, backend).backward(); });
+    clear_grads();
+    const std::string failed = graph.capture(
+        [&] {
+          at::Tensor lm;
+          model_loss(model, graph_x, graph_y, backend, &lm).backward();
+          graph_lm = lm.detach();
+          adamw.apply(model);
+        },
+        [&] {
+          graph_lm = at::Tensor();
+          clear_grads();
+        });
+    if (!failed.empty()) out.graph_reason = "capture failed: " + failed;
+    sweep_detail::sync_device(device);
+  };
+
+  // Losses stay on the device until the end on a GPU (reading one synchronises the host with it).
+  at::Tensor loss_log;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto steady_t0 = t0;
+  int64_t steady_from = 0;
+  for (int64_t it = 0; it < steps; ++it) {
+    std::vector<ProbeSeq> seqs;
+    for (int64_t b = 0; b < P.batch; ++b)
+      seqs.push_back(task_instance(s, seed, TaskSplit::Train, it * P.batch + b, s.length));
+    size_t longest = 0;
+    for (const auto& q : seqs) longest = std::max(longest, q.tokens.size());
+    at::Tensor x, y;
+    task_batch(seqs, int64_t(longest) + 1, bos, x, y);
+    if (cuda) {  // page-locked: the copies to the device are asynchronous
+      x = x.pin_memory();
+      y = y.pin_memory();
+    }
+    model.step = it;
+    const double lr = P.lr * lr_multiplier(sched, it);
+    if (graph_wanted && !graph.held() && out.graph_reason.empty() && it > 0) {
+      dependence = step_dependence(model, it);
+      if (dependence.empty()) {
+        capture(x, y);
+        captured_at = it;
+      }
+    }
+    if (graph.held() && x.sizes() != graph_x.sizes()) {
+      // every training instance of a setting has its length, so this does not happen; if it did, the
+      // graph could not hold the step: eager from here
+      out.graph_reason = fmt::format("a batch of shape [{}, {}] after the graph captured [{}, {}]", x.size(0),
+                                     x.size(1), graph_x.size(0), graph_x.size(1));
+      graph.reset();
+      graph_lm = at::Tensor();
+      clear_grads();
+    }
+    at::Tensor lm;
+    if (graph.held()) {
+      graph_x.copy_(x, /*non_blocking=*/true);
+      graph_y.copy_(y, /*non_blocking=*/true);
+      adamw.write_scalars(it, lr);  // this step's values, before the replay reads them
+      graph.replay();
+      lm = graph_lm;
+    } else {
+      model_loss(model, x.to(dev, /*non_blocking=*/cuda), y.to(dev, /*non_blocking=*/cuda), backend, &lm).backward();
+      if (!cuda) out.losses.push_back(lm.item<double>());
+      adamw.step(model, it, lr);
+      clear_grads();
+    }
+    if (cuda) {
+      if (!loss_log.defined()) loss_log = at::empty({steps}, lm.options());
+      loss_log.select(0, it).copy_(lm.detach());
+    }
+    // the steady rate starts after the first step and after the capture (one-time work)
+    if (it == 0 || it == captured_at) {
+      sweep_detail::sync_device(device);
+      steady_t0 = std::chrono::steady_clock::now();
+      steady_from = it + 1;
+    }
+  }
+  sweep_detail::sync_device(device);
+  const auto t1 = std::chrono::steady_clock::now();
+  out.seconds = std::chrono::duration<double>(t1 - t0).count();
+  const int64_t steady_steps = steps - steady_from;
+  const double steady_seconds = std::chrono::duration<double>(t1 - steady_t0).count();
+  out.steps_per_s = steady_steps > 0 ? double(steady_steps) / std::max(steady_seconds, 1e-9)
+                                     : double(steps) / std::max(out.seconds, 1e-9);
+  if (loss_log.defined()) {
+    at::Tensor h = loss_log.to(at::kDouble).cpu();
+    for (int64_t k = 0; k < h.size(0); ++k) out.losses.push_back(h[k].item<double>());
+  }
+  out.graph = graph.held();
+  if (!out.graph && out.graph_reason.empty())
+    out.graph_reason = !dependence.empty() ? "no step was captured: " + dependence
+                                           : "no step was captured: the run has no step after its first";
+  if (graph.held()) {  // the graph's memory goes back before the evaluation
+    graph.reset();
+    graph_lm = at::Tensor();
+    clear_grads();
+  }
+  return out;
+}
+
 // ------------------------------------------------------------------ runs
 namespace {
 
@@ -138,7 +290,8 @@ Json row_head(const Run& r, int64_t test_length, const std::string& status) {
 }
 
 // Trains one model on the setting and scores it at every held-out length: one row per length.
-std::vector<Json> run_one(const Run& r, const TasksPreset& P, int64_t steps, const std::string& device) {
+std::vector<Json> run_one(const Run& r, const TasksPreset& P, int64_t steps, const std::string& device,
+                          const std::string& graph) {
   const TaskSetting& s = *r.setting;
   const MethodSpec& ms = *r.method;
   std::vector<Json> rows;
@@ -150,7 +303,8 @@ std::vector<Json> run_one(const Run& r, const TasksPreset& P, int64_t steps, con
   };
   Config cfg;
   try {
-    cfg = ms.config.parse(task_model_config(ms, P, s));
+    // a sparse method's full-attention warm-up in steps, from its fraction of the run (as the trainer)
+    cfg = resolve_full_attention_warmup(ms.config.parse(task_model_config(ms, P, s)), steps);
   } catch (const InputError& e) {
     return all_rows("skipped", "reason", fmt::format("config refused: {}", e.what()));
   }
@@ -158,51 +312,14 @@ std::vector<Json> run_one(const Run& r, const TasksPreset& P, int64_t steps, con
   const at::Device dev = cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
   const Backend backend = cuda ? Backend::CUDA : Backend::CPU;
   const int64_t bos = task_vocab(s);
-  double seconds = 0, final_loss = 0;
+  TaskTraining tr;
   try {
-    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(r.seed);
-    Model model = build_model(ms, cfg, gen, at::TensorOptions().dtype(at::kFloat));
-    std::vector<std::string> names;
-    for (const auto& [n, t] : model.params) names.push_back(n);
-    std::map<std::string, std::pair<at::Tensor, at::Tensor>> moments;
-    for (const auto& n : names) {
-      at::Tensor p = model.params.at(n).to(dev);
-      p.requires_grad_(true);
-      model.params.set(n, p);
-      moments[n] = {at::zeros_like(p, at::kFloat), at::zeros_like(p, at::kFloat)};
-    }
-    Schedule sched;
-    sched.steps = steps;
-    sched.warmup = std::max<int64_t>(1, steps / 10);
-    sched.warmdown_ratio = 0.2;
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int64_t it = 0; it < steps; ++it) {
-      std::vector<ProbeSeq> seqs;
-      for (int64_t b = 0; b < P.batch; ++b)
-        seqs.push_back(task_instance(s, r.seed, TaskSplit::Train, it * P.batch + b, s.length));
-      size_t longest = 0;
-      for (const auto& q : seqs) longest = std::max(longest, q.tokens.size());
-      at::Tensor x, y;
-      task_batch(seqs, int64_t(longest) + 1, bos, x, y);
-      model.step = it;
-      at::Tensor lm;
-      model_loss(model, x.to(dev), y.to(dev), backend, &lm).backward();
-      final_loss = lm.item<double>();
-      const double lr = P.lr * lr_multiplier(sched, it);
-      for (const auto& n : names) {
-        at::Tensor p = model.params.at(n);
-        if (!p.grad().defined()) continue;
-        auto& [m1, m2] = moments[n];
-        adamw_update(p, p.grad(), m1, m2, it + 1, lr, 0.9, 0.999, 1e-8, p.dim() >= 2 ? P.weight_decay : 0.0);
-        p.mutable_grad() = at::Tensor();
-      }
-    }
-    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    tr = train_task(ms, cfg, s, P, r.seed, steps, device, graph);
     for (int64_t tl : s.test_lengths) {
       std::vector<ProbeSeq> held;
       for (int64_t i = 0; i < P.eval_instances; ++i) held.push_back(task_instance(s, r.seed, TaskSplit::HeldOut, i, tl));
       const ProbeScore sc = score_probes(
-          held, [&](const at::Tensor& idx) { return model_forward(model, idx.to(dev), backend); }, bos, 64);
+          held, [&](const at::Tensor& idx) { return model_forward(tr.model, idx.to(dev), backend); }, bos, 64);
       Json row = row_head(r, tl, "ok");
       row["accuracy"] = sc.accuracy;
       row["exact"] = sc.exact;
@@ -222,8 +339,11 @@ std::vector<Json> run_one(const Run& r, const TasksPreset& P, int64_t steps, con
   for (auto& row : rows) {
     row["steps"] = steps;
     row["batch"] = P.batch;
-    row["seconds"] = seconds;
-    row["final_loss"] = final_loss;
+    row["seconds"] = tr.seconds;
+    row["steps_per_s"] = tr.steps_per_s;
+    row["final_loss"] = tr.losses.empty() ? 0.0 : tr.losses.back();
+    row["cuda_graph"] = tr.graph;
+    row["cuda_graph_reason"] = tr.graph_reason;
     row["device"] = device;
     row["config"] = cfg.to_json();
   }
@@ -267,6 +387,7 @@ Json run_tasks(const TasksOptions& o) {
   if (o.lr > 0) P.lr = o.lr;
   if (o.device != "cpu" && o.device != "cuda") throw UsageError(fmt::format("unknown device '{}' (cpu or cuda)", o.device));
   if (o.device == "cuda" && !at::hasCUDA()) throw UsageError("--device cuda: no CUDA device is available");
+  check_graph_mode(o.graph);
   const Tf32Scope tf32(o.device == "cuda");
   const int saved_threads = at::get_num_threads();
   if (o.device == "cpu" && P.cpu_threads > 0) at::set_num_threads(P.cpu_threads);
@@ -276,7 +397,7 @@ Json run_tasks(const TasksOptions& o) {
       for (const auto& m : methods)
         for (int64_t k = 0; k < seeds; ++k) {
           const Run r{&Registry::get().method(m), &s, o.seed + uint64_t(k)};
-          for (Json& row : run_one(r, P, steps, o.device)) {
+          for (Json& row : run_one(r, P, steps, o.device, o.graph)) {
             if (o.progress == 1) {
               std::cout << Json{{"method", m}, {"setting", row["label"]}, {"seed", r.seed}, {"status", row["status"]},
                                 {"accuracy", row.value("accuracy", Json())}}.dump()
@@ -284,8 +405,10 @@ Json run_tasks(const TasksOptions& o) {
             } else if (o.progress == 2) {
               std::cout << fmt::format("{:<16} {:<40} seed {}  {}\n", m, row["label"].get<std::string>(), r.seed,
                                        row["status"] == "ok"
-                                           ? fmt::format("accuracy {:.3f} ({:.1f}s)", row["accuracy"].get<double>(),
-                                                         row["seconds"].get<double>())
+                                           ? fmt::format("accuracy {:.3f} ({:.1f}s, {:.0f} steps/s{})",
+                                                         row["accuracy"].get<double>(), row["seconds"].get<double>(),
+                                                         row["steps_per_s"].get<double>(),
+                                                         row["cuda_graph"].get<bool>() ? ", CUDA graph" : "")
                                            : row["status"].get<std::string>())
                         << std::flush;
             }

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/backbone.h"
 #include "harness/registry.h"
 #include "suites/tasks_data.h"
 
@@ -53,6 +54,29 @@ std::string task_model_config(const MethodSpec& method, const TasksPreset& p, co
 // holding tokens[p] at column p for each answer position p and −1 (ignored) elsewhere.
 void task_batch(const std::vector<ProbeSeq>& seqs, int64_t T, int64_t bos, at::Tensor& idx, at::Tensor& targets);
 
+// One run's training, as run_tasks trains every run: the model of `method` at `cfg` initialised
+// from `seed` on the CPU (fp32) and moved to `device`, then `steps` AdamW steps (P.lr with a linear
+// warm-up over the first 10% of the steps and a warm-down over the last 20%, P.weight_decay on
+// matrices) of P.batch training instances of the setting each (instance it·batch + b at step it),
+// the loss the masked cross-entropy on the answer positions. On a GPU with graph "auto" the whole
+// step (forward, loss, backward and the AdamW update, its learning rate and bias corrections read
+// from a device buffer the host writes before each replay) is captured in a CUDA graph after the
+// first step and replayed, the batches copied into its static input and target buffers; steps the
+// graph cannot replay (a capture that fails, layers that depend on the step) run eagerly, and
+// graph_reason says why. "off" runs every step eagerly. The CPU runs eager steps with host values.
+struct TaskTraining {
+  Model model;                 // trained, on `device`
+  std::vector<double> losses;  // the masked loss at each step (read back once at the end on a GPU)
+  bool graph = false;          // the steps after the capture replayed a graph of the whole step
+  std::string graph_reason;    // why no graph held the steps (empty when `graph`)
+  double seconds = 0;          // the training loop, up to a synchronised device
+  // Steps per second after the first step (and after the capture step): the steady rate; over
+  // every step when none follows those.
+  double steps_per_s = 0;
+};
+TaskTraining train_task(const MethodSpec& method, const Config& cfg, const TaskSetting& s, const TasksPreset& P,
+                        uint64_t seed, int64_t steps, const std::string& device, const std::string& graph = "auto");
+
 struct TasksOptions {
   std::string preset = "cpu-tiny";
   std::vector<std::string> methods;  // empty = the preset's lineup; {"all"} = every registered method
@@ -67,11 +91,13 @@ struct TasksOptions {
   std::vector<int64_t> test_scales;  // TasksPreset::test_scales (empty = the preset's)
   std::string config;                // TasksPreset::config
   std::string device = "cpu";
+  std::string graph = "auto";        // CUDA graphs of the training step on a GPU: "auto" or "off" (train_task)
   int progress = 0;                  // 0 none, 1 JSON lines, 2 human lines
 };
 
-// Rows {status, method, task, setting, seed, accuracy, chance, steps, seconds, ...}: status "ok",
-// "skipped" (the method refuses the setting's config; `reason` says why) or "error" (`message`).
+// Rows {status, method, task, setting, seed, accuracy, chance, steps, seconds, steps_per_s,
+// cuda_graph, cuda_graph_reason, ...}: status "ok", "skipped" (the method refuses the setting's
+// config; `reason` says why) or "error" (`message`). UsageError for a bad option.
 nlohmann::json run_tasks(const TasksOptions& o);
 // The methods a run covers (UsageError for unknown ones).
 std::vector<std::string> tasks_methods(const TasksPreset& p, const std::vector<std::string>& methods);

@@ -15,20 +15,13 @@
 #include <tuple>
 #include <iostream>
 
-#if defined(MIXBENCH_WITH_CUDA)
-#include <ATen/cuda/CUDAGraph.h>
-#include <c10/cuda/CUDACachingAllocator.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime.h>
-#endif
-
 #include "harness/errors.h"
 #include "harness/io.h"
 #include "harness/registry.h"
 #include "harness/report.h"
 #include "harness/safetensors.h"
 #include "suites/checkpoint_in.h"
+#include "suites/step_graph.h"
 #include "suites/step_trace.h"
 #include "suites/sweep_measure.h"
 #include "suites/distributed.h"
@@ -402,65 +395,39 @@ TrainResult run_train(const TrainOptions& opt) {
   std::string step_dependence;  // why the last uncaptured step ran eagerly
   auto step_dependent = [&](int64_t it) -> std::string {
     if (it == gate_from) return "the switch to the gate-only stage";  // runs eagerly, then is captured anew
-    for (const Config& lc : model.layer_cfgs) {
-      if (lc.has("full_attention_warmup_steps") && it < lc.i("full_attention_warmup_steps"))
-        return "the full-attention warm-up (the layers depend on the step)";
-      if (lc.has("mean_loops")) return "a loop depth sampled per step (no graph replays it)";
-    }
-    return "";
+    return mixbench::step_dependence(model, it);
   };
 #if defined(MIXBENCH_WITH_CUDA)
-  std::unique_ptr<at::cuda::CUDAGraph> graph;
+  StepGraph graph;
   bool graph_has_optimizer = false;
   int64_t capture_step_at = -1;
   at::Tensor graph_x, graph_y, graph_lm, graph_aux;
-  // Captures the step on `side`: forward + backward, and the optimizer's kernels when `with_optimizer`.
+  // Captures the step: forward + backward, and the optimizer's kernels when `with_optimizer`.
   // Returns "" or the error's first line (the graph and the gradients then cleared).
-  auto try_capture = [&](c10::cuda::CUDAStream side, bool with_optimizer, const std::set<std::string>* only) {
-    graph = std::make_unique<at::cuda::CUDAGraph>();
-    c10::cuda::CUDAStreamGuard sg(side);  // capture_end, on success or failure, runs on the capture stream
-    try {
-      graph->capture_begin();
-      std::tie(graph_lm, graph_aux) = forward_backward(graph_x, graph_y);
-      if (with_optimizer) optim.apply(model, only);
-      graph->capture_end();
-      return std::string();
-    } catch (const std::exception& e) {
-      try {
-        graph->capture_end();  // ends an invalidated capture (and throws about it)
-      } catch (const std::exception&) {
-      }
-      (void)cudaGetLastError();
-      graph.reset();
-      graph_lm = graph_aux = at::Tensor();
-      for (const auto& [n, p] : model.params) p.mutable_grad() = at::Tensor();
-      c10::cuda::CUDACachingAllocator::emptyCache();  // what follows gets the failed capture's memory
-      const std::string what = e.what();
-      return what.substr(0, what.find('\n'));
-    }
+  auto try_capture = [&](bool with_optimizer, const std::set<std::string>* only) {
+    return graph.capture(
+        [&] {
+          std::tie(graph_lm, graph_aux) = forward_backward(graph_x, graph_y);
+          if (with_optimizer) optim.apply(model, only);
+        },
+        [&] {
+          graph_lm = graph_aux = at::Tensor();
+          for (const auto& [n, p] : model.params) p.mutable_grad() = at::Tensor();
+        });
   };
   auto capture_step = [&](const at::Tensor& x, const at::Tensor& y, const std::set<std::string>* only) {
     graph_x = x.clone();
     graph_y = y.clone();
-    c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool();
-    sweep_detail::sync_device(opt.device);
-    {
-      // a warm-up pass on the capture stream (its gradients are discarded), then the capture
-      c10::cuda::CUDAStreamGuard sg(side);
-      forward_backward(graph_x, graph_y);
-    }
-    sweep_detail::sync_device(opt.device);
+    // a warm-up pass on the capture stream (its gradients are discarded), then the capture
+    graph.warm_up([&] { forward_backward(graph_x, graph_y); });
     for (const auto& [n, p] : model.params) p.mutable_grad() = at::Tensor();
-    // The graph allocates from its own pool: hand the warm-up pass's cached blocks back first, or a
-    // method whose step needs much of the card's memory cannot be captured.
-    c10::cuda::CUDACachingAllocator::emptyCache();
     const bool with_optimizer = no_step_graph.empty();
-    std::string failed = try_capture(side, with_optimizer, only);
+    std::string failed = try_capture(with_optimizer, only);
     if (!failed.empty() && with_optimizer) {
       // the optimizer (or the step) could not be captured: forward + backward alone, the optimizer eager
       // (still on the device scalars: the same kernels as the steps before)
       no_step_graph = "capture with the optimizer failed: " + failed;
-      failed = try_capture(side, false, only);
+      failed = try_capture(false, only);
     }
     if (failed.empty()) {
       r.graph = true;
@@ -513,24 +480,24 @@ TrainResult run_train(const TrainOptions& opt) {
     const std::set<std::string>* only = gate_stage ? &gate_set : nullptr;
     bool optimized = false;  // the replayed graph held the optimizer
 #if defined(MIXBENCH_WITH_CUDA)
-    if (graph && it == gate_from) {  // the graph replays the first stage's step
+    if (graph.held() && it == gate_from) {  // the graph replays the first stage's step
       graph.reset();
       graph_has_optimizer = false;
       graph_lm = graph_aux = at::Tensor();
       for (const auto& [n, p] : model.params) p.mutable_grad() = at::Tensor();
     }
-    if (graph_wanted && !graph && no_graph.empty() && it > start) {
+    if (graph_wanted && !graph.held() && no_graph.empty() && it > start) {
       step_dependence = step_dependent(it);
       if (step_dependence.empty()) {
         capture_step(x, y, only);
         capture_step_at = it;
       }
     }
-    if (graph) {
+    if (graph.held()) {
       graph_x.copy_(x, /*non_blocking=*/true);
       graph_y.copy_(y, /*non_blocking=*/true);
       if (graph_has_optimizer) optim.write_scalars(it);  // this step's values, before the replay reads them
-      graph->replay();
+      graph.replay();
       lm_sum = graph_lm.clone();
       if (graph_aux.defined()) aux_sum = graph_aux.clone();
       replayed = true;

@@ -47,6 +47,8 @@ int run_tasks_command(const Args& a, const std::vector<std::string>& args) {
     if (used == 0 || used != lr->size() || !(o.lr > 0)) throw UsageError(fmt::format("--lr takes a positive number, not '{}'", *lr));
   }
   o.device = a.get_or("device", "cpu");
+  o.graph = a.get_or("graph", "auto");
+  if (o.graph != "auto" && o.graph != "off") throw UsageError(fmt::format("--graph {}: takes auto or off", o.graph));
   o.mqar_lengths = counts(a, "lengths", "MQAR length");
   o.mqar_pairs = counts(a, "pairs", "MQAR pair count");
   o.mqar_widths = counts(a, "widths", "MQAR width");
@@ -73,7 +75,8 @@ int run_tasks_command(const Args& a, const std::vector<std::string>& args) {
                  {"eval_instances", P.eval_instances},
                  {"test_scales", o.test_scales},
                  {"model_config", o.config},
-                 {"device", o.device}};
+                 {"device", o.device},
+                 {"graph", o.graph}};
   info.seeds = {{"base", o.seed}};
   Json report = make_report(info, results);
   report["markdown"] = md;
@@ -120,6 +123,9 @@ Command tasks_command() {
            {"test-scales", OptionKind::Multi, "1,2,4,8", "held-out lengths as multiples of each setting's training length (length extrapolation; default: L, and L, 2L, 4L for state tracking)"},
            {"config", OptionKind::Value, "k=v,...", "config overrides of every method's model (e.g. rope=false)"},
            {"device", OptionKind::Value, "cpu|cuda", "device the training runs on (default cpu)"},
+           {"graph", OptionKind::Value, "auto|off",
+            "CUDA graphs on a GPU: auto captures each run's whole training step (forward, loss, backward, AdamW) "
+            "where it can and replays it; off runs every step eagerly (default auto)"},
            {"out", OptionKind::Value, "report.json", "write the JSON report, with .md and .html beside it"},
            {"quiet", OptionKind::Flag, "", "no progress output"}},
           run_tasks_command};
