@@ -97,7 +97,7 @@ TEST(TrainPresets, TheTableNamesRegisteredMethods) {
   ASSERT_GE(table.size(), 2u);
   std::vector<std::string> names;
   for (const auto& [name, j] : table.items()) names.push_back(name);
-  EXPECT_EQ(names, (std::vector<std::string>{"tiny", "small", "gpu-d12"}));  // declaration order: the error message lists them so
+  EXPECT_EQ(names, (std::vector<std::string>{"tiny", "small", "small-rank", "gpu-d12"}));  // declaration order: the error message lists them so
   for (const auto& name : names) {
     const TrainPreset p = train_preset(name);
     EXPECT_EQ(p.name, name);
@@ -119,7 +119,7 @@ TEST(TrainPresets, TheTableNamesRegisteredMethods) {
     train_preset("huge");
     ADD_FAILURE() << "no error";
   } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("known: tiny, small, gpu-d12"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("known: tiny, small, small-rank, gpu-d12"), std::string::npos) << e.what();
   }
 }
 
