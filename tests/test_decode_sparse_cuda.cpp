@@ -28,7 +28,7 @@ const std::vector<std::string> kSparse = {"moba", "dsa", "qsa", "nsa", "seer"};
 const std::vector<std::string> kModels = {"moba",    "dsa",         "qsa",         "nsa",
                                           "seer",    "moba_hybrid", "qsa_hybrid",  "deeploop",
                                           "fixed_recursive", "lt2_gdn", "lt2_hybrid_full_gdn", "lt2_hybrid_gdn_dsa",
-                                          "loopformer_fixed2", "ouro"};
+                                          "loopformer_fixed2", "ouro", "ut_act"};
 
 TensorMap case_inputs(const MethodSpec& m, const CaseDef& c, uint64_t seed) {
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
