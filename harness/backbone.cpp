@@ -293,6 +293,8 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
   if (aux) *aux = ModelAux();
   TensorMap state = stream.begin(x, P, backend);
   const FusedDecodeStream* fs = fused ? dynamic_cast<const FusedDecodeStream*>(&stream) : nullptr;
+  // a decode step over static caches: the token's position on the device, for streams that read it
+  if (pass == Pass::Decode && cache->capacity) state.set("pos_dev", cache->pos_dev);
   const char* pass_name = pass == Pass::Forward ? "forward" : pass == Pass::Prefill ? "prefill" : "decode";
   for (int64_t s = 0; s < plan.n_steps(); ++s) {
     const PlanStep& st = plan.steps[size_t(s)];

@@ -66,7 +66,9 @@ class ResidualStream {
   virtual bool runs(const Sublayer& s, const TensorMap& state) const { return true; }
   // Whether a decode step through this stream is the same work at every position with no host-side
   // reads (no Sublayer::pos, no data-dependent skips): static decode caches and a captured decode
-  // step need it. Off unless a stream says so.
+  // step need it. Off unless a stream says so. A decode step over static caches finds the token's
+  // position on the device in its state as "pos_dev" (int64 [1], ModelCache::pos_dev): a stream
+  // that needs the position reads it there instead of Sublayer::pos.
   virtual bool static_decode() const { return false; }
   // Whether sublayer `s` runs without gradient (truncated backpropagation through early loop
   // applications): the backbone runs its read, layer and write under a no-grad scope.

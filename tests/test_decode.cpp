@@ -329,7 +329,7 @@ TEST(StaticDecode, RefusesWhatItCannotHold) {
   EXPECT_THROW(model_prefill(model, idx, Backend::CPU, &cache, 6), InputError);  // no room for a decoded token
   EXPECT_THROW(model_prefill(model, idx, Backend::CPU, &cache, -1), UsageError);
   // methods whose hooks or stream keep no fixed-size state
-  for (const std::string name : {"huginn", "ut_act"}) {
+  for (const std::string name : {"huginn", "mor"}) {
     const MethodSpec& other = Registry::get().method(name);
     Model om = build_model(other, other.config.parse("n_layer=4,d_model=64,head_dim=16,seq_len=8,vocab=32"), gen,
                            at::TensorOptions().dtype(at::kDouble), true);
@@ -339,7 +339,8 @@ TEST(StaticDecode, RefusesWhatItCannotHold) {
       EXPECT_THROW(model_prefill(om, idx, Backend::CPU, &oc, 16), UsageError) << name;
     }
   }
-  for (const std::string name : {"dense", "gdn", "gdn_hybrid", "residual_standard", "mla", "kda_hybrid"}) {
+  for (const std::string name : {"dense", "gdn", "gdn_hybrid", "residual_standard", "mla", "kda_hybrid", "ut_act",
+                                 "moba_hybrid", "deeploop"}) {
     const MethodSpec& ok = Registry::get().method(name);
     Model om = build_model(ok, ok.config.parse("n_layer=4,d_model=64,head_dim=16,seq_len=8,vocab=32"), gen,
                            at::TensorOptions().dtype(at::kDouble), true);

@@ -262,10 +262,11 @@ TEST(Hybrid, ConfigIsTheUnionOfItsLayersAndChecksThem) {
   const MethodSpec& g = Registry::get().method("gdn_hybrid");
   EXPECT_NE(std::find(g.ops.begin(), g.ops.end(), "attention"), g.ops.end());
   EXPECT_NE(std::find(g.ops.begin(), g.ops.end(), "gated_delta_rule"), g.ops.end());
-  // decode hooks exist when every layer method has them (qsa and moba have none)
-  for (const auto& name : {"gdn_hybrid", "deltanet_hybrid", "gdn_hybrid_swa"})
+  // decode hooks (and static caches) exist when every layer method has them
+  for (const auto& name : {"gdn_hybrid", "deltanet_hybrid", "gdn_hybrid_swa", "qsa_hybrid", "moba_hybrid"}) {
     EXPECT_TRUE(Registry::get().method(name).has_decode()) << name;
-  for (const auto& name : {"qsa_hybrid", "moba_hybrid"}) EXPECT_FALSE(Registry::get().method(name).has_decode()) << name;
+    EXPECT_TRUE(Registry::get().method(name).static_decode) << name;
+  }
 }
 
 TEST(Hybrid, ModelParametersComeFromEachLayersMethod) {
@@ -460,15 +461,15 @@ TEST(Hybrid, TrainsDeterministicallyAndCheckpointKeepsTheLayout) {
 
 TEST(Hybrid, DecodeSweepAtModelLevel) {
   fs::path out = hybrid_tmp() / "decode.json";
-  ASSERT_EQ(run_cli({"sweep", "--mode", "decode", "--methods", "gdn_hybrid,moba_hybrid", "--level", "model", "--lengths",
-                     "32,64", "--batch", "1", "--reps", "2", "--warmup", "1", "--config", "n_layer=4", "--out",
+  ASSERT_EQ(run_cli({"sweep", "--mode", "decode", "--methods", "gdn_hybrid,moba_hybrid,mor", "--level", "model",
+                     "--lengths", "32,64", "--batch", "1", "--reps", "2", "--warmup", "1", "--config", "n_layer=4", "--out",
                      out.string(), "--quiet"}),
             0);
   Json r = Json::parse(read_file(out.string()));
   EXPECT_TRUE(validate_json(r, report_schema()).empty());
   int ok = 0, skipped = 0;
   for (const auto& x : r["results"]) {
-    if (x["method"] == "moba_hybrid") {  // MoBA has no decode step: the hybrid is skipped, not failed
+    if (x["method"] == "mor") {  // mor has no decode step: skipped, not failed
       EXPECT_EQ(x["status"], "skipped") << x.dump();
       ++skipped;
       continue;
@@ -481,7 +482,7 @@ TEST(Hybrid, DecodeSweepAtModelLevel) {
       EXPECT_GT(x["cache"]["bytes_after_prefill"].get<double>(), 0.0);
     }
   }
-  EXPECT_EQ(ok, 2);
+  EXPECT_EQ(ok, 4);
   EXPECT_EQ(skipped, 1);
 }
 
@@ -538,17 +539,23 @@ TEST(Hybrid, IsoFlopCalibration) {
 }
 
 TEST(Hybrid, DecodeOfAHybridWithoutDecodeNamesTheLayerMethod) {
-  const MethodSpec& h = Registry::get().method("moba_hybrid");
+  // every registered hybrid's layer methods decode: one layer swapped for a method without hooks
+  const MethodSpec& h = Registry::get().method("gdn_hybrid");
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(2);
   Model m = build_model(h, h.config.parse("n_layer=4,d_model=64,head_dim=16,vocab=64,seq_len=32"), gen,
                         at::TensorOptions().dtype(at::kFloat));
+  MethodSpec no_hooks = *m.layer_specs[1];
+  no_hooks.name = "gdn_without_decode";
+  no_hooks.prefill = nullptr;
+  no_hooks.decode = nullptr;
+  m.layer_specs[1] = &no_hooks;
   ModelCache cache;
   at::Tensor idx = at::zeros({1, 4}, at::TensorOptions().dtype(at::kLong));
   try {
     model_prefill(m, idx, Backend::CPU, &cache);
     FAIL() << "no error";
   } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("layer method(s) moba"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("layer method(s) gdn_without_decode"), std::string::npos) << e.what();
   }
 }
 

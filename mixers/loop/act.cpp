@@ -35,6 +35,17 @@ at::Tensor timing_signal(int64_t start, int64_t length, int64_t channels, const 
   return sig.to(opts);
 }
 
+at::Tensor timing_signal_at(const at::Tensor& pos, int64_t channels, at::ScalarType dtype) {
+  const int64_t n = channels / 2;
+  const double inc = std::log(1.0e4) / double(std::max<int64_t>(n - 1, 1));
+  const auto o64 = pos.options().dtype(at::kDouble);
+  at::Tensor inv = at::exp(at::arange(n, o64) * -inc);
+  at::Tensor t = pos.to(at::kDouble).view({1, 1}) * inv.unsqueeze(0);
+  at::Tensor sig = at::cat({at::sin(t), at::cos(t)}, 1);
+  if (channels % 2) sig = at::constant_pad_nd(sig, {0, 1});
+  return sig.to(dtype);
+}
+
 at::Tensor act_step(Halting& st, const at::Tensor& p, bool last) {
   const at::Tensor running = (st.h < 1.0).to(p.scalar_type());
   const at::Tensor q = st.h + p * running;
@@ -128,6 +139,9 @@ class UtActStream final : public ResidualStream {
  public:
   explicit UtActStream(const LoopSplit& s) : split_(s), inner_(nanochat_stream(s.prelude - 1)) {}
   std::string name() const override { return "ut_act"; }
+  // Every candidate step runs at every position and the halting is masks on the device (act_step);
+  // the token coordinates of a static decode step come from the device position ("pos_dev").
+  bool static_decode() const override { return true; }
 
   std::vector<ParamDef> params(const ModelDims& d, const ExecPlan& plan) const override {
     std::vector<ParamDef> p = inner_->params(d, plan);
@@ -158,6 +172,14 @@ class UtActStream final : public ResidualStream {
       if (s.backend == Backend::Reference) {
         xs = ref::add_coordinates(x, s.pos, k);
         u = ref::act_step(h, xs, P.at("act_halt_w"), P.at("act_halt_b"), last);
+      } else if (st.has("pos_dev")) {
+        // a decode step over static caches: the token coordinates of the device position
+        const int64_t d = x.size(2);
+        const at::Tensor sig = act::timing_signal_at(st.at("pos_dev"), d, at::kDouble) +
+                               act::timing_signal(k, 1, d, x.options().dtype(at::kDouble));
+        xs = x + sig.to(x.scalar_type());
+        const at::Tensor p = at::sigmoid(at::matmul(xs, P.at("act_halt_w")) + P.at("act_halt_b"));
+        u = act::act_step(h, p, last);
       } else {
         const int64_t T = x.size(1), d = x.size(2);
         // token coordinates of positions pos … pos + T − 1 plus depth coordinate k: a constant per key

@@ -17,6 +17,9 @@ constexpr double kHaltBiasInit = 1.0;
 // positions start … start + length − 1. Token coordinates use it over positions, the depth
 // coordinate row `step` of it over max_steps.
 at::Tensor timing_signal(int64_t start, int64_t length, int64_t channels, const at::TensorOptions& opts);
+// The row of one position held on the device, pos (int64 [1]): timing_signal(pos, 1, channels) as
+// [1, channels] in pos's device and dtype `dtype`, computed there (no host read of pos).
+at::Tensor timing_signal_at(const at::Tensor& pos, int64_t channels, at::ScalarType dtype);
 
 // The halting state of every position (all [B,T]): cumulative halting probability h, remainder R,
 // update count N.

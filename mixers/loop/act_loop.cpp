@@ -58,6 +58,7 @@ void complete(MethodSpec& m, const LoopMethodDesc& desc) {
   m.ve_dim = dense.ve_dim;
   m.prefill = dense.prefill;
   m.decode = dense.decode;
+  m.static_decode = dense.static_decode;  // whether the model decodes with static caches is its stream's call
 }
 
 }  // namespace

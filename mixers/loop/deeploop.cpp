@@ -24,6 +24,8 @@ class DeepLoopStream final : public ResidualStream {
  public:
   explicit DeepLoopStream(double alpha) : alpha_(alpha) {}
   std::string name() const override { return "deeploop"; }
+  // the same post-norm update at every position: a decode step reads nothing from the host
+  bool static_decode() const override { return true; }
 
   // nanochat's backout scale only (no resid/x0 mixing).
   std::vector<ParamDef> params(const ModelDims& d, const ExecPlan& plan) const override {

@@ -111,6 +111,11 @@ class HuginnStream final : public ResidualStream {
   HuginnStream(const LoopSplit& s, double mean_loops, int64_t grad_loops)
       : split_(s), mean_(mean_loops), grad_loops_(grad_loops), inner_(nanochat_stream(s.prelude - 1)) {}
   std::string name() const override { return "huginn"; }
+  // No static decode (ResidualStream::static_decode stays false): the initial state s₀ of a decoded
+  // token is drawn on the host, from the row's CPU generator advanced to the token's position
+  // (huginn::initial_state), which a captured step cannot replay at another position; on the device
+  // it would take a table of s₀ for every row and position up to the capacity ([B, capacity, d]).
+  // The depth outside training (eval_depth) is fixed and would not stand in the way.
 
   std::vector<ParamDef> params(const ModelDims& d, const ExecPlan& plan) const override {
     std::vector<ParamDef> p = inner_->params(d, plan);

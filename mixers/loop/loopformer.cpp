@@ -205,6 +205,9 @@ class LoopFormerStream final : public ResidualStream {
   explicit LoopFormerStream(const Layout& l)
       : l_(l), main_(ExecPlan::loop(l.prelude + l.core + l.coda, l.prelude, l.coda, l.loops)), inner_(nanochat_stream()) {}
   std::string name() const override { return "loopformer"; }
+  // Decoding runs the full route only (the short one is an auxiliary route); its conditioning is a
+  // function of the loop index alone, so a decode step is the same work at every position.
+  bool static_decode() const override { return true; }
 
   std::vector<ParamDef> params(const ModelDims& d, const ExecPlan&) const override {
     std::vector<ParamDef> p = inner_->params(d, main_);  // resid/x0 scales per step of the full route

@@ -27,6 +27,8 @@ class Lt2Stream final : public ResidualStream {
  public:
   Lt2Stream(int64_t blocks, int64_t loops) : blocks_(blocks), loops_(loops), inner_(nanochat_stream()) {}
   std::string name() const override { return "lt2"; }
+  // nanochat's stream plus the cross-loop term: the same work at every position
+  bool static_decode() const override { return true; }
 
   std::vector<ParamDef> params(const ModelDims& d, const ExecPlan& plan) const override {
     if (plan.n_steps() != blocks_ * loops_)

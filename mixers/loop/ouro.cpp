@@ -171,6 +171,9 @@ class OuroStream final : public ResidualStream {
  public:
   explicit OuroStream(const ouro::Layout& l) : l_(l), inner_(nanochat_stream(l.prelude - 1)) {}
   std::string name() const override { return "ouro"; }
+  // Every loop runs at every position and the exit each token takes is chosen on the device
+  // (exit_choice, a gather of the exits' logits): a decode step reads nothing from the host.
+  bool static_decode() const override { return true; }
 
   std::vector<ParamDef> params(const ModelDims& d, const ExecPlan& plan) const override {
     std::vector<ParamDef> p = inner_->params(d, plan);

@@ -65,6 +65,7 @@
 #include "mixers/common/layers.h"
 #include "mixers/attention/attention.h"
 #include "mixers/sparse/sparse.h"
+#include "mixers/sparse/sparse_decode.h"
 #include "mixers/sparse/sparse_method.h"
 #include "reference/sparse_blocks.h"
 
@@ -99,6 +100,24 @@ at::Tensor block_attend(const QKV& a, const at::Tensor& k, const at::Tensor& v, 
                         double scale) {
   NvtxRange r(op_range("block_sparse_attention"));
   return block_sparse_attention_fast(a.q, k, v, idx, bs, /*q_block=*/1, scale);
+}
+
+// A decoded token's attention over its selected blocks sel [B,S,n] (the own block among them):
+// the keys ≤ pos of each block -> o [B,H,dh].
+at::Tensor decode_attend(const QKV& a, const TensorMap& cache, const at::Tensor& sel, int64_t bs, const at::Tensor& pos,
+                         double scale) {
+  NvtxRange r(op_range("block_sparse_attention"));
+  const sparse_decode::Keys keys = sparse_decode::block_keys(sel, bs, pos);
+  const int64_t B = a.q.size(0), H = a.q.size(2), dh = a.q.size(3);
+  return sparse_decode::attend_keys(a.q.view({B, H, dh}), cache.at("k"), cache.at("v"), keys.keys, keys.valid, scale);
+}
+
+// The selection of a decoded token whose own block is `cur` (int64 [1]): block scores [B,S,NB] of
+// every block of the buffer, candidates the complete blocks before cur, the own block appended
+// -> [B,S,n+1].
+at::Tensor decode_select(const at::Tensor& scores, const at::Tensor& cur, int64_t topk) {
+  NvtxRange r(op_range("block_topk"));
+  return block_topk_own(scores.unsqueeze(2), cur, topk, /*counted=*/false).squeeze(2);
 }
 
 // Σ p·(log p − logq) over the last dim where valid; logits of invalid slots are ignored.
@@ -211,6 +230,57 @@ TensorMap qsa_forward(const TensorMap& in, const Config& c, const LayerCtx& ctx,
   return {{"y", y}, {"aux_loss", aux}, {"selection", idx}};
 }
 
+// Decode cache (sparse_decode.h): "k", "v" [B,L,Hkv,dh], the pooled indexer keys "ikb"
+// [B,NB,HK,d_I] (after RMSNorm and RoPE at the block's first position) and a ring "ikt" [B,bs,HK·d_I]
+// of the unfinished block's key projections, from which each decode step pools its own block.
+TensorMap qsa_prefill(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx& ctx, Backend b) {
+  QsaDims Q = qsa_dims(c);
+  const at::Tensor& x = in.at("x");
+  const int64_t B = x.size(0), T = x.size(1), NC = T / Q.bs;
+  at::Tensor y = qsa_forward(in, c, ctx, b).at("y");
+  c10::NoGradGuard ng;
+  const int64_t rows = sparse_decode::begin_prefill(cache, T);
+  QKV a = qkv(in, c);
+  sparse_decode::store(cache, "k", a.k, rows);
+  sparse_decode::store(cache, "v", a.v, rows);
+  const at::Tensor kt = at::linear(x.detach(), in.at("qsa_wk"));  // [B,T,HK·DI]
+  at::Tensor kb = layers::rms_norm(kt.narrow(1, 0, NC * Q.bs).view({B, NC, Q.bs, Q.HK, Q.DI}).mean(2));
+  kb = rope_neox_at(kb, pos_tensor(NC, Q.bs, x.device()), Q.R, c.f("rope_base"));
+  sparse_decode::store(cache, "ikb", kb, sparse_decode::prefill_block_rows(cache, T, Q.bs));
+  sparse_decode::store_ring(cache, "ikt", kt.narrow(1, NC * Q.bs, T - NC * Q.bs), Q.bs);
+  return {{"y", y}};
+}
+
+// One token at the cache's position p (own block cur = p / bs): its block's pooled key from the
+// ring, the indexer scores Σ ReLU(q^I·k^I_i / √d_I) of every pooled key of the buffer, the topk best
+// complete blocks before cur plus cur, attention over their keys ≤ p.
+TensorMap qsa_decode(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx& ctx, Backend) {
+  c10::NoGradGuard ng;
+  Dims d = dims(c);
+  QsaDims Q = qsa_dims(c);
+  const at::Tensor& x = in.at("x");
+  const sparse_decode::Step st = sparse_decode::begin_step(cache, x);
+  const int64_t B = x.size(0), NB = st.block_rows(Q.bs);
+  const double base = c.f("rope_base");
+  QKV a = sparse_decode::qkv_at(in, c, st.pos);
+  sparse_decode::put(cache, "k", a.k, st.pos, st.rows);
+  sparse_decode::put(cache, "v", a.v, st.pos, st.rows);
+  const at::Tensor xd = x.detach();
+  const at::Tensor qi = rope_neox_at(at::linear(xd, in.at("qsa_wq")).view({B, 1, Q.HI, Q.DI}), st.pos, Q.R, base);
+  sparse_decode::put(cache, "ikt", at::linear(xd, in.at("qsa_wk")), st.pos.remainder(Q.bs), Q.bs);
+  const at::Tensor cur = at::div(st.pos, Q.bs, "floor");
+  at::Tensor kb = layers::rms_norm(cache.at("ikt").view({B, 1, Q.bs, Q.HK, Q.DI}).mean(2));  // [B,1,HK,DI]
+  kb = rope_neox_at(kb, cur * Q.bs, Q.R, base);
+  sparse_decode::put(cache, "ikb", kb, cur, NB);
+  const at::Tensor lg = at::matmul(qi.view({B, Q.HK, Q.g, Q.DI}), cache.at("ikb").permute({0, 2, 3, 1})) *
+                        (1.0 / std::sqrt(double(Q.DI)));                        // [B,HK,g,NB]
+  const at::Tensor I = at::relu(lg).sum({1, 2}).view({B, 1, NB});
+  const at::Tensor sel = decode_select(I, cur, full_attention_warmup(c, ctx) ? NB : Q.topk);  // [B,1,n+1]
+  at::Tensor o = decode_attend(a, cache, sel, Q.bs, st.pos, 1.0 / std::sqrt(double(d.dh)));
+  sparse_decode::end_step(cache, st);
+  return {{"y", at::linear(o.view({B, 1, d.H * d.dh}), in.at("c_proj"))}};
+}
+
 // Per token at length T, NC = ⌊T/bs⌋ complete blocks, n = min(topk, NC), HK = H_I/group:
 //   matmul params N = attention's N_l + H_I·d_I·d + HK·d_I·d (the key projection runs on the
 //       tokens of complete blocks only: −2·HK·d_I·d·(1 − NC·bs/T))
@@ -293,6 +363,8 @@ MethodSpec qsa_spec() {
   d.forward = qsa_forward;
   d.account = qsa_account;
   d.cases = qsa_cases;
+  d.prefill = qsa_prefill;
+  d.decode = qsa_decode;
   MethodSpec m = sparse_method(d);
   // Training presets: the dense warm-up (512 steps by default) would cover all of small's 40 steps:
   // a quarter of them.
@@ -363,6 +435,76 @@ TensorMap nsa_forward(const TensorMap& in, const Config& c, const LayerCtx&, Bac
   return {{"y", at::linear(o.reshape({B, T, d.H * d.dh}), in.at("c_proj"))}, {"selection", idx}};
 }
 
+// Decode cache (sparse_decode.h): "k", "v" [B,L,Hkv,dh] and the compressed keys and values "ck",
+// "cv" [B,NB,Hkv,dh]; each decode step compresses its own block from the cached keys and values
+// (final when the block's last key is in; the compression branch reads a block only from then on).
+TensorMap nsa_prefill(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx& ctx, Backend b) {
+  Dims d = dims(c);
+  const at::Tensor& x = in.at("x");
+  const int64_t B = x.size(0), T = x.size(1), bs = c.i("nsa_block"), NC = T / bs;
+  at::Tensor y = nsa_forward(in, c, ctx, b).at("y");
+  c10::NoGradGuard ng;
+  const int64_t rows = sparse_decode::begin_prefill(cache, T);
+  QKV a = qkv(in, c);
+  sparse_decode::store(cache, "k", a.k, rows);
+  sparse_decode::store(cache, "v", a.v, rows);
+  auto compress = [&](const at::Tensor& t, const char* w) {  // [B,T,Hkv,dh] -> [B,NC,Hkv,dh]
+    at::Tensor blk = t.narrow(1, 0, NC * bs).reshape({B, NC, bs, d.Hkv, d.dh});
+    return at::linear(blk.permute({0, 3, 1, 2, 4}).reshape({B, d.Hkv, NC, bs * d.dh}), in.at(w)).permute({0, 2, 1, 3});
+  };
+  const int64_t NB = sparse_decode::prefill_block_rows(cache, T, bs);
+  sparse_decode::store(cache, "ck", compress(a.k, "nsa_cmp_k"), NB);
+  sparse_decode::store(cache, "cv", compress(a.v, "nsa_cmp_v"), NB);
+  return {{"y", y}};
+}
+
+// One token at the cache's position p (own block cur = p / bs): compression branch over the blocks
+// complete at p, selection of the nsa_topk best complete blocks before cur per KV head by the
+// compressed attention summed over the group's heads, plus cur; window branch over the last
+// nsa_window keys; the three mixed by the token's gates.
+TensorMap nsa_decode(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx&, Backend) {
+  c10::NoGradGuard ng;
+  Dims d = dims(c);
+  const at::Tensor& x = in.at("x");
+  const sparse_decode::Step st = sparse_decode::begin_step(cache, x);
+  const int64_t B = x.size(0), G = d.H / d.Hkv, bs = c.i("nsa_block"), NB = st.block_rows(bs);
+  const double scale = 1.0 / std::sqrt(double(d.dh));
+  QKV a = sparse_decode::qkv_at(in, c, st.pos);
+  sparse_decode::put(cache, "k", a.k, st.pos, st.rows);
+  sparse_decode::put(cache, "v", a.v, st.pos, st.rows);
+  const at::Tensor cur = at::div(st.pos, bs, "floor");
+  auto compress = [&](const char* buf, const char* w) {  // the own block's rows -> [B,1,Hkv,dh]
+    const at::Tensor blk = sparse_decode::block_rows_of(cache.at(buf), cur, bs);  // [B,bs,Hkv,dh]
+    return at::linear(blk.permute({0, 2, 1, 3}).reshape({B, d.Hkv, 1, bs * d.dh}), in.at(w)).permute({0, 2, 1, 3});
+  };
+  sparse_decode::put(cache, "ck", compress("k", "nsa_cmp_k"), cur, NB);
+  sparse_decode::put(cache, "cv", compress("v", "nsa_cmp_v"), cur, NB);
+  // Compression branch: the blocks whose last key (i+1)·bs − 1 is ≤ p.
+  const at::Tensor qh = a.q.view({B, d.Hkv, G, d.dh});
+  const at::Tensor lg = at::matmul(qh, cache.at("ck").permute({0, 2, 3, 1})) * scale;  // [B,Hkv,G,NB]
+  const at::Tensor vis = ((at::arange(NB, st.pos.options()) + 1) * bs - 1 <= st.pos).view({1, 1, 1, NB});
+  const at::Tensor lf = layers::is_half(lg) ? lg.to(at::kFloat) : lg;
+  at::Tensor p = at::softmax(lf.masked_fill(vis.logical_not(), kMaskedLogit), -1).masked_fill(vis.logical_not(), 0.0);
+  const at::Tensor scores = p.sum(2);  // [B,Hkv,NB]
+  const at::Tensor cv = cache.at("cv").permute({0, 2, 1, 3});  // [B,Hkv,NB,dh]
+  const at::Tensor o_cmp = at::matmul(p.to(cv.scalar_type()), cv).view({B, d.H, d.dh});
+  // Selection branch.
+  const at::Tensor sel = decode_select(scores, cur, c.i("nsa_topk"));  // [B,Hkv,n+1]
+  const at::Tensor o_slc = decode_attend(a, cache, sel, bs, st.pos, scale);
+  // Window branch: keys p − j, j < min(window, L).
+  at::Tensor o_win;
+  {
+    NvtxRange r(op_range("attention"));
+    const int64_t nw = std::min(c.i("nsa_window"), st.rows);
+    const at::Tensor keys = (st.pos - at::arange(nw, st.pos.options())).view({1, 1, nw});
+    o_win = sparse_decode::attend_keys(a.q.view({B, d.H, d.dh}), cache.at("k"), cache.at("v"), keys, keys >= 0, scale);
+  }
+  const at::Tensor g = at::sigmoid(at::linear(x, in.at("nsa_gate"))).view({B, 3, d.H, 1});
+  const at::Tensor o = g.select(1, 0) * o_cmp + g.select(1, 1) * o_slc + g.select(1, 2) * o_win;
+  sparse_decode::end_step(cache, st);
+  return {{"y", at::linear(o.reshape({B, 1, d.H * d.dh}), in.at("c_proj"))}};
+}
+
 // Per token at length T, NC = ⌊T/bs⌋ complete blocks, n = min(topk, NC), f = NC·bs/T:
 //   matmul params N = attention's N_l + 3·H·d (gates); the compression maps (2·dh·bs·dh) run once
 //       per block: 2·2·Hkv·dh·dh·f
@@ -429,6 +571,8 @@ MethodSpec nsa_spec() {
   d.forward = nsa_forward;
   d.account = nsa_account;
   d.cases = nsa_cases;
+  d.prefill = nsa_prefill;
+  d.decode = nsa_decode;
   MethodSpec m = sparse_method(d);
   // gpu-d12: with no CUDA kernel, the LibTorch path's gathers for 32 rows × 2048 tokens need more
   // than an H200's memory: micro-batches of 2 rows.
@@ -451,6 +595,24 @@ std::vector<ParamDef> seer_params(const Config& c, const LayerCtx& ctx) {
 // seer_gate_keys: "pooled_rope" (the original's key side, the default) or "rotated" (the earlier gate).
 bool seer_pooled_rope(const Config& c) { return c.s("seer_gate_keys") == "pooled_rope"; }
 
+// The gate's pooled key of blocks of keys kb [B,N,bs,Hkv,dh] (the layer's keys before RoPE,
+// 1.2·RMSNorm(c_k x), for pooled_rope; after it otherwise): [max; min; mean] projected by W^G_k and,
+// for pooled_rope, rotated at the blocks' first positions `first` (double [N]) -> [B,N,Hkv,d_g].
+at::Tensor seer_gate_keys(const at::Tensor& kb, const TensorMap& in, const Config& c, const at::Tensor& first) {
+  const int64_t B = kb.size(0), N = kb.size(1), Hkv = kb.size(3), dh = kb.size(4), dg = c.i("seer_gate_dim");
+  at::Tensor pooled = at::cat({std::get<0>(kb.max(2)), std::get<0>(kb.min(2)), kb.mean(2)}, -1);  // [B,N,Hkv,3dh]
+  at::Tensor kg = at::bmm(pooled.permute({2, 0, 1, 3}).reshape({Hkv, B * N, 3 * dh}), in.at("seer_wk").transpose(1, 2));
+  kg = kg.view({Hkv, B, N, dg}).permute({1, 2, 0, 3});                                            // [B,N,Hkv,dg]
+  // nanochat's rotation is NeoX's by −θ: block i at position i·bs
+  if (seer_pooled_rope(c)) kg = rope_neox_at(kg, -first, dg, c.f("rope_base"));
+  return kg;
+}
+
+// The keys the gate pools: 1.2·RMSNorm of the keys before RoPE (pooled_rope), else the layer's keys.
+at::Tensor seer_pool_source(const QKV& a, const Config& c) {
+  return seer_pooled_rope(c) ? layers::rms_norm(a.k_raw.detach()) * 1.2 : a.k.detach();
+}
+
 TensorMap seer_reference(const TensorMap& in, const Config& c, const LayerCtx&, reference::LayerSelection& sel) {
   reference::BlockOut o = reference::seer_layer(in.at("x"), in.get_or("ve", at::Tensor()), ref_weights(in), ref_shape(c),
                                                 c.i("seer_block"), c.i("seer_topk"), seer_pooled_rope(c), &sel);
@@ -468,16 +630,9 @@ TensorMap seer_forward(const TensorMap& in, const Config& c, const LayerCtx& ctx
   QKV a = qkv(in, c);
   at::Tensor S = at::zeros({B, d.H, T, 0}, a.q.options());  // gate logits [B,H,T,NC]
   if (NC > 0) {
-    const bool pooled_rope = seer_pooled_rope(c);
     at::Tensor qd = a.q.detach();
-    at::Tensor kd = pooled_rope ? layers::rms_norm(a.k_raw.detach()) * 1.2 : a.k.detach();
-    at::Tensor kb = kd.narrow(1, 0, NC * bs).view({B, NC, bs, d.Hkv, d.dh});
-    at::Tensor pooled = at::cat({std::get<0>(kb.max(2)), std::get<0>(kb.min(2)), kb.mean(2)}, -1);  // [B,NC,Hkv,3dh]
-    at::Tensor kg = at::bmm(pooled.permute({2, 0, 1, 3}).reshape({d.Hkv, B * NC, 3 * d.dh}),
-                            in.at("seer_wk").transpose(1, 2));                                  // [Hkv,B·NC,dg]
-    kg = kg.view({d.Hkv, B, NC, dg}).permute({1, 2, 0, 3});                                      // [B,NC,Hkv,dg]
-    // nanochat's rotation is NeoX's by −θ: block i at position i·bs
-    if (pooled_rope) kg = rope_neox_at(kg, -pos_tensor(NC, bs, x.device()), dg, c.f("rope_base"));
+    at::Tensor kb = seer_pool_source(a, c).narrow(1, 0, NC * bs).view({B, NC, bs, d.Hkv, d.dh});
+    at::Tensor kg = seer_gate_keys(kb, in, c, pos_tensor(NC, bs, x.device()));  // [B,NC,Hkv,dg]
     at::Tensor qg = at::bmm(qd.permute({2, 0, 1, 3}).reshape({d.H, B * T, d.dh}), in.at("seer_wq").transpose(1, 2));
     qg = qg.view({d.Hkv, G, B, T, dg}).permute({2, 0, 1, 3, 4}).reshape({B, d.Hkv, G * T, dg});
     S = (at::matmul(qg, kg.permute({0, 2, 3, 1})) * (1.0 / std::sqrt(double(dg)))).view({B, d.H, T, NC});
@@ -496,6 +651,54 @@ TensorMap seer_forward(const TensorMap& in, const Config& c, const LayerCtx& ctx
     aux = kl_rows(gt, S, valid.expand({B, d.H, T, NC})).mean().to(y.scalar_type());
   }
   return {{"y", y}, {"aux_loss", aux}, {"selection", idx}};
+}
+
+// Decode cache (sparse_decode.h): "k", "v" [B,L,Hkv,dh], the gate keys "gk" [B,NB,Hkv,d_g] and a
+// ring "gkt" [B,bs,Hkv,dh] of the unfinished block's pooled-from keys, from which each decode step
+// pools its own block.
+TensorMap seer_prefill(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx& ctx, Backend b) {
+  Dims d = dims(c);
+  const at::Tensor& x = in.at("x");
+  const int64_t B = x.size(0), T = x.size(1), bs = c.i("seer_block"), NC = T / bs;
+  at::Tensor y = seer_forward(in, c, ctx, b).at("y");
+  c10::NoGradGuard ng;
+  const int64_t rows = sparse_decode::begin_prefill(cache, T);
+  QKV a = qkv(in, c);
+  sparse_decode::store(cache, "k", a.k, rows);
+  sparse_decode::store(cache, "v", a.v, rows);
+  const at::Tensor kd = seer_pool_source(a, c);
+  const at::Tensor kg = seer_gate_keys(kd.narrow(1, 0, NC * bs).view({B, NC, bs, d.Hkv, d.dh}), in, c,
+                                       pos_tensor(NC, bs, x.device()));
+  sparse_decode::store(cache, "gk", kg, sparse_decode::prefill_block_rows(cache, T, bs));
+  sparse_decode::store_ring(cache, "gkt", kd.narrow(1, NC * bs, T - NC * bs), bs);
+  return {{"y", y}};
+}
+
+// One token at the cache's position p (own block cur = p / bs): its block's gate key from the ring,
+// the gate logits Q̃·K̃ / √d_g of every gate key of the buffer per query head, the seer_topk best
+// complete blocks before cur plus cur per head, attention over their keys ≤ p.
+TensorMap seer_decode(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx& ctx, Backend) {
+  c10::NoGradGuard ng;
+  Dims d = dims(c);
+  const at::Tensor& x = in.at("x");
+  const sparse_decode::Step st = sparse_decode::begin_step(cache, x);
+  const int64_t B = x.size(0), G = d.H / d.Hkv, bs = c.i("seer_block"), NB = st.block_rows(bs);
+  const int64_t dg = c.i("seer_gate_dim");
+  QKV a = sparse_decode::qkv_at(in, c, st.pos);
+  sparse_decode::put(cache, "k", a.k, st.pos, st.rows);
+  sparse_decode::put(cache, "v", a.v, st.pos, st.rows);
+  sparse_decode::put(cache, "gkt", seer_pool_source(a, c), st.pos.remainder(bs), bs);
+  const at::Tensor cur = at::div(st.pos, bs, "floor");
+  const at::Tensor kg = seer_gate_keys(cache.at("gkt").view({B, 1, bs, d.Hkv, d.dh}), in, c, (cur * bs).to(at::kDouble));
+  sparse_decode::put(cache, "gk", kg, cur, NB);
+  at::Tensor qg = at::bmm(a.q.permute({2, 0, 1, 3}).reshape({d.H, B, d.dh}), in.at("seer_wq").transpose(1, 2));  // [H,B,dg]
+  qg = qg.view({d.Hkv, G, B, dg}).permute({2, 0, 1, 3});                                                      // [B,Hkv,G,dg]
+  const at::Tensor S = (at::matmul(qg, cache.at("gk").permute({0, 2, 3, 1})) * (1.0 / std::sqrt(double(dg))))
+                           .view({B, d.H, NB});
+  const at::Tensor sel = decode_select(S, cur, full_attention_warmup(c, ctx) ? NB : c.i("seer_topk"));  // [B,H,n+1]
+  at::Tensor o = decode_attend(a, cache, sel, bs, st.pos, 1.0 / std::sqrt(double(d.dh)));
+  sparse_decode::end_step(cache, st);
+  return {{"y", at::linear(o.view({B, 1, d.H * d.dh}), in.at("c_proj"))}};
 }
 
 // Per token at length T, NC = ⌊T/bs⌋ complete blocks, n = min(topk, NC), f = NC·bs/T:
@@ -576,6 +779,8 @@ MethodSpec seer_spec() {
   d.forward = seer_forward;
   d.account = seer_account;
   d.cases = seer_cases;
+  d.prefill = seer_prefill;
+  d.decode = seer_decode;
   MethodSpec m = sparse_method(d);
   // Training preset small: as qsa's (the warm-up a quarter of the run, micro-batches of 8 rows).
   m.presets["small"] = {"full_attention_warmup_frac=0.25", 8};

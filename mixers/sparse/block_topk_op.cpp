@@ -145,14 +145,15 @@ OpSpec make_spec() {
 
 namespace {
 
-// The selection both paths share; `first(s, k)` returns each row's k best columns, descending score,
-// ties to the lower block.
+// The selection both paths share, for query rows whose own blocks are `own` [T] (int64, on the
+// scores' device); `first(s, k)` returns each row's k best columns, descending score, ties to the
+// lower block.
 template <class First>
-at::Tensor select_blocks_by(const at::Tensor& scores, int64_t bs, int64_t topk, bool counted, First first) {
+at::Tensor select_blocks_own(const at::Tensor& scores, const at::Tensor& own_blocks, int64_t topk, bool counted, First first) {
   c10::NoGradGuard ng;
   const int64_t B = scores.size(0), S = scores.size(1), T = scores.size(2), N = scores.size(3);
   auto lo = at::TensorOptions().dtype(at::kLong).device(scores.device());
-  at::Tensor cur = at::div(at::arange(T, lo), bs, "floor").view({1, 1, T, 1});
+  at::Tensor cur = own_blocks.view({1, 1, T, 1});
   at::Tensor blk = at::arange(N, lo).view({1, 1, 1, N});
   at::Tensor s = scores.detach();
   if (counted) {
@@ -170,6 +171,13 @@ at::Tensor select_blocks_by(const at::Tensor& scores, int64_t bs, int64_t topk, 
   return at::cat({sel, own}, 3).contiguous();
 }
 
+// Query t's own block t / bs.
+template <class First>
+at::Tensor select_blocks_by(const at::Tensor& scores, int64_t bs, int64_t topk, bool counted, First first) {
+  auto lo = at::TensorOptions().dtype(at::kLong).device(scores.device());
+  return select_blocks_own(scores, at::div(at::arange(scores.size(2), lo), bs, "floor"), topk, counted, first);
+}
+
 }  // namespace
 
 at::Tensor block_topk_cpu(const at::Tensor& scores, int64_t bs, int64_t topk, bool counted) {
@@ -185,6 +193,15 @@ at::Tensor block_topk_keys(const at::Tensor& scores, int64_t bs, int64_t topk, b
 
 at::Tensor block_topk_fast(const at::Tensor& scores, int64_t bs, int64_t topk, bool counted) {
   return block_topk_keys(up_to_fp32(scores), bs, topk, counted);
+}
+
+at::Tensor block_topk_own(const at::Tensor& scores, const at::Tensor& own, int64_t topk, bool counted) {
+  const at::Tensor s = up_to_fp32(scores);
+  if (s.scalar_type() != at::kFloat)
+    return select_blocks_own(s, own, topk, counted, [](const at::Tensor& x, int64_t k) {
+      return std::get<1>(at::sort(x, /*stable=*/true, /*dim=*/-1, /*descending=*/true)).slice(3, 0, k);
+    });
+  return select_blocks_own(s, own, topk, counted, [](const at::Tensor& x, int64_t k) { return topk_lowest_index(x, k); });
 }
 
 MIXBENCH_REGISTER(make_spec());

@@ -34,6 +34,7 @@
 #include "harness/nvtx.h"
 #include "mixers/common/layers.h"
 #include "mixers/sparse/sparse.h"
+#include "mixers/sparse/sparse_decode.h"
 #include "mixers/sparse/sparse_method.h"
 #include "reference/sparse.h"
 
@@ -86,17 +87,37 @@ TensorMap reference_fn(const TensorMap& in, const Config& c, const LayerCtx&, re
   return {{"y", o.y}, {"aux_loss", o.aux_loss}};
 }
 
-// NeoX rotation by +θ (y1 = x1 cos − x2 sin, y2 = x2 cos + x1 sin) on the first R dims of x [B,T,…,D].
-at::Tensor rope_neox_partial(const at::Tensor& x, int64_t R, double base) {
+// NeoX rotation by +θ (y1 = x1 cos − x2 sin, y2 = x2 cos + x1 sin) on the first R dims of x [B,T,…,D],
+// at positions 0 … T − 1, or at `pos` (int64 [T] on x's device) when given (a decoded token).
+at::Tensor rope_neox_partial(const at::Tensor& x, int64_t R, double base, const at::Tensor& pos = {}) {
   const int64_t T = x.size(1), half = R / 2;
   auto o64 = at::TensorOptions().dtype(at::kDouble).device(x.device());
-  at::Tensor ang = at::arange(T, o64).view({T, 1}) * at::pow(base, -at::arange(half, o64) * (2.0 / double(R))).view({1, half});
+  const at::Tensor at_pos = pos.defined() ? pos.to(at::kDouble).view({T, 1}) : at::arange(T, o64).view({T, 1});
+  at::Tensor ang = at_pos * at::pow(base, -at::arange(half, o64) * (2.0 / double(R))).view({1, half});
   std::vector<int64_t> shape(size_t(x.dim()), 1);
   shape[1] = T;
   shape.back() = half;
   at::Tensor cs = ang.cos().to(x.scalar_type()).view(shape), sn = ang.sin().to(x.scalar_type()).view(shape);
   at::Tensor x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half), rest = x.narrow(-1, R, x.size(-1) - R);
   return at::cat({x1 * cs - x2 * sn, x2 * cs + x1 * sn, rest}, -1);
+}
+
+// The lightning indexer's query [B,T,H_I,d_I], key [B,T,d_I] and head weights [B,T,H_I] of the
+// detached layer input, rotated at positions 0 … T − 1 or at `pos` (a decoded token).
+struct IndexerIn {
+  at::Tensor q, k, w;
+};
+IndexerIn indexer_inputs(const TensorMap& in, const Config& c, const at::Tensor& pos = {}) {
+  const at::Tensor xd = in.at("x").detach();
+  const int64_t B = xd.size(0), T = xd.size(1);
+  const auto [HI, DI, R] = indexer_dims(c);
+  IndexerIn o;
+  o.q = rope_neox_partial(at::linear(xd, in.at("idx_wq")).view({B, T, HI, DI}), R, c.f("rope_base"), pos);
+  at::Tensor kr = at::linear(xd, in.at("idx_wk"));
+  at::Tensor ki = at::layer_norm(kr, {DI}, in.at("idx_k_norm_w"), in.at("idx_k_norm_b"), kIndexerLnEps);
+  o.k = rope_neox_partial(ki.unsqueeze(2), R, c.f("rope_base"), pos).squeeze(2);
+  o.w = at::linear(xd, in.at("idx_w")) * (1.0 / std::sqrt(double(HI) * double(DI)));
+  return o;
 }
 
 // The same code on every backend: the *_fast entry points pick the device's kernels.
@@ -108,12 +129,8 @@ TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Bac
   const double scale = 1.0 / std::sqrt(double(d.dh));
   QKV a = qkv(in, c);
   // Lightning indexer on the detached input.
-  at::Tensor xd = x.detach();
-  at::Tensor qi = rope_neox_partial(at::linear(xd, in.at("idx_wq")).view({B, T, HI, DI}), R, c.f("rope_base"));
-  at::Tensor kr = at::linear(xd, in.at("idx_wk"));
-  at::Tensor ki = at::layer_norm(kr, {DI}, in.at("idx_k_norm_w"), in.at("idx_k_norm_b"), kIndexerLnEps);
-  ki = rope_neox_partial(ki.unsqueeze(2), R, c.f("rope_base")).squeeze(2);
-  at::Tensor wi = at::linear(xd, in.at("idx_w")) * (1.0 / std::sqrt(double(HI) * double(DI)));
+  const IndexerIn ix = indexer_inputs(in, c);
+  const at::Tensor &qi = ix.q, &ki = ix.k, &wi = ix.w;
   const bool warmup = full_attention_warmup(c, ctx);
   const int64_t K = warmup ? T : std::min(c.i("dsa_topk"), T);
   at::Tensor idx;
@@ -151,6 +168,55 @@ TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Bac
   at::Tensor pl = p.to(logq.scalar_type());
   at::Tensor kl = (at::xlogy(pl, pl) - pl * logq).sum(-1);                    // [B,T]
   return {{"y", y}, {"aux_loss", kl.mean().to(y.scalar_type())}, {"selection", idx}};
+}
+
+// Decode cache (sparse_decode.h): "k", "v" [B,L,Hkv,dh] and the indexer keys "ik" [B,L,d_I].
+TensorMap prefill(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx& ctx, Backend b) {
+  at::Tensor y = forward(in, c, ctx, b).at("y");
+  c10::NoGradGuard ng;
+  const int64_t rows = sparse_decode::begin_prefill(cache, in.at("x").size(1));
+  QKV a = qkv(in, c);
+  sparse_decode::store(cache, "k", a.k, rows);
+  sparse_decode::store(cache, "v", a.v, rows);
+  sparse_decode::store(cache, "ik", indexer_inputs(in, c).k, rows);
+  return {{"y", y}};
+}
+
+// One token at the cache's position p: the indexer scores I[s] against every key of the buffer
+// (fp32 for half-precision layers, as dsa_indexer_fast), keys s > p masked to −inf, the top
+// min(dsa_topk, L) by descending score with ties to the lower key, the slots past the p + 1 visible
+// keys −1 (dsa_indexer's rule); attention over the chosen keys.
+TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx& ctx, Backend) {
+  c10::NoGradGuard ng;
+  Dims d = dims(c);
+  const at::Tensor& x = in.at("x");
+  const sparse_decode::Step st = sparse_decode::begin_step(cache, x);
+  const int64_t B = x.size(0), L = st.rows;
+  const auto [HI, DI, R] = indexer_dims(c);
+  QKV a = sparse_decode::qkv_at(in, c, st.pos);
+  const IndexerIn ix = indexer_inputs(in, c, st.pos);
+  sparse_decode::put(cache, "k", a.k, st.pos, L);
+  sparse_decode::put(cache, "v", a.v, st.pos, L);
+  sparse_decode::put(cache, "ik", ix.k, st.pos, L);
+  at::Tensor sel;
+  {
+    NvtxRange r(op_range("dsa_indexer"));
+    const at::Tensor q = up_to_fp32(ix.q).view({B, HI, DI}), k = up_to_fp32(cache.at("ik")), w = up_to_fp32(ix.w);
+    const at::Tensor sim = at::relu(at::bmm(q, k.transpose(1, 2)));              // [B,HI,L]
+    at::Tensor score = at::matmul(w.view({B, 1, HI}), sim);                       // [B,1,L]
+    const at::Tensor future = at::arange(L, st.pos.options()).view({1, 1, L}) > st.pos.view({1, 1, 1});
+    score = score.masked_fill(future, -std::numeric_limits<double>::infinity());
+    const int64_t K = full_attention_warmup(c, ctx) ? L : std::min(c.i("dsa_topk"), L);
+    sel = score.scalar_type() == at::kFloat
+              ? topk_lowest_index(score, K)
+              : std::get<1>(at::sort(score, /*stable=*/true, /*dim=*/-1, /*descending=*/true)).narrow(-1, 0, K);
+    sel = sel.masked_fill(sel > st.pos.view({1, 1, 1}), -1);  // [B,1,K]
+  }
+  const at::Tensor& K = cache.at("k");
+  const at::Tensor& V = cache.at("v");
+  at::Tensor o = sparse_decode::attend_keys(a.q.view({B, d.H, d.dh}), K, V, sel, sel >= 0, 1.0 / std::sqrt(double(d.dh)));
+  sparse_decode::end_step(cache, st);
+  return {{"y", at::linear(o.view({B, 1, d.H * d.dh}), in.at("c_proj"))}};
 }
 
 // Indexer (query, key) pairs per token the dsa_indexer CPU path scores: each block of 256
@@ -249,6 +315,8 @@ MethodSpec make_spec() {
   d.forward = forward;
   d.account = account;
   d.cases = cases;
+  d.prefill = prefill;
+  d.decode = decode;
   MethodSpec m = sparse_method(d);
   // Training presets: the dense warm-up (512 steps by default) would cover all of small's 40 steps:
   // a quarter of them. 32 of tiny's 128 keys per query, a quarter of small's 512; the indexer

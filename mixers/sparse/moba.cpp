@@ -19,6 +19,7 @@
 #include "harness/nvtx.h"
 #include "mixers/common/layers.h"
 #include "mixers/sparse/sparse.h"
+#include "mixers/sparse/sparse_decode.h"
 #include "mixers/sparse/sparse_method.h"
 #include "reference/sparse.h"
 
@@ -67,6 +68,57 @@ TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx&, Backend
     o = block_sparse_attention_fast(a.q, k, v, idx, bs, /*q_block=*/1, 1.0 / std::sqrt(double(d.dh)));
   }
   return {{"y", at::linear(o.reshape({B, T, d.H * d.dh}), in.at("c_proj"))}, {"selection", idx}};
+}
+
+// Decode cache (sparse_decode.h): "k", "v" [B,L,Hkv,dh] and the block means "kbar" [B,NB,Hkv,dh]
+// (fp32 for half-precision layers, as the gate computes them). A token's own block is always
+// chosen, so only the means of complete blocks are ever read: prefill stores those; each decode step
+// recomputes its own block's mean from the cached keys (final when the block's last key is in).
+TensorMap prefill(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx& ctx, Backend b) {
+  Dims d = dims(c);
+  const at::Tensor& x = in.at("x");
+  const int64_t B = x.size(0), T = x.size(1), bs = c.i("moba_block"), NC = T / bs;
+  at::Tensor y = forward(in, c, ctx, b).at("y");
+  c10::NoGradGuard ng;
+  const int64_t rows = sparse_decode::begin_prefill(cache, T);
+  QKV a = qkv(in, c);
+  sparse_decode::store(cache, "k", a.k, rows);
+  sparse_decode::store(cache, "v", a.v, rows);
+  at::Tensor kf = layers::is_half(a.k) ? layers::f32(a.k) : a.k;
+  at::Tensor kbar = kf.narrow(1, 0, NC * bs).reshape({B, NC, bs, d.Hkv, d.dh}).sum(2) / double(bs);
+  sparse_decode::store(cache, "kbar", kbar, sparse_decode::prefill_block_rows(cache, T, bs));
+  return {{"y", y}};
+}
+
+// One token at the cache's position p: its gate scores against every block mean of the buffer,
+// block_topk_own with the own block p / bs counted, attention over the chosen blocks' keys ≤ p.
+TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx&, Backend) {
+  c10::NoGradGuard ng;
+  Dims d = dims(c);
+  const at::Tensor& x = in.at("x");
+  const sparse_decode::Step st = sparse_decode::begin_step(cache, x);
+  const int64_t B = x.size(0), G = d.H / d.Hkv, bs = c.i("moba_block"), NB = st.block_rows(bs);
+  QKV a = sparse_decode::qkv_at(in, c, st.pos);
+  sparse_decode::put(cache, "k", a.k, st.pos, st.rows);
+  sparse_decode::put(cache, "v", a.v, st.pos, st.rows);
+  const at::Tensor& K = cache.at("k");
+  const at::Tensor& V = cache.at("v");
+  const at::Tensor cur = at::div(st.pos, bs, "floor");
+  at::Tensor own = sparse_decode::block_rows_of(K, cur, bs);
+  if (layers::is_half(own)) own = layers::f32(own);
+  sparse_decode::put(cache, "kbar", own.sum(1, /*keepdim=*/true) / double(bs), cur, NB);
+  const at::Tensor& kbar = cache.at("kbar");  // [B,NB,Hkv,dh]
+  at::Tensor qf = layers::is_half(a.q) ? layers::f32(a.q) : a.q;
+  at::Tensor s = at::matmul(qf.view({B, d.Hkv, G, d.dh}), kbar.permute({0, 2, 3, 1})).view({B, d.H, 1, NB});
+  at::Tensor sel;
+  {
+    NvtxRange r(op_range("block_topk"));
+    sel = block_topk_own(s, cur, c.i("moba_topk"), /*counted=*/true).squeeze(2);  // [B,H,n]
+  }
+  const sparse_decode::Keys keys = sparse_decode::block_keys(sel, bs, st.pos);
+  at::Tensor o = sparse_decode::attend_keys(a.q.view({B, d.H, d.dh}), K, V, keys.keys, keys.valid, 1.0 / std::sqrt(double(d.dh)));
+  sparse_decode::end_step(cache, st);
+  return {{"y", at::linear(o.view({B, 1, d.H * d.dh}), in.at("c_proj"))}};
 }
 
 // Per token at length T, NB = ceil(T/bs), n = min(topk, NB) selected block slots:
@@ -127,6 +179,8 @@ MethodSpec make_spec() {
   d.forward = forward;
   d.account = account;
   d.cases = cases;
+  d.prefill = prefill;
+  d.decode = decode;
   MethodSpec m = sparse_method(d);
   // Training preset tiny: the default block (128) would be the whole sequence: 4 blocks of 32, 2 per
   // query.

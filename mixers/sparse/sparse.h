@@ -72,6 +72,10 @@ class ScopedBlockSparseKernels {
 at::Tensor dsa_indexer_fast(const at::Tensor& q_idx, const at::Tensor& k_idx, const at::Tensor& w_idx, int64_t topk,
                             double scale, bool relu);
 at::Tensor block_topk_fast(const at::Tensor& scores, int64_t block_size, int64_t topk, bool counted);
+// block_topk_fast's selection for query rows whose own blocks are given, own [T] (int64, on the
+// scores' device), instead of t / block_size: a decoded token at a position held on the device.
+// scores [B,S,T,N] -> [B,S,T,K], K as block_topk's for N scored blocks. No host synchronisation.
+at::Tensor block_topk_own(const at::Tensor& scores, const at::Tensor& own, int64_t topk, bool counted);
 // The indexer's top-k through topk_lowest_index, one block of queries at a time (fp32 inputs; the
 // score block stays within about `budget_bytes`, see dsa_indexer_block): dsa_indexer_fast's path for
 // every input that is not fp64, on any device. The same contract as dsa_indexer_cpu.

@@ -228,6 +228,9 @@ MethodSpec sparse_method(const SparseMethodDesc& desc) {
   m.cases = [spec, cases]() { return cases(spec); };
   m.account = desc.account;
   m.ve_dim = sparse_layer::ve_dim;
+  m.prefill = desc.prefill;
+  m.decode = desc.decode;
+  m.static_decode = m.has_decode();
   return m;
 }
 

@@ -98,6 +98,9 @@ struct SparseMethodDesc {
   std::function<TensorMap(const TensorMap&, const Config&, const LayerCtx&, Backend)> forward;
   std::function<LayerCost(const Config&, const LayerCtx&, const CostQuery&)> account;
   std::function<std::vector<CaseDef>(const ConfigSpec&)> cases;  // from the method's full config
+  // Incremental decoding (both or neither; mixers/sparse/sparse_decode.h): the hooks keep eager and
+  // static caches alike (MethodSpec::static_decode).
+  MethodSpec::DecodeFn prefill, decode;
 };
 // The MethodSpec of a sparse-family layer: family "sparse", layer_config (+ warm-up knob) + the
 // method's knobs, the shared layer inputs and value-embedding rule. Forward and reference return

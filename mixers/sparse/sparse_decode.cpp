@@ -1,0 +1,129 @@
+#include "mixers/sparse/sparse_decode.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <limits>
+
+#include "harness/errors.h"
+#include "mixers/common/layers.h"
+
+namespace mixbench::sparse_decode {
+
+Step begin_step(const TensorMap& cache, const at::Tensor& x) {
+  if (x.dim() != 3 || x.size(1) != 1) throw InputError("sparse attention decode takes x [B,1,d]");
+  Step st;
+  if (cache_is_static(cache)) {
+    st.is_static = true;
+    st.pos = cache_pos_dev(cache);
+    st.rows = cache_capacity(cache);
+    if (!cache.has("k")) throw InputError("sparse attention decode needs a cache filled by its prefill");
+  } else {
+    if (!cache.has("k")) throw InputError("sparse attention decode needs a cache filled by its prefill");
+    const int64_t pos = cache_pos(cache);
+    st.pos = at::full({1}, pos, x.options().dtype(at::kLong));
+    st.rows = pos + 1;
+  }
+  return st;
+}
+
+void end_step(TensorMap& cache, const Step& st) {
+  if (!st.is_static) set_cache_pos(cache, st.rows);
+}
+
+int64_t begin_prefill(TensorMap& cache, int64_t T) {
+  reset_cache(cache);
+  set_cache_pos(cache, T);
+  if (!cache_is_static(cache)) return T;
+  const int64_t cap = cache_capacity(cache);
+  if (T >= cap)
+    throw InputError(fmt::format("a static cache of {} tokens cannot take a prefill of {} plus a decoded token", cap, T));
+  return cap;
+}
+
+int64_t prefill_block_rows(const TensorMap& cache, int64_t T, int64_t block) {
+  return cache_is_static(cache) ? (cache_capacity(cache) + block - 1) / block : T / block;
+}
+
+void store(TensorMap& cache, const std::string& name, const at::Tensor& t, int64_t rows) {
+  if (!cache_is_static(cache)) {
+    cache.set(name, t.contiguous());
+    return;
+  }
+  std::vector<int64_t> shape = t.sizes().vec();
+  shape[1] = rows;
+  if (!cache.has(name) || cache.at(name).sizes() != at::IntArrayRef(shape) || cache.at(name).dtype() != t.dtype() ||
+      cache.at(name).device() != t.device())
+    cache.set(name, at::zeros(shape, t.options()));
+  if (t.size(1) > 0) cache.at(name).narrow(1, 0, t.size(1)).copy_(t);
+}
+
+void store_ring(TensorMap& cache, const std::string& name, const at::Tensor& t, int64_t block) {
+  std::vector<int64_t> shape = t.sizes().vec();
+  shape[1] = block;
+  if (!cache_is_static(cache) || !cache.has(name) || cache.at(name).sizes() != at::IntArrayRef(shape) ||
+      cache.at(name).dtype() != t.dtype() || cache.at(name).device() != t.device())
+    cache.set(name, at::zeros(shape, t.options()));
+  if (t.size(1) > 0) cache.at(name).narrow(1, 0, t.size(1)).copy_(t);
+}
+
+void put(TensorMap& cache, const std::string& name, const at::Tensor& row, const at::Tensor& at, int64_t rows) {
+  at::Tensor buf = cache.at(name);
+  if (!cache_is_static(cache) && buf.size(1) < rows) {
+    std::vector<int64_t> shape = buf.sizes().vec();
+    shape[1] = rows - buf.size(1);
+    buf = at::cat({buf, at::zeros(shape, buf.options())}, 1);
+    cache.set(name, buf);
+  }
+  buf.index_copy_(1, at, row.to(buf.scalar_type()));
+}
+
+sparse_layer::QKV qkv_at(const TensorMap& in, const Config& c, const at::Tensor& pos) {
+  const sparse_layer::Dims d = sparse_layer::dims(c);
+  const at::Tensor& x = in.at("x");
+  const int64_t B = x.size(0);
+  const double base = c.f("rope_base");
+  at::Tensor q = at::linear(x, in.at("c_q")).view({B, 1, d.H, d.dh});
+  at::Tensor k_raw = at::linear(x, in.at("c_k")).view({B, 1, d.Hkv, d.dh});
+  at::Tensor v = layers::add_value_embed(at::linear(x, in.at("c_v")).view({B, 1, d.Hkv, d.dh}), in);
+  q = layers::rms_norm(layers::rope_pos_dev(q, base, pos)) * 1.2;
+  at::Tensor k = layers::rms_norm(layers::rope_pos_dev(k_raw, base, pos)) * 1.2;
+  return {q, k, v, k_raw};
+}
+
+at::Tensor block_rows_of(const at::Tensor& buf, const at::Tensor& blk, int64_t block) {
+  const at::Tensor rows = (blk * block + at::arange(block, blk.options())).clamp_max(buf.size(1) - 1);
+  return buf.index_select(1, rows);
+}
+
+Keys block_keys(const at::Tensor& sel, int64_t block, const at::Tensor& pos) {
+  const int64_t B = sel.size(0), S = sel.size(1), n = sel.size(2);
+  const at::Tensor keys = sel.unsqueeze(-1) * block + at::arange(block, sel.options()).view({1, 1, 1, block});
+  const at::Tensor valid = (sel >= 0).unsqueeze(-1).logical_and(keys <= pos.view({1, 1, 1, 1}));
+  return {keys.view({B, S, n * block}), valid.view({B, S, n * block})};
+}
+
+at::Tensor attend_keys(const at::Tensor& q, const at::Tensor& K, const at::Tensor& V, const at::Tensor& keys,
+                       const at::Tensor& valid, double scale) {
+  const int64_t B = q.size(0), H = q.size(1), dh = q.size(2), L = K.size(1), Hkv = K.size(2), G = H / Hkv;
+  const int64_t S = keys.size(1), n = keys.size(2);
+  if (S != 1 && S != Hkv && S != H)
+    throw std::logic_error(fmt::format("attend_keys: {} selection rows for {} heads and {} KV heads", S, H, Hkv));
+  // selection rows per KV head: 1 (shared by the group's query heads) or G (one per query head)
+  const int64_t Gs = S == H ? G : 1;
+  const at::Tensor idx = keys.clamp(0, L - 1).expand({B, S == 1 ? Hkv : S, n}).reshape({B, Hkv, Gs * n});
+  const at::Tensor ok = valid.expand({B, S == 1 ? Hkv : S, n}).reshape({B, Hkv, Gs, 1, n});
+  const at::Tensor gi = idx.unsqueeze(-1).expand({B, Hkv, Gs * n, dh});
+  const bool half = layers::is_half(q);
+  auto up = [&](const at::Tensor& t) { return half ? layers::f32(t) : t; };
+  // gathered keys and values [B,Hkv,Gs,n,dh]
+  const at::Tensor Kg = up(at::gather(K.permute({0, 2, 1, 3}), 2, gi)).view({B, Hkv, Gs, n, dh});
+  const at::Tensor Vg = up(at::gather(V.permute({0, 2, 1, 3}), 2, gi)).view({B, Hkv, Gs, n, dh});
+  const at::Tensor qh = up(q).reshape({B, Hkv, Gs, G / Gs, dh});
+  at::Tensor lg = at::matmul(qh, Kg.transpose(-1, -2)) * scale;  // [B,Hkv,Gs,G/Gs,n]
+  lg = lg.masked_fill(ok.logical_not(), -std::numeric_limits<double>::infinity());
+  const at::Tensor o = at::matmul(at::softmax(lg, -1), Vg);  // [B,Hkv,Gs,G/Gs,dh]
+  return o.reshape({B, H, dh}).to(q.scalar_type());
+}
+
+}  // namespace mixbench::sparse_decode

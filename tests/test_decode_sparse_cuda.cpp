@@ -1,0 +1,180 @@
+// On a machine with a GPU: the decode steps of the sparse-attention layers and of the models that
+// became capturable with them (the sparse hybrids, the fixed-count loops) captured in a CUDA graph
+// and replayed position after position, against the eager steps on the same GPU (fp32, bf16) and,
+// at fp32, against the FP64 forward on the CPU; the selection the steps share (block_topk_own)
+// against block_topk on the GPU, ties included.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/GradMode.h>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "harness/backbone.h"
+#include "harness/decode_graph.h"
+#include "harness/registry.h"
+#include "mixers/sparse/sparse.h"
+#include "tests/test_util.h"
+
+namespace mixbench {
+namespace {
+
+using mixbench_test::rel_rms;
+
+const std::vector<std::string> kSparse = {"moba", "dsa", "qsa", "nsa", "seer"};
+const std::vector<std::string> kModels = {"moba",    "dsa",         "qsa",         "nsa",
+                                          "seer",    "moba_hybrid", "qsa_hybrid",  "deeploop",
+                                          "fixed_recursive", "lt2_gdn", "lt2_hybrid_full_gdn", "lt2_hybrid_gdn_dsa",
+                                          "loopformer_fixed2", "ouro", "ut_act"};
+
+TensorMap case_inputs(const MethodSpec& m, const CaseDef& c, uint64_t seed) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  LayerCtx ctx{c.layer, c.cfg.i("n_layer")};
+  TensorMap in = m.make_inputs(c.cfg, ctx, c.B, c.T, gen);
+  for (const auto& def : m.params(c.cfg, ctx)) in.set(def.name, random_param(def, gen, at::TensorOptions().dtype(at::kDouble)));
+  return in;
+}
+
+TensorMap slice_inputs(const TensorMap& in, int64_t a, int64_t b) {
+  TensorMap s = in;
+  s.set("x", in.at("x").slice(1, a, b));
+  if (in.has("ve")) s.set("ve", in.at("ve").slice(1, a, b));
+  return s;
+}
+
+TEST(SparseDecodeCuda, BlockTopkOwnMatchesBlockTopk) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(9);
+  // B, S, T, N (appended: complete blocks; counted: every block), block, topk, ties
+  struct Case {
+    int64_t B, S, T, bs, topk;
+    bool counted, ties;
+  };
+  const Case cases[] = {{2, 3, 37, 4, 3, false, false}, {1, 1, 70, 5, 4, false, true}, {2, 4, 41, 2, 4, true, true},
+                        {1, 2, 33, 8, 16, true, false}, {3, 1, 300, 64, 4, false, false}};
+  for (auto dt : {at::kFloat, at::kBFloat16})
+    for (const Case& c : cases) {
+      const int64_t N = c.counted ? (c.T + c.bs - 1) / c.bs : c.T / c.bs;
+      auto o = at::TensorOptions().dtype(at::kDouble);
+      at::Tensor s = c.ties ? at::relu(at::randint(-2, 3, {c.B, c.S, c.T, N}, gen, o)) : at::randn({c.B, c.S, c.T, N}, gen, o);
+      const at::Tensor sg = s.to(at::kCUDA, dt);
+      const at::Tensor want = block_topk_fast(sg, c.bs, c.topk, c.counted);
+      const at::Tensor own = at::div(at::arange(c.T, sg.options().dtype(at::kLong)), c.bs, "floor");
+      const at::Tensor got = block_topk_own(sg, own, c.topk, c.counted);
+      EXPECT_TRUE(at::equal(want.cpu(), got.cpu())) << c10::toString(dt) << " T" << c.T << " bs" << c.bs;
+    }
+}
+
+// Each sparse layer at fp32 and bf16: prefill, then the step captured once (CapturedWork) and
+// replayed at every later position, against the eager steps on the GPU (growing caches, host
+// positions) and, at fp32, against the FP64 forward on the CPU.
+TEST(SparseDecodeCuda, CapturedLayerStepsMatchEagerSteps) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  c10::NoGradGuard ng;
+  for (auto dt : {at::kFloat, at::kBFloat16})
+    for (const auto& name : kSparse) {
+      const MethodSpec& m = Registry::get().method(name);
+      ASSERT_TRUE(m.static_decode) << name;
+      const std::vector<CaseDef> cases = m.cases();
+      for (size_t ci : {size_t(2), size_t(4), size_t(5), size_t(6)}) {
+        const CaseDef& c = cases.at(ci);
+        const LayerCtx ctx{c.layer, c.cfg.i("n_layer")};
+        const std::string where = fmt::format("{} {} {}", name, c.label, c10::toString(dt));
+        const TensorMap in64 = case_inputs(m, c, 5);
+        const at::Tensor full64 = m.forward(in64, c.cfg, ctx, Backend::CPU).at("y");
+        TensorMap in;
+        for (const auto& [n, t] : in64) in.set(n, t.to(at::kCUDA, dt));
+        const int64_t T = c.T, n = std::min<int64_t>(20, T - 2), Tp = T - n;
+        // eager
+        TensorMap eager;
+        m.prefill(slice_inputs(in, 0, Tp), eager, c.cfg, ctx, Backend::CUDA);
+        std::vector<at::Tensor> want;
+        for (int64_t t = Tp; t < T; ++t) want.push_back(m.decode(slice_inputs(in, t, t + 1), eager, c.cfg, ctx, Backend::CUDA).at("y"));
+        // captured
+        TensorMap sc;
+        sc.set("pos_dev", at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(at::kCUDA)));
+        sc.set("capacity", at::scalar_tensor(T + 7, at::TensorOptions().dtype(at::kLong)));
+        m.prefill(slice_inputs(in, 0, Tp), sc, c.cfg, ctx, Backend::CUDA);
+        sc.at("pos_dev").fill_(Tp);
+        TensorMap step_in = slice_inputs(in, Tp, Tp + 1);
+        for (const char* nm : {"x", "ve"})
+          if (step_in.has(nm)) step_in.set(nm, step_in.at(nm).clone());
+        at::Tensor y;
+        auto step = [&] {
+          y = m.decode(step_in, sc, c.cfg, ctx, Backend::CUDA).at("y");
+          sc.at("pos_dev").add_(1);
+        };
+        CapturedWork w(-1);
+        w.run(step);
+        std::vector<at::Tensor> got = {y.clone()};
+        ASSERT_NO_THROW(w.capture(step)) << where;
+        for (int64_t t = Tp + 1; t < T; ++t) {
+          for (const char* nm : {"x", "ve"})
+            if (step_in.has(nm)) step_in.at(nm).copy_(in.at(nm).slice(1, t, t + 1));
+          w.replay();
+          got.push_back(y.clone());
+        }
+        EXPECT_EQ(sc.at("pos_dev").item<int64_t>(), T) << where;
+        const double tol = dt == at::kFloat ? 1e-4 : 3e-2;
+        for (int64_t i = 0; i < n; ++i) {
+          EXPECT_LE(rel_rms(want[size_t(i)], got[size_t(i)]), tol) << where << " t=" << Tp + i << " captured vs eager";
+          if (dt == at::kFloat)
+            EXPECT_LE(rel_rms(full64.slice(1, Tp + i, Tp + i + 1), want[size_t(i)]), 1e-4) << where << " t=" << Tp + i
+                                                                                            << " eager vs fp64 forward";
+        }
+      }
+    }
+}
+
+// The models: DecodeGraph's captured token step (embedding, every layer, head, greedy argmax)
+// against the eager model_decode_step, teacher-forced with the same tokens.
+TEST(SparseDecodeCuda, CapturedModelStepsMatchEagerSteps) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  c10::NoGradGuard ng;
+  for (auto dt : {at::kFloat, at::kBFloat16})
+    for (const auto& name : kModels) {
+      const MethodSpec& m = Registry::get().method(name);
+      CaseDef c0;
+      for (const CaseDef& c : m.cases())
+        if (c.T >= 2) {
+          c0 = c;
+          break;
+        }
+      at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);
+      Model model = build_model(m, c0.cfg, gen, at::TensorOptions().dtype(at::kFloat), true);
+      TensorMap moved;
+      for (const auto& [n, p] : model.params) moved.set(n, p.to(at::kCUDA, dt));
+      model.params = moved;
+      ASSERT_TRUE(model_has_static_decode(model)) << name;
+      const int64_t B = 2, T = 44, Tp = 13, V = c0.cfg.i("vocab");
+      at::Tensor idx = at::randint(V, {B, T}, gen, at::TensorOptions().dtype(at::kLong)).to(at::kCUDA);
+      ModelCache eager;
+      model_prefill(model, idx.slice(1, 0, Tp), Backend::CUDA, &eager);
+      std::vector<at::Tensor> want;
+      for (int64_t t = Tp; t < T; ++t) want.push_back(model_decode_step(model, idx.slice(1, t, t + 1), eager, Backend::CUDA));
+      ModelCache cache;
+      model_prefill(model, idx.slice(1, 0, Tp), Backend::CUDA, &cache, T + 4);
+      std::unique_ptr<DecodeGraph> g;
+      ASSERT_NO_THROW(g = std::make_unique<DecodeGraph>(model, cache, idx.slice(1, Tp, Tp + 1).contiguous())) << name;
+      const double tol = dt == at::kFloat ? 1e-4 : 3e-2;
+      EXPECT_LE(rel_rms(want[0], g->logits()), tol) << name << " warm-up step";
+      for (int64_t t = Tp + 1; t < T; ++t) {
+        g->input().copy_(idx.slice(1, t, t + 1));
+        g->step();
+        EXPECT_LE(rel_rms(want[size_t(t - Tp)], g->logits()), tol) << name << " " << c10::toString(dt) << " t=" << t;
+      }
+      EXPECT_EQ(cache.pos, T) << name;
+      EXPECT_EQ(cache.pos_dev.item<int64_t>(), T) << name;
+      // a new prefill into the same buffers, and the same graph replays from its position
+      model_prefill(model, idx.slice(1, 0, Tp + 2), Backend::CUDA, &cache, T + 4);
+      g->restart(idx.slice(1, Tp + 2, Tp + 3).contiguous());
+      g->step();
+      EXPECT_LE(rel_rms(want[2], g->logits()), tol) << name << " after a second prefill";
+    }
+}
+
+}  // namespace
+}  // namespace mixbench
