@@ -107,13 +107,14 @@ TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Bac
   const auto [HI, DI, R] = indexer_dims(c);
   const double scale = 1.0 / std::sqrt(double(d.dh));
   QKV a = qkv(in, c);
-  // Lightning indexer on the detached input.
-  at::Tensor xd = x.detach();
-  at::Tensor qi = rope_neox_partial(at::linear(xd, in.at("idx_wq")).view({B, T, HI, DI}), R, c.f("rope_base"));
-  at::Tensor kr = at::linear(xd, in.at("idx_wk"));
-  at::Tensor ki = at::layer_norm(kr, {DI}, in.at("idx_k_norm_w"), in.at("idx_k_norm_b"), kIndexerLnEps);
+  // Lightning indexer on the detached input, in fp32 for half inputs (indexer_precision).
+  const auto ip = [&x](const at::Tensor& t) { return indexer_precision(t, x); };
+  at::Tensor xd = ip(x.detach());
+  at::Tensor qi = rope_neox_partial(at::linear(xd, ip(in.at("idx_wq"))).view({B, T, HI, DI}), R, c.f("rope_base"));
+  at::Tensor kr = at::linear(xd, ip(in.at("idx_wk")));
+  at::Tensor ki = at::layer_norm(kr, {DI}, ip(in.at("idx_k_norm_w")), ip(in.at("idx_k_norm_b")), kIndexerLnEps);
   ki = rope_neox_partial(ki.unsqueeze(2), R, c.f("rope_base")).squeeze(2);
-  at::Tensor wi = at::linear(xd, in.at("idx_w")) * (1.0 / std::sqrt(double(HI) * double(DI)));
+  at::Tensor wi = at::linear(xd, ip(in.at("idx_w"))) * (1.0 / std::sqrt(double(HI) * double(DI)));
   const bool warmup = full_attention_warmup(c, ctx);
   const int64_t K = warmup ? T : std::min(c.i("dsa_topk"), T);
   at::Tensor idx;
@@ -144,8 +145,7 @@ TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Bac
   }
   at::Tensor kig = ki.reshape({B * T, DI}).index_select(0, flat).view({B, T, K, DI});
   at::Tensor sim = at::relu(at::matmul(qi, kig.transpose(-1, -2)));          // [B,T,HI,K]
-  at::Tensor I = at::matmul(wi.unsqueeze(-2), sim).squeeze(-2);              // [B,T,K]
-  if (layers::is_half(I)) I = I.to(at::kFloat);
+  at::Tensor I = at::matmul(wi.unsqueeze(-2), sim).squeeze(-2);              // [B,T,K], fp32 for half inputs
   I = I.masked_fill(valid.logical_not(), -std::numeric_limits<double>::infinity());
   at::Tensor logq = at::log_softmax(I, -1).masked_fill(valid.logical_not(), 0.0);
   at::Tensor pl = p.to(logq.scalar_type());
