@@ -18,7 +18,9 @@
 //   Teacher: the main attention probabilities over the attended keys (q, k detached), averaged over
 //   heads, max-pooled over each block; auxiliary loss KL(teacher ‖ softmax(I_t)) with both sides
 //   renormalised over the selected complete blocks, mean over the B·T tokens (a token without a
-//   selected complete block adds 0).
+//   selected complete block adds 0). For a bf16/fp16 layer the indexer (projections, pooling,
+//   RMSNorm, RoPE, student scores, KL) runs in fp32 from the half-precision input and weights
+//   (indexer_precision, sparse_method.h); the selection's block scores in the compute dtype.
 // nsa (arXiv 2502.11089 §3.2–3.3, seed 001 sizes): three branches mixed by per-head sigmoid gates
 //   g = σ(W_g x) ∈ [0,1]^{3H} (W_g: d → 3·H, order [cmp, slc, win] × heads):
 //   compression: K̃_i = W_ck·vec(k_{block i}), Ṽ_i = W_cv·vec(v_{block i}) per KV head

@@ -14,6 +14,8 @@
 // Teacher and indexer input are detached, so aux_loss reaches only the indexer's parameters and y
 // none of them (the selection is not differentiable). Seed 001 weights aux_loss 1 per layer,
 // summed over layers. The layer always computes aux_loss (its cost is in the accountant).
+// Precision: for a bf16/fp16 layer the indexer (projections, LayerNorm, RoPE, scores, KL) runs in
+// fp32 from the half-precision input and weights (indexer_precision, sparse_method.h).
 // Full-attention warm-up (sparse_method.h): during the first full_attention_warmup_steps training steps
 // S_t = every key s ≤ t (dense causal attention) and the KL's teacher covers the full history.
 // Indexer size (idx_heads = 0, idx_dim = 0, idx_rope_dim = -1, the defaults): V3.2's indexer (64
