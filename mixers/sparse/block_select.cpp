@@ -18,7 +18,9 @@
 //   Teacher: the main attention probabilities over the attended keys (q, k detached), averaged over
 //   heads, max-pooled over each block; auxiliary loss KL(teacher ‖ softmax(I_t)) with both sides
 //   renormalised over the selected complete blocks, mean over the B·T tokens (a token without a
-//   selected complete block adds 0).
+//   selected complete block adds 0). For a bf16/fp16 layer the indexer (projections, pooling,
+//   RMSNorm, RoPE, student scores, KL) runs in fp32 from the half-precision input and weights
+//   (indexer_precision, sparse_method.h); the selection's block scores in the compute dtype.
 // nsa (arXiv 2502.11089 §3.2–3.3, seed 001 sizes): three branches mixed by per-head sigmoid gates
 //   g = σ(W_g x) ∈ [0,1]^{3H} (W_g: d → 3·H, order [cmp, slc, win] × heads):
 //   compression: K̃_i = W_ck·vec(k_{block i}), Ṽ_i = W_cv·vec(v_{block i}) per KV head
@@ -187,23 +189,26 @@ TensorMap qsa_forward(const TensorMap& in, const Config& c, const LayerCtx& ctx,
   const int64_t B = x.size(0), T = x.size(1), NC = T / Q.bs;
   const double scale = 1.0 / std::sqrt(double(d.dh)), base = c.f("rope_base"), si = 1.0 / std::sqrt(double(Q.DI));
   QKV a = qkv(in, c);
-  // Indexer on the detached input.
-  at::Tensor xd = x.detach();
-  at::Tensor qi = rope_neox_at(at::linear(xd, in.at("qsa_wq")).view({B, T, Q.HI, Q.DI}), pos_tensor(T, 1, x.device()), Q.R, base);
-  at::Tensor I = at::zeros({B, T, 0}, qi.options());
+  // Indexer on the detached input, in fp32 for half inputs (indexer_precision); the selection's
+  // block scores in the compute dtype.
+  const auto ip = [&x](const at::Tensor& t) { return indexer_precision(t, x); };
+  at::Tensor xd = ip(x.detach());
+  at::Tensor qi = rope_neox_at(at::linear(xd, ip(in.at("qsa_wq"))).view({B, T, Q.HI, Q.DI}), pos_tensor(T, 1, x.device()), Q.R, base);
+  at::Tensor I = at::zeros({B, T, 0}, x.options());
   at::Tensor kb;  // pooled keys [B,NC,HK,DI]
   if (NC > 0) {
-    at::Tensor kt = at::linear(xd.narrow(1, 0, NC * Q.bs), in.at("qsa_wk"));              // [B,NC·bs,HK·DI]
+    at::Tensor kt = at::linear(xd.narrow(1, 0, NC * Q.bs), ip(in.at("qsa_wk")));          // [B,NC·bs,HK·DI]
     kb = layers::rms_norm(kt.view({B, NC, Q.bs, Q.HK, Q.DI}).mean(2));                     // [B,NC,HK,DI]
     kb = rope_neox_at(kb, pos_tensor(NC, Q.bs, x.device()), Q.R, base);
     c10::NoGradGuard ng;
-    at::Tensor kh = kb.detach().permute({0, 2, 3, 1});                                      // [B,HK,DI,NC]
+    at::Tensor kh = kb.detach().to(x.scalar_type()).permute({0, 2, 3, 1});                 // [B,HK,DI,NC]
+    at::Tensor qs = qi.detach().to(x.scalar_type());
     // per query row: the per-head scores and their ReLU, fp32
     const int64_t chunk = chunk_rows(2.0 * 4.0 * double(B * Q.HI * NC));
     std::vector<at::Tensor> parts;
     for (int64_t q0 = 0; q0 < T; q0 += chunk) {
       const int64_t n = std::min(chunk, T - q0);
-      at::Tensor qh = qi.detach().narrow(1, q0, n).reshape({B, n, Q.HK, Q.g, Q.DI}).permute({0, 2, 1, 3, 4})
+      at::Tensor qh = qs.narrow(1, q0, n).reshape({B, n, Q.HK, Q.g, Q.DI}).permute({0, 2, 1, 3, 4})
                           .reshape({B, Q.HK, n * Q.g, Q.DI});
       at::Tensor lg = at::matmul(qh, kh) * si;                                               // [B,HK,n·g,NC]
       parts.push_back(at::relu(lg).view({B, Q.HK, n, Q.g, NC}).sum({1, 3}));                // [B,n,NC]
@@ -220,7 +225,8 @@ TensorMap qsa_forward(const TensorMap& in, const Config& c, const LayerCtx& ctx,
     at::Tensor sel = idx.squeeze(1);               // [B,T,n+1]
     at::Tensor hist = sel.narrow(2, 0, n), valid = hist >= 0;
     at::Tensor pt = qsa_teacher(a.q, a.k, sel, Q.bs, scale);  // [B,T,n]
-    // Student: I at the selected blocks, with gradient: Σ_{heads} ReLU(q^I·k^I_i / √d_I).
+    // Student: I at the selected blocks, with gradient: Σ_{heads} ReLU(q^I·k^I_i / √d_I), fp32 for
+    // half inputs.
     at::Tensor flat = (hist.clamp_min(0) + at::arange(B, hist.options()).view({B, 1, 1}) * NC).reshape({-1});
     at::Tensor kg = kb.reshape({B * NC, Q.HK, Q.DI}).index_select(0, flat).view({B, T, n, Q.HK, Q.DI});
     at::Tensor sim = at::matmul(qi.view({B, T, Q.HK, Q.g, Q.DI}), kg.permute({0, 1, 3, 4, 2})) * si;  // [B,T,HK,g,n]

@@ -14,6 +14,8 @@
 // Teacher and indexer input are detached, so aux_loss reaches only the indexer's parameters and y
 // none of them (the selection is not differentiable). Seed 001 weights aux_loss 1 per layer,
 // summed over layers. The layer always computes aux_loss (its cost is in the accountant).
+// Precision: for a bf16/fp16 layer the indexer (projections, LayerNorm, RoPE, scores, KL) runs in
+// fp32 from the half-precision input and weights (indexer_precision, sparse_method.h).
 // Full-attention warm-up (sparse_method.h): during the first full_attention_warmup_steps training steps
 // S_t = every key s ≤ t (dense causal attention) and the KL's teacher covers the full history.
 // Indexer size (idx_heads = 0, idx_dim = 0, idx_rope_dim = -1, the defaults): V3.2's indexer (64
@@ -107,16 +109,19 @@ at::Tensor rope_neox_partial(const at::Tensor& x, int64_t R, double base, const 
 struct IndexerIn {
   at::Tensor q, k, w;
 };
-IndexerIn indexer_inputs(const TensorMap& in, const Config& c, const at::Tensor& pos = {}) {
-  const at::Tensor xd = in.at("x").detach();
+IndexerIn indexer_inputs(const TensorMap& in, const Config& c, const at::Tensor& pos = {}, bool training_precision = false) {
+  const at::Tensor& x = in.at("x");
+  // the forward trains the indexer by its KL: in fp32 for half inputs (indexer_precision); decode keeps the layer dtype
+  const auto ip = [&](const at::Tensor& t) { return training_precision ? indexer_precision(t, x) : t; };
+  const at::Tensor xd = ip(x.detach());
   const int64_t B = xd.size(0), T = xd.size(1);
   const auto [HI, DI, R] = indexer_dims(c);
   IndexerIn o;
-  o.q = rope_neox_partial(at::linear(xd, in.at("idx_wq")).view({B, T, HI, DI}), R, c.f("rope_base"), pos);
-  at::Tensor kr = at::linear(xd, in.at("idx_wk"));
-  at::Tensor ki = at::layer_norm(kr, {DI}, in.at("idx_k_norm_w"), in.at("idx_k_norm_b"), kIndexerLnEps);
+  o.q = rope_neox_partial(at::linear(xd, ip(in.at("idx_wq"))).view({B, T, HI, DI}), R, c.f("rope_base"), pos);
+  at::Tensor kr = at::linear(xd, ip(in.at("idx_wk")));
+  at::Tensor ki = at::layer_norm(kr, {DI}, ip(in.at("idx_k_norm_w")), ip(in.at("idx_k_norm_b")), kIndexerLnEps);
   o.k = rope_neox_partial(ki.unsqueeze(2), R, c.f("rope_base"), pos).squeeze(2);
-  o.w = at::linear(xd, in.at("idx_w")) * (1.0 / std::sqrt(double(HI) * double(DI)));
+  o.w = at::linear(xd, ip(in.at("idx_w"))) * (1.0 / std::sqrt(double(HI) * double(DI)));
   return o;
 }
 
@@ -128,8 +133,8 @@ TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Bac
   const auto [HI, DI, R] = indexer_dims(c);
   const double scale = 1.0 / std::sqrt(double(d.dh));
   QKV a = qkv(in, c);
-  // Lightning indexer on the detached input.
-  const IndexerIn ix = indexer_inputs(in, c);
+  // Lightning indexer on the detached input, in fp32 for half inputs (indexer_precision).
+  const IndexerIn ix = indexer_inputs(in, c, {}, /*training_precision=*/true);
   const at::Tensor &qi = ix.q, &ki = ix.k, &wi = ix.w;
   const bool warmup = full_attention_warmup(c, ctx);
   const int64_t K = warmup ? T : std::min(c.i("dsa_topk"), T);
@@ -161,8 +166,7 @@ TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Bac
   }
   at::Tensor kig = ki.reshape({B * T, DI}).index_select(0, flat).view({B, T, K, DI});
   at::Tensor sim = at::relu(at::matmul(qi, kig.transpose(-1, -2)));          // [B,T,HI,K]
-  at::Tensor I = at::matmul(wi.unsqueeze(-2), sim).squeeze(-2);              // [B,T,K]
-  if (layers::is_half(I)) I = I.to(at::kFloat);
+  at::Tensor I = at::matmul(wi.unsqueeze(-2), sim).squeeze(-2);              // [B,T,K], fp32 for half inputs
   I = I.masked_fill(valid.logical_not(), -std::numeric_limits<double>::infinity());
   at::Tensor logq = at::log_softmax(I, -1).masked_fill(valid.logical_not(), 0.0);
   at::Tensor pl = p.to(logq.scalar_type());

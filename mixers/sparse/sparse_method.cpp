@@ -153,6 +153,10 @@ at::Tensor qsa_teacher(const at::Tensor& q, const at::Tensor& k, const at::Tenso
   return parts.size() == 1 ? parts[0] : at::cat(parts, 1);
 }
 
+at::Tensor indexer_precision(const at::Tensor& t, const at::Tensor& x) {
+  return layers::is_half(x) && t.defined() ? t.to(at::kFloat) : t;
+}
+
 ConfigSpec layer_config() {
   ConfigSpec s = backbone_config();
   s.i("kv_ratio", 1, "query heads per KV head; 0 = one KV head (MQA)", 0)

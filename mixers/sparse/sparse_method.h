@@ -65,6 +65,20 @@ at::Tensor seer_teacher(const at::Tensor& q, const at::Tensor& k, int64_t bs, do
 // slots: -> [B,T,n]. `chunk` query rows at a time (0 = chunk_rows' choice).
 at::Tensor qsa_teacher(const at::Tensor& q, const at::Tensor& k, const at::Tensor& sel, int64_t bs, double scale,
                        int64_t chunk = 0);
+// The working precision of the indexers trained by a KL (dsa, qsa): tensor t of a layer whose input
+// x is half precision (bf16, fp16) in fp32, else t as it is. The indexers cast their detached input
+// and their weights with it, so that their projections (half-precision products are exact in fp32,
+// accumulated in fp32), norms, RoPE, student scores, log-softmax and KL all run in fp32; the casts
+// carry the gradients back to the half-precision weights. Not only the scores: the indexer's
+// scores pass through a ReLU, and one whose value lies within half-precision rounding of 0 (bf16:
+// a few 1e-3 of the scores' RMS) turns its (token, head, key) term's whole gradient on or off.
+// With the projections and RoPE in bf16, 1–4 of the 250–3,600 terms of each bf16 conformance case
+// flipped, and single flips put the CPU's KL gradients of the indexers' weights up to 0.17 (qsa)
+// and 0.040 (dsa) from FP64 at the default seed, up to 0.33 over seeds 1–8 (layer threshold 0.04);
+// computing only the scores, log-softmax and KL in fp32 left them unchanged. With the whole indexer
+// in fp32 they are within 7.6e-3 at those seeds. The selections keep their own scores' precision
+// (dsa_indexer scores in fp32, qsa's block scores in the compute dtype).
+at::Tensor indexer_precision(const at::Tensor& t, const at::Tensor& x);
 // Backbone config plus kv_ratio and rope_base (the attention layer's own knobs).
 ConfigSpec layer_config();
 // Full-attention warm-up of the methods trained with an indexer / gate KL (dsa, qsa, seer; seed
