@@ -109,10 +109,11 @@ at::Tensor rope_neox_partial(const at::Tensor& x, int64_t R, double base, const 
 struct IndexerIn {
   at::Tensor q, k, w;
 };
-IndexerIn indexer_inputs(const TensorMap& in, const Config& c, const at::Tensor& pos = {}, bool training_precision = false) {
+IndexerIn indexer_inputs(const TensorMap& in, const Config& c, const at::Tensor& pos = {}) {
   const at::Tensor& x = in.at("x");
-  // the forward trains the indexer by its KL: in fp32 for half inputs (indexer_precision); decode keeps the layer dtype
-  const auto ip = [&](const at::Tensor& t) { return training_precision ? indexer_precision(t, x) : t; };
+  // fp32 for half inputs (indexer_precision: the KL trains it there); prefill and decode the same, so
+  // a decoded token selects as the forward does
+  const auto ip = [&](const at::Tensor& t) { return indexer_precision(t, x); };
   const at::Tensor xd = ip(x.detach());
   const int64_t B = xd.size(0), T = xd.size(1);
   const auto [HI, DI, R] = indexer_dims(c);
@@ -134,7 +135,7 @@ TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Bac
   const double scale = 1.0 / std::sqrt(double(d.dh));
   QKV a = qkv(in, c);
   // Lightning indexer on the detached input, in fp32 for half inputs (indexer_precision).
-  const IndexerIn ix = indexer_inputs(in, c, {}, /*training_precision=*/true);
+  const IndexerIn ix = indexer_inputs(in, c);
   const at::Tensor &qi = ix.q, &ki = ix.k, &wi = ix.w;
   const bool warmup = full_attention_warmup(c, ctx);
   const int64_t K = warmup ? T : std::min(c.i("dsa_topk"), T);
