@@ -10,9 +10,12 @@
 #include "harness/errors.h"
 #include "harness/metrics.h"
 #include "harness/registry.h"
+#include "tests/layer_case_inputs.h"
 #include "suites/conformance.h"
 
 using namespace mixbench;
+using mixbench_test::case_inputs;
+using mixbench_test::slice_inputs;
 using Json = nlohmann::json;
 
 namespace {
@@ -24,22 +27,6 @@ std::vector<std::string> decode_methods() {
   for (const auto* m : Registry::get().methods())
     if (m->has_decode() && !m->is_hybrid()) out.push_back(m->name);
   return out;
-}
-
-TensorMap slice_inputs(const TensorMap& in, int64_t a, int64_t b) {
-  TensorMap s = in;
-  s.set("x", in.at("x").slice(1, a, b));
-  if (in.has("ve")) s.set("ve", in.at("ve").slice(1, a, b));
-  return s;
-}
-
-// Layer inputs and random parameters of a method's case, FP64.
-TensorMap case_inputs(const MethodSpec& m, const CaseDef& c, uint64_t seed) {
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  LayerCtx ctx{c.layer, c.cfg.i("n_layer")};
-  TensorMap in = m.make_inputs(c.cfg, ctx, c.B, c.T, gen);
-  for (const auto& def : m.params(c.cfg, ctx)) in.set(def.name, random_param(def, gen, at::TensorOptions().dtype(at::kDouble)));
-  return in;
 }
 
 // Max rel-RMS of prefill(T−n) + n decode steps against forward(T) over the last n positions.

@@ -17,33 +17,21 @@
 #include "harness/decode_graph.h"
 #include "harness/registry.h"
 #include "mixers/sparse/sparse.h"
+#include "tests/layer_case_inputs.h"
 #include "tests/test_util.h"
 
 namespace mixbench {
 namespace {
 
+using mixbench_test::case_inputs;
 using mixbench_test::rel_rms;
+using mixbench_test::slice_inputs;
 
 const std::vector<std::string> kSparse = {"moba", "dsa", "qsa", "nsa", "seer"};
 const std::vector<std::string> kModels = {"moba",    "dsa",         "qsa",         "nsa",
                                           "seer",    "moba_hybrid", "qsa_hybrid",  "deeploop",
                                           "fixed_recursive", "lt2_gdn", "lt2_hybrid_full_gdn", "lt2_hybrid_gdn_dsa",
                                           "loopformer_fixed2", "ouro", "ut_act"};
-
-TensorMap case_inputs(const MethodSpec& m, const CaseDef& c, uint64_t seed) {
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  LayerCtx ctx{c.layer, c.cfg.i("n_layer")};
-  TensorMap in = m.make_inputs(c.cfg, ctx, c.B, c.T, gen);
-  for (const auto& def : m.params(c.cfg, ctx)) in.set(def.name, random_param(def, gen, at::TensorOptions().dtype(at::kDouble)));
-  return in;
-}
-
-TensorMap slice_inputs(const TensorMap& in, int64_t a, int64_t b) {
-  TensorMap s = in;
-  s.set("x", in.at("x").slice(1, a, b));
-  if (in.has("ve")) s.set("ve", in.at("ve").slice(1, a, b));
-  return s;
-}
 
 TEST(SparseDecodeCuda, BlockTopkOwnMatchesBlockTopk) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";

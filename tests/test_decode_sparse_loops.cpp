@@ -14,9 +14,12 @@
 #include "harness/errors.h"
 #include "harness/metrics.h"
 #include "harness/registry.h"
+#include "tests/layer_case_inputs.h"
 #include "mixers/sparse/sparse.h"
 
 using namespace mixbench;
+using mixbench_test::case_inputs;
+using mixbench_test::slice_inputs;
 
 namespace {
 
@@ -34,21 +37,6 @@ const std::vector<std::string>& static_models() {
       "moba", "dsa", "qsa", "nsa", "seer", "moba_hybrid", "qsa_hybrid", "deeploop", "fixed_recursive", "lt2_gdn",
       "lt2_hybrid_full_gdn", "lt2_hybrid_gdn_dsa", "loopformer_fixed2", "ouro", "ut_act"};
   return names;
-}
-
-TensorMap slice_inputs(const TensorMap& in, int64_t a, int64_t b) {
-  TensorMap s = in;
-  s.set("x", in.at("x").slice(1, a, b));
-  if (in.has("ve")) s.set("ve", in.at("ve").slice(1, a, b));
-  return s;
-}
-
-TensorMap case_inputs(const MethodSpec& m, const CaseDef& c, uint64_t seed) {
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  LayerCtx ctx{c.layer, c.cfg.i("n_layer")};
-  TensorMap in = m.make_inputs(c.cfg, ctx, c.B, c.T, gen);
-  for (const auto& def : m.params(c.cfg, ctx)) in.set(def.name, random_param(def, gen, at::TensorOptions().dtype(at::kDouble)));
-  return in;
 }
 
 TensorMap static_layer_cache(int64_t capacity) {
