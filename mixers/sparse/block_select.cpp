@@ -245,10 +245,7 @@ TensorMap qsa_prefill(const TensorMap& in, TensorMap& cache, const Config& c, co
   const int64_t B = x.size(0), T = x.size(1), NC = T / Q.bs;
   at::Tensor y = qsa_forward(in, c, ctx, b).at("y");
   c10::NoGradGuard ng;
-  const int64_t rows = sparse_decode::begin_prefill(cache, T);
-  QKV a = qkv(in, c);
-  sparse_decode::store(cache, "k", a.k, rows);
-  sparse_decode::store(cache, "v", a.v, rows);
+  const auto [a, rows] = sparse_decode::prefill_kv(in, cache, c);
   const at::Tensor kt = at::linear(x.detach(), in.at("qsa_wk"));  // [B,T,HK·DI]
   at::Tensor kb = layers::rms_norm(kt.narrow(1, 0, NC * Q.bs).view({B, NC, Q.bs, Q.HK, Q.DI}).mean(2));
   kb = rope_neox_at(kb, pos_tensor(NC, Q.bs, x.device()), Q.R, c.f("rope_base"));
@@ -450,10 +447,7 @@ TensorMap nsa_prefill(const TensorMap& in, TensorMap& cache, const Config& c, co
   const int64_t B = x.size(0), T = x.size(1), bs = c.i("nsa_block"), NC = T / bs;
   at::Tensor y = nsa_forward(in, c, ctx, b).at("y");
   c10::NoGradGuard ng;
-  const int64_t rows = sparse_decode::begin_prefill(cache, T);
-  QKV a = qkv(in, c);
-  sparse_decode::store(cache, "k", a.k, rows);
-  sparse_decode::store(cache, "v", a.v, rows);
+  const auto [a, rows] = sparse_decode::prefill_kv(in, cache, c);
   auto compress = [&](const at::Tensor& t, const char* w) {  // [B,T,Hkv,dh] -> [B,NC,Hkv,dh]
     at::Tensor blk = t.narrow(1, 0, NC * bs).reshape({B, NC, bs, d.Hkv, d.dh});
     return at::linear(blk.permute({0, 3, 1, 2, 4}).reshape({B, d.Hkv, NC, bs * d.dh}), in.at(w)).permute({0, 2, 1, 3});
@@ -668,10 +662,7 @@ TensorMap seer_prefill(const TensorMap& in, TensorMap& cache, const Config& c, c
   const int64_t B = x.size(0), T = x.size(1), bs = c.i("seer_block"), NC = T / bs;
   at::Tensor y = seer_forward(in, c, ctx, b).at("y");
   c10::NoGradGuard ng;
-  const int64_t rows = sparse_decode::begin_prefill(cache, T);
-  QKV a = qkv(in, c);
-  sparse_decode::store(cache, "k", a.k, rows);
-  sparse_decode::store(cache, "v", a.v, rows);
+  const auto [a, rows] = sparse_decode::prefill_kv(in, cache, c);
   const at::Tensor kd = seer_pool_source(a, c);
   const at::Tensor kg = seer_gate_keys(kd.narrow(1, 0, NC * bs).view({B, NC, bs, d.Hkv, d.dh}), in, c,
                                        pos_tensor(NC, bs, x.device()));

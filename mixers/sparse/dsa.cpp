@@ -179,10 +179,7 @@ TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Bac
 TensorMap prefill(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx& ctx, Backend b) {
   at::Tensor y = forward(in, c, ctx, b).at("y");
   c10::NoGradGuard ng;
-  const int64_t rows = sparse_decode::begin_prefill(cache, in.at("x").size(1));
-  QKV a = qkv(in, c);
-  sparse_decode::store(cache, "k", a.k, rows);
-  sparse_decode::store(cache, "v", a.v, rows);
+  const auto [a, rows] = sparse_decode::prefill_kv(in, cache, c);
   sparse_decode::store(cache, "ik", indexer_inputs(in, c).k, rows);
   return {{"y", y}};
 }

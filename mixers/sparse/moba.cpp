@@ -80,10 +80,7 @@ TensorMap prefill(const TensorMap& in, TensorMap& cache, const Config& c, const 
   const int64_t B = x.size(0), T = x.size(1), bs = c.i("moba_block"), NC = T / bs;
   at::Tensor y = forward(in, c, ctx, b).at("y");
   c10::NoGradGuard ng;
-  const int64_t rows = sparse_decode::begin_prefill(cache, T);
-  QKV a = qkv(in, c);
-  sparse_decode::store(cache, "k", a.k, rows);
-  sparse_decode::store(cache, "v", a.v, rows);
+  const auto [a, rows] = sparse_decode::prefill_kv(in, cache, c);
   at::Tensor kf = layers::is_half(a.k) ? layers::f32(a.k) : a.k;
   at::Tensor kbar = kf.narrow(1, 0, NC * bs).reshape({B, NC, bs, d.Hkv, d.dh}).sum(2) / double(bs);
   sparse_decode::store(cache, "kbar", kbar, sparse_decode::prefill_block_rows(cache, T, bs));

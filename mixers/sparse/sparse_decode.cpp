@@ -41,6 +41,14 @@ int64_t begin_prefill(TensorMap& cache, int64_t T) {
   return cap;
 }
 
+PrefillKV prefill_kv(const TensorMap& in, TensorMap& cache, const Config& c) {
+  const int64_t rows = begin_prefill(cache, in.at("x").size(1));
+  sparse_layer::QKV a = sparse_layer::qkv(in, c);
+  store(cache, "k", a.k, rows);
+  store(cache, "v", a.v, rows);
+  return {std::move(a), rows};
+}
+
 int64_t prefill_block_rows(const TensorMap& cache, int64_t T, int64_t block) {
   return cache_is_static(cache) ? (cache_capacity(cache) + block - 1) / block : T / block;
 }

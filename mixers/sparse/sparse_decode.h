@@ -52,6 +52,14 @@ void store_ring(TensorMap& cache, const std::string& name, const at::Tensor& t, 
 // first grows (zero rows) to `rows` rows.
 void put(TensorMap& cache, const std::string& name, const at::Tensor& row, const at::Tensor& at, int64_t rows);
 
+// Every sparse layer's prefill starts alike: begin_prefill(cache, T), the layer's q/k/v of the T
+// tokens, and k and v stored in "k", "v" [B,rows,Hkv,dh]. Returns the q/k/v and the rows.
+struct PrefillKV {
+  sparse_layer::QKV a;
+  int64_t rows;
+};
+PrefillKV prefill_kv(const TensorMap& in, TensorMap& cache, const Config& c);
+
 // The layer's q [B,1,H,dh], k and v [B,1,Hkv,dh] (and k_raw) of the decoded token at position
 // `pos` (int64 [1] on the device): sparse_layer::qkv's values at that position.
 sparse_layer::QKV qkv_at(const TensorMap& in, const Config& c, const at::Tensor& pos);
