@@ -147,6 +147,16 @@ TEST(DecodeFusedCuda, ResidualNormMatchesFp64AndTheUnfusedPath) {
   EXPECT_LE(rel_rms(residual_norm(f64(xv), at::Tensor(), ResidualMix::None, {}, {}, {}).normed, got.normed), 2e-6);
 }
 
+TEST(DecodeFused, EmbedSmearRefusesAGateWiderThanTheModel) {
+  c10::NoGradGuard ng;
+  const auto lng = at::TensorOptions().dtype(at::kLong);
+  at::Tensor prev = at::randn({1, 1, 24});
+  // the gate reads the first G channels of the embedding: G = 32 > d = 24 is refused, G = 24 is not
+  EXPECT_THROW(embed_smear_step(at::randn({97, 24}), at::zeros({1, 1}, lng), at::randn({1, 32}), at::ones({1}), prev),
+               InputError);
+  EXPECT_NO_THROW(embed_smear_step(at::randn({97, 24}), at::zeros({1, 1}, lng), at::randn({1, 24}), at::ones({1}), prev));
+}
+
 TEST(DecodeFusedCuda, EmbedSmearMatchesFp64AndReplacesThePreviousEmbedding) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   c10::NoGradGuard ng;
@@ -156,6 +166,7 @@ TEST(DecodeFusedCuda, EmbedSmearMatchesFp64AndReplacesThePreviousEmbedding) {
       for (int64_t G : {1, 24, 32})
         for (int64_t B : {1, 3}) {
           const int64_t V = 97;
+          if (G > D) continue;  // the gate reads the first G channels (refused: the CPU test below)
           // the gate's dot product O(1): σ away from 0 and 1
           const at::Tensor wte = cuda(at::randn({V, D}), dt), w = cuda(at::randn({1, G}) / std::sqrt(double(G)), dt),
                            lam = cuda(0.5 + at::rand({1}), dt);
