@@ -87,7 +87,7 @@ TensorMap prefill(const TensorMap& in, TensorMap& cache, const Config& c, const 
   return {{"y", y}};
 }
 
-// One token at the cache's position p: its gate scores against every block mean of the buffer,
+// One token at the cache's position p: its gate scores against the block means up to its own block,
 // block_topk_own with the own block p / bs counted, attention over the chosen blocks' keys ≤ p.
 TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx&, Backend) {
   c10::NoGradGuard ng;
@@ -106,7 +106,8 @@ TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const L
   sparse_decode::put(cache, "kbar", own.sum(1, /*keepdim=*/true) / double(bs), cur, NB);
   const at::Tensor& kbar = cache.at("kbar");  // [B,NB,Hkv,dh]
   at::Tensor qf = layers::is_half(a.q) ? layers::f32(a.q) : a.q;
-  at::Tensor s = at::matmul(qf.view({B, d.Hkv, G, d.dh}), kbar.permute({0, 2, 3, 1})).view({B, d.H, 1, NB});
+  // the gate against the block means up to the own block (sparse_decode::row_scores: 0 past it)
+  at::Tensor s = sparse_decode::row_scores(qf.view({B, d.Hkv, G, d.dh}), kbar, st.pos, bs).view({B, d.H, 1, NB});
   at::Tensor sel;
   {
     NvtxRange r(op_range("block_topk"));
