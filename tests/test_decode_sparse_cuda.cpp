@@ -2,13 +2,16 @@
 // became capturable with them (the sparse hybrids, the fixed-count loops) captured in a CUDA graph
 // and replayed position after position, against the eager steps on the same GPU (fp32, bf16) and,
 // at fp32, against the FP64 forward on the CPU; the selection the steps share (block_topk_own)
-// against block_topk on the GPU, ties included.
+// against block_topk on the GPU, ties included; the length-aware row products (row_scores, row_mix)
+// against their masked whole-buffer definition, eagerly and replayed from one capture at several
+// positions.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +20,7 @@
 #include "harness/decode_graph.h"
 #include "harness/registry.h"
 #include "mixers/sparse/sparse.h"
+#include "mixers/sparse/sparse_decode.h"
 #include "tests/layer_case_inputs.h"
 #include "tests/test_util.h"
 
@@ -54,6 +58,73 @@ TEST(SparseDecodeCuda, BlockTopkOwnMatchesBlockTopk) {
       const at::Tensor got = block_topk_own(sg, own, c.topk, c.counted);
       EXPECT_TRUE(at::equal(want.cpu(), got.cpu())) << c10::toString(dt) << " T" << c.T << " bs" << c.bs;
     }
+}
+
+// sparse_decode::row_scores / row_mix on the GPU (their kernels: the position read on the device):
+// the rows the position reaches as the masked whole-buffer products (cuBLAS), 0 past them, the
+// buffer's rows past the reach (NaN) never read; one capture replayed at other positions.
+TEST(SparseDecodeCuda, RowProductsMatchTheMaskedBuffer) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  c10::NoGradGuard ng;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(21);
+  const auto cpu = at::TensorOptions().dtype(at::kDouble);
+  struct Types {
+    at::ScalarType q, buf;
+  };
+  const Types types[] = {{at::kFloat, at::kFloat},     {at::kBFloat16, at::kBFloat16}, {at::kHalf, at::kHalf},
+                         {at::kFloat, at::kBFloat16}, {at::kFloat, at::kHalf}};
+  for (const Types& ty : types)
+    for (int64_t D : {16, 72, 128})
+      for (int64_t per : {1, 8}) {
+        const int64_t B = 2, S = 3, G = 4, L = 137, last = per == 1 ? 100 : 600;
+        const at::Tensor q = at::randn({B, S, G, D}, gen, cpu).to(at::kCUDA, ty.q);
+        const at::Tensor w = at::randn({B, S, G}, gen, cpu).to(at::kCUDA, ty.q);
+        const at::Tensor p = at::rand({B, S, G, L}, gen, cpu).to(at::kCUDA, ty.q);
+        const at::Tensor K = at::randn({B, L, S, D}, gen, cpu).to(at::kCUDA, ty.buf);
+        const at::Tensor V = at::randn({B, L, S, D}, gen, cpu).to(at::kCUDA, ty.buf);
+        // the masked definition reads clean buffers; the kernels get NaN in the rows past the reach
+        // of the last position checked
+        const at::Tensor Kc = K.clone(), Vc = V.clone();
+        const int64_t beyond = std::min(last / per + 1, L);
+        ASSERT_LT(beyond, L);
+        K.narrow(1, beyond, L - beyond).fill_(NAN);
+        V.narrow(1, beyond, L - beyond).fill_(NAN);
+        const double tol = ty.q == at::kFloat && ty.buf == at::kFloat ? 1e-5 : 1e-2;
+        at::Tensor pos = at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(at::kCUDA));
+        at::Tensor s, sw, mix;
+        auto work = [&] {
+          s = sparse_decode::row_scores(q, K, pos, per);
+          sw = sparse_decode::row_scores(q, K, pos, per, w);
+          mix = sparse_decode::row_mix(p, V, pos, per);
+        };
+        auto check = [&](int64_t at_pos, const char* how) {
+          const std::string where = fmt::format("{} over {} D{} per {} pos {} {}", c10::toString(ty.q), c10::toString(ty.buf),
+                                                D, per, at_pos, how);
+          const int64_t n = std::min(at_pos / per + 1, L);
+          EXPECT_LE(rel_rms(sparse_decode::row_scores_masked(q, Kc, pos, per).narrow(3, 0, n), s.narrow(3, 0, n)), tol) << where;
+          EXPECT_LE(rel_rms(sparse_decode::row_scores_masked(q, Kc, pos, per, w).narrow(2, 0, n), sw.narrow(2, 0, n)), tol)
+              << where;
+          EXPECT_LE(rel_rms(sparse_decode::row_mix_masked(p, Vc, pos, per), mix), tol) << where;
+          EXPECT_EQ(s.narrow(3, n, L - n).abs().max().item<double>(), 0.0) << where;
+          EXPECT_EQ(sw.narrow(2, n, L - n).abs().max().item<double>(), 0.0) << where;
+          EXPECT_TRUE(at::isfinite(mix).all().item<bool>()) << where;
+        };
+        for (int64_t at_pos : {int64_t(0), int64_t(40), last}) {
+          pos.fill_(at_pos);
+          work();
+          check(at_pos, "eager");
+        }
+        // captured at one position, replayed at others
+        pos.fill_(3);
+        CapturedWork cw(-1);
+        cw.run(work);
+        ASSERT_NO_THROW(cw.capture(work));
+        for (int64_t at_pos : {int64_t(9), int64_t(77), last}) {
+          pos.fill_(at_pos);
+          cw.replay();
+          check(at_pos, "replayed");
+        }
+      }
 }
 
 // Each sparse layer at fp32 and bf16: prefill, then the step captured once (CapturedWork) and

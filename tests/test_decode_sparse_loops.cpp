@@ -1,21 +1,26 @@
 // Decoding of the sparse-attention layers (moba, dsa, qsa, nsa, seer) and of the models built on
 // them or on a loop plan: eager caches and static caches (MethodSpec::static_decode,
 // model_has_static_decode) against the forward and against each other, token by token; the static
-// step reads only what lies at or before the device position; the adaptive loops stay eager.
+// step reads only what lies at or before the device position, and its products over the buffers
+// stop at the position (sparse_decode::row_scores / row_mix), whatever the capacity; the adaptive
+// loops stay eager.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
 
+#include <limits>
 #include <map>
 
 #include "harness/backbone.h"
 #include "harness/errors.h"
+#include "harness/flop_counter.h"
 #include "harness/metrics.h"
 #include "harness/registry.h"
 #include "tests/layer_case_inputs.h"
 #include "mixers/sparse/sparse.h"
+#include "mixers/sparse/sparse_decode.h"
 
 using namespace mixbench;
 using mixbench_test::case_inputs;
@@ -216,6 +221,83 @@ TEST(SparseDecode, DecodingAttendsToTheSelectionNotToEveryKey) {
     const at::Tensor yd = dense.forward(in, dc, ctx, Backend::CPU).at("y");
     const int64_t T = c.T;
     EXPECT_GT(compare(yd.slice(1, T - 1, T), steps.back()).rel_rms, 1e-4) << name << ": the last step attends like dense attention";
+  }
+}
+
+// sparse_decode::row_scores and row_mix: the CPU path computes the rows the position reaches (j ≤
+// pos / per) and gives 0 past them, as the device-side definition (the whole buffer masked) does;
+// rows past the reach (NaN here) are never read, and the products' FLOPs follow the reach.
+TEST(SparseDecode, RowProductsStopAtThePosition) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(4);
+  const auto o64 = at::TensorOptions().dtype(at::kDouble);
+  const int64_t B = 2, S = 3, G = 2, D = 8, L = 23;
+  for (int64_t per : {1, 4})
+    for (int64_t p : {0, 5, 17, 60}) {
+      const std::string where = "per " + std::to_string(per) + " pos " + std::to_string(p);
+      const int64_t n = std::min(p / per + 1, L);
+      const at::Tensor pos = at::full({1}, p, o64.dtype(at::kLong));
+      const at::Tensor q = at::randn({B, S, G, D}, gen, o64), w = at::randn({B, S, G}, gen, o64);
+      at::Tensor K = at::randn({B, L, S, D}, gen, o64), V = at::randn({B, L, S, D}, gen, o64);
+      const at::Tensor pr = at::randn({B, S, G, L}, gen, o64);
+      const at::Tensor want = at::matmul(q, K.narrow(1, 0, n).permute({0, 2, 3, 1}));
+      const at::Tensor want_w = at::matmul(w.unsqueeze(-2), at::relu(want)).squeeze(-2);
+      const at::Tensor want_mix = at::matmul(pr.narrow(3, 0, n), V.narrow(1, 0, n).permute({0, 2, 1, 3}));
+      if (n < L) {
+        K.narrow(1, n, L - n).fill_(std::numeric_limits<double>::quiet_NaN());
+        V.narrow(1, n, L - n).fill_(std::numeric_limits<double>::quiet_NaN());
+      }
+      double flops = 0;
+      at::Tensor got, got_w, got_mix;
+      {
+        FlopCounter fc;
+        got = sparse_decode::row_scores(q, K, pos, per);
+        got_w = sparse_decode::row_scores(q, K, pos, per, w);
+        got_mix = sparse_decode::row_mix(pr, V, pos, per);
+        flops = fc.total();
+      }
+      // the products of the reached rows only: q·K twice, w·relu once, p·V once
+      EXPECT_DOUBLE_EQ(flops, double(B * S) * (2.0 * 2 * G * D * n + 2.0 * G * n + 2.0 * G * n * D)) << where;
+      ASSERT_EQ(got.sizes(), at::IntArrayRef({B, S, G, L})) << where;
+      ASSERT_EQ(got_w.sizes(), at::IntArrayRef({B, S, L})) << where;
+      ASSERT_EQ(got_mix.sizes(), at::IntArrayRef({B, S, G, D})) << where;
+      EXPECT_TRUE(at::allclose(got.narrow(3, 0, n), want, 1e-13, 1e-13)) << where;
+      EXPECT_TRUE(at::allclose(got_w.narrow(2, 0, n), want_w, 1e-13, 1e-13)) << where;
+      EXPECT_TRUE(at::allclose(got_mix, want_mix, 1e-13, 1e-13)) << where;
+      if (n < L) {
+        EXPECT_TRUE(at::equal(got.narrow(3, n, L - n), at::zeros({B, S, G, L - n}, o64))) << where;
+        EXPECT_TRUE(at::equal(got_w.narrow(2, n, L - n), at::zeros({B, S, L - n}, o64))) << where;
+      }
+      // the device-side definition agrees (the path of a GPU without the kernels' dtypes)
+      EXPECT_TRUE(at::allclose(sparse_decode::row_scores_masked(q, K, pos, per), got, 1e-13, 1e-13)) << where;
+      EXPECT_TRUE(at::allclose(sparse_decode::row_scores_masked(q, K, pos, per, w), got_w, 1e-13, 1e-13)) << where;
+      EXPECT_TRUE(at::allclose(sparse_decode::row_mix_masked(pr, V, pos, per), got_mix, 1e-13, 1e-13)) << where;
+      // fp32 queries over a half-precision buffer: the buffer converted as read
+      const at::Tensor q32 = q.to(at::kFloat), Kb = K.to(at::kBFloat16);
+      EXPECT_TRUE(at::allclose(sparse_decode::row_scores(q32, Kb, pos, per).narrow(3, 0, n),
+                               at::matmul(q32, Kb.narrow(1, 0, n).to(at::kFloat).permute({0, 2, 3, 1})), 1e-6, 1e-6))
+          << where;
+    }
+}
+
+// A static cache's step computes its products up to the position, not over its capacity: the
+// FLOPs of a prefill and its decode steps are the same at two capacities (every selection as
+// large at both).
+TEST(SparseDecode, StaticStepWorkFollowsThePositionNotTheCapacity) {
+  for (const auto& name : sparse_methods()) {
+    const MethodSpec& m = Registry::get().method(name);
+    const CaseDef c = m.cases()[2];  // B2_T37
+    TensorMap in = case_inputs(m, c, 7);
+    double flops[2] = {0, 0};
+    std::vector<at::Tensor> out[2];
+    const int64_t caps[2] = {c.T + 3, c.T + 203};
+    for (int i = 0; i < 2; ++i) {
+      FlopCounter fc;
+      out[i] = layer_decode(m, c, in, 20, caps[i]);
+      flops[i] = fc.total();
+    }
+    EXPECT_GT(flops[0], 0) << name;
+    EXPECT_DOUBLE_EQ(flops[1], flops[0]) << name << ": the static step's work grows with the capacity";
+    EXPECT_LT(worst_between(out[0], out[1]), 1e-12) << name;
   }
 }
 

@@ -1,6 +1,6 @@
 // Sparse-attention methods: op block_sparse_attention, layers moba and dsa — conformance at fp64
 // and fp32, the indexers' KL gradients of dsa and qsa at bf16, equality with dense_full when every key is selected, the DSA auxiliary loss reaching
-// only the indexer, bad block indices.
+// only the indexer, bad block indices, MoBA's accountant against what its layer and decode step compute.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -10,7 +10,9 @@
 
 #include "harness/backbone.h"
 #include "harness/errors.h"
+#include "harness/flop_counter.h"
 #include "harness/registry.h"
+#include "mixers/sparse/sparse_method.h"
 #include "suites/conformance.h"
 
 using namespace mixbench;
@@ -172,4 +174,62 @@ TEST(SparseMethods, BlockSparseRejectsBadIndices) {
   EXPECT_THROW(s.cpu(with(good.view({1, 1, 6, 1})), p), InputError);                                    // shape
   EXPECT_THROW(s.cpu(with(good.to(at::kInt)), p), InputError);                                          // dtype
   EXPECT_THROW(s.reference(with(at::tensor({1, -1, 1, 0, 2, -1}, i64).view({1, 1, 3, 2})), p), InputError);
+}
+
+// MoBA's accountant counts what its layer computes, exactly. The FlopCounter sees the projections,
+// the gate's q·k̄ products and the block-sparse products; the block means of K, formed element-wise,
+// are counted here from what the layer does: the keys of every block summed over bs rows (the
+// partial last block zero-padded to bs), then divided by the block's length — (bs − 1) additions
+// and one division per mean element, ceil(T/bs)·bs·Hkv·dh per sequence. A decode step at position
+// p (context p + 1) recomputes its own block's mean from its bs cached key rows: bs·Hkv·dh.
+TEST(SparseMethods, MobaAccountantCountsTheBlockMeans) {
+  const MethodSpec& m = Registry::get().method("moba");
+  int64_t partial = 0, steps = 0;
+  for (const CaseDef& c : m.cases()) {
+    const LayerCtx ctx{c.layer, c.cfg.i("n_layer")};
+    const sparse_layer::Dims d = sparse_layer::dims(c.cfg);
+    const int64_t bs = c.cfg.i("moba_block"), T = c.T, B = c.B, NB = (T + bs - 1) / bs;
+    partial += T % bs != 0;
+    TensorMap in = layer_inputs(m, c.cfg, c.layer, B, T, 5);
+    c10::NoGradGuard ng;
+    double counted = 0;
+    {
+      FlopCounter fc;
+      m.forward(in, c.cfg, ctx, Backend::CPU);
+      counted = fc.total() / double(B * T);
+    }
+    const double means = double(NB * bs * d.Hkv * d.dh) / double(T);
+    CostQuery q;
+    q.T = T;
+    const LayerCost lc = m.account(c.cfg, ctx, q);
+    EXPECT_NEAR(lc.uncounted_flops / means, 1.0, 1e-12) << c.label << ": block means";
+    EXPECT_NEAR((counted + means) / lc.fwd_flops, 1.0, 1e-12)
+        << c.label << ": counted " << counted << " + block means " << means << ", accountant " << lc.fwd_flops;
+    // decode: a prefill of one token, then a step at every later position (eager cache)
+    TensorMap cache;
+    auto part = [&](int64_t a, int64_t b) {
+      TensorMap s = in;
+      s.set("x", in.at("x").slice(1, a, b));
+      if (in.has("ve")) s.set("ve", in.at("ve").slice(1, a, b));
+      return s;
+    };
+    m.prefill(part(0, 1), cache, c.cfg, ctx, Backend::CPU);
+    for (int64_t p = 1; p < T; ++p) {
+      double step = 0;
+      {
+        FlopCounter fc;
+        m.decode(part(p, p + 1), cache, c.cfg, ctx, Backend::CPU);
+        step = fc.total() / double(B);
+      }
+      CostQuery qd;
+      qd.T = T;
+      qd.context = p + 1;
+      const double own_mean = double(bs * d.Hkv * d.dh);
+      EXPECT_NEAR((step + own_mean) / m.account(c.cfg, ctx, qd).decode_flops, 1.0, 1e-12)
+          << c.label << " decode at position " << p << ": counted " << step << " + own block mean " << own_mean;
+      ++steps;
+    }
+  }
+  EXPECT_GE(partial, 4);  // lengths with a partial last block, where the padded sums show
+  EXPECT_GE(steps, 200);
 }

@@ -255,7 +255,7 @@ TensorMap qsa_prefill(const TensorMap& in, TensorMap& cache, const Config& c, co
 }
 
 // One token at the cache's position p (own block cur = p / bs): its block's pooled key from the
-// ring, the indexer scores Σ ReLU(q^I·k^I_i / √d_I) of every pooled key of the buffer, the topk best
+// ring, the indexer scores Σ ReLU(q^I·k^I_i / √d_I) of the pooled keys up to cur, the topk best
 // complete blocks before cur plus cur, attention over their keys ≤ p.
 TensorMap qsa_decode(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx& ctx, Backend) {
   c10::NoGradGuard ng;
@@ -275,8 +275,8 @@ TensorMap qsa_decode(const TensorMap& in, TensorMap& cache, const Config& c, con
   at::Tensor kb = layers::rms_norm(cache.at("ikt").view({B, 1, Q.bs, Q.HK, Q.DI}).mean(2));  // [B,1,HK,DI]
   kb = rope_neox_at(kb, cur * Q.bs, Q.R, base);
   sparse_decode::put(cache, "ikb", kb, cur, NB);
-  const at::Tensor lg = at::matmul(qi.view({B, Q.HK, Q.g, Q.DI}), cache.at("ikb").permute({0, 2, 3, 1})) *
-                        (1.0 / std::sqrt(double(Q.DI)));                        // [B,HK,g,NB]
+  const at::Tensor lg = sparse_decode::row_scores(qi.view({B, Q.HK, Q.g, Q.DI}), cache.at("ikb"), st.pos, Q.bs) *
+                        (1.0 / std::sqrt(double(Q.DI)));                        // [B,HK,g,NB], 0 past cur
   const at::Tensor I = at::relu(lg).sum({1, 2}).view({B, 1, NB});
   const at::Tensor sel = decode_select(I, cur, full_attention_warmup(c, ctx) ? NB : Q.topk);  // [B,1,n+1]
   at::Tensor o = decode_attend(a, cache, sel, Q.bs, st.pos, 1.0 / std::sqrt(double(d.dh)));
@@ -481,13 +481,12 @@ TensorMap nsa_decode(const TensorMap& in, TensorMap& cache, const Config& c, con
   sparse_decode::put(cache, "cv", compress("v", "nsa_cmp_v"), cur, NB);
   // Compression branch: the blocks whose last key (i+1)·bs − 1 is ≤ p.
   const at::Tensor qh = a.q.view({B, d.Hkv, G, d.dh});
-  const at::Tensor lg = at::matmul(qh, cache.at("ck").permute({0, 2, 3, 1})) * scale;  // [B,Hkv,G,NB]
+  const at::Tensor lg = sparse_decode::row_scores(qh, cache.at("ck"), st.pos, bs) * scale;  // [B,Hkv,G,NB], 0 past cur
   const at::Tensor vis = ((at::arange(NB, st.pos.options()) + 1) * bs - 1 <= st.pos).view({1, 1, 1, NB});
   const at::Tensor lf = layers::is_half(lg) ? lg.to(at::kFloat) : lg;
   at::Tensor p = at::softmax(lf.masked_fill(vis.logical_not(), kMaskedLogit), -1).masked_fill(vis.logical_not(), 0.0);
   const at::Tensor scores = p.sum(2);  // [B,Hkv,NB]
-  const at::Tensor cv = cache.at("cv").permute({0, 2, 1, 3});  // [B,Hkv,NB,dh]
-  const at::Tensor o_cmp = at::matmul(p.to(cv.scalar_type()), cv).view({B, d.H, d.dh});
+  const at::Tensor o_cmp = sparse_decode::row_mix(p, cache.at("cv"), st.pos, bs).view({B, d.H, d.dh});
   // Selection branch.
   const at::Tensor sel = decode_select(scores, cur, c.i("nsa_topk"));  // [B,Hkv,n+1]
   const at::Tensor o_slc = decode_attend(a, cache, sel, bs, st.pos, scale);
@@ -672,7 +671,7 @@ TensorMap seer_prefill(const TensorMap& in, TensorMap& cache, const Config& c, c
 }
 
 // One token at the cache's position p (own block cur = p / bs): its block's gate key from the ring,
-// the gate logits Q̃·K̃ / √d_g of every gate key of the buffer per query head, the seer_topk best
+// the gate logits Q̃·K̃ / √d_g of the gate keys up to cur per query head, the seer_topk best
 // complete blocks before cur plus cur per head, attention over their keys ≤ p.
 TensorMap seer_decode(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx& ctx, Backend) {
   c10::NoGradGuard ng;
@@ -690,8 +689,8 @@ TensorMap seer_decode(const TensorMap& in, TensorMap& cache, const Config& c, co
   sparse_decode::put(cache, "gk", kg, cur, NB);
   at::Tensor qg = at::bmm(a.q.permute({2, 0, 1, 3}).reshape({d.H, B, d.dh}), in.at("seer_wq").transpose(1, 2));  // [H,B,dg]
   qg = qg.view({d.Hkv, G, B, dg}).permute({2, 0, 1, 3});                                                      // [B,Hkv,G,dg]
-  const at::Tensor S = (at::matmul(qg, cache.at("gk").permute({0, 2, 3, 1})) * (1.0 / std::sqrt(double(dg))))
-                           .view({B, d.H, NB});
+  const at::Tensor S = (sparse_decode::row_scores(qg, cache.at("gk"), st.pos, bs) * (1.0 / std::sqrt(double(dg))))
+                           .view({B, d.H, NB});  // 0 past cur
   const at::Tensor sel = decode_select(S, cur, full_attention_warmup(c, ctx) ? NB : c.i("seer_topk"));  // [B,H,n+1]
   at::Tensor o = decode_attend(a, cache, sel, bs, st.pos, 1.0 / std::sqrt(double(d.dh)));
   sparse_decode::end_step(cache, st);

@@ -184,7 +184,7 @@ TensorMap prefill(const TensorMap& in, TensorMap& cache, const Config& c, const 
   return {{"y", y}};
 }
 
-// One token at the cache's position p: the indexer scores I[s] against every key of the buffer
+// One token at the cache's position p: the indexer scores I[s] against the keys s ≤ p of the buffer
 // (fp32 for half-precision layers, as dsa_indexer_fast), keys s > p masked to −inf, the top
 // min(dsa_topk, L) by descending score with ties to the lower key, the slots past the p + 1 visible
 // keys −1 (dsa_indexer's rule); attention over the chosen keys.
@@ -203,9 +203,10 @@ TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const L
   at::Tensor sel;
   {
     NvtxRange r(op_range("dsa_indexer"));
-    const at::Tensor q = up_to_fp32(ix.q).view({B, HI, DI}), k = up_to_fp32(cache.at("ik")), w = up_to_fp32(ix.w);
-    const at::Tensor sim = at::relu(at::bmm(q, k.transpose(1, 2)));              // [B,HI,L]
-    at::Tensor score = at::matmul(w.view({B, 1, HI}), sim);                       // [B,1,L]
+    // Σ_h w_h·relu(q_h·k_s) over the keys s ≤ p (sparse_decode::row_scores: 0 past p; the cached
+    // keys converted to fp32 as they are read)
+    const at::Tensor q = up_to_fp32(ix.q).view({B, 1, HI, DI}), w = up_to_fp32(ix.w).view({B, 1, HI});
+    at::Tensor score = sparse_decode::row_scores(q, cache.at("ik").view({B, L, 1, DI}), st.pos, 1, w);  // [B,1,L]
     const at::Tensor future = at::arange(L, st.pos.options()).view({1, 1, L}) > st.pos.view({1, 1, 1});
     score = score.masked_fill(future, -std::numeric_limits<double>::infinity());
     const int64_t K = full_attention_warmup(c, ctx) ? L : std::min(c.i("dsa_topk"), L);

@@ -87,7 +87,7 @@ TensorMap prefill(const TensorMap& in, TensorMap& cache, const Config& c, const 
   return {{"y", y}};
 }
 
-// One token at the cache's position p: its gate scores against every block mean of the buffer,
+// One token at the cache's position p: its gate scores against the block means up to its own block,
 // block_topk_own with the own block p / bs counted, attention over the chosen blocks' keys ≤ p.
 TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx&, Backend) {
   c10::NoGradGuard ng;
@@ -106,7 +106,8 @@ TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const L
   sparse_decode::put(cache, "kbar", own.sum(1, /*keepdim=*/true) / double(bs), cur, NB);
   const at::Tensor& kbar = cache.at("kbar");  // [B,NB,Hkv,dh]
   at::Tensor qf = layers::is_half(a.q) ? layers::f32(a.q) : a.q;
-  at::Tensor s = at::matmul(qf.view({B, d.Hkv, G, d.dh}), kbar.permute({0, 2, 3, 1})).view({B, d.H, 1, NB});
+  // the gate against the block means up to the own block (sparse_decode::row_scores: 0 past it)
+  at::Tensor s = sparse_decode::row_scores(qf.view({B, d.Hkv, G, d.dh}), kbar, st.pos, bs).view({B, d.H, 1, NB});
   at::Tensor sel;
   {
     NvtxRange r(op_range("block_topk"));
@@ -119,31 +120,38 @@ TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const L
 }
 
 // Per token at length T, NB = ceil(T/bs), n = min(topk, NB) selected block slots:
-//   fwd = 2·N_l + 2·H·dh·NB (gate q·k̄ against every block) + Hkv·dh (block sums, element-wise)
+//   fwd = 2·N_l + 2·H·dh·NB (gate q·k̄ against every block) + Hkv·dh·NB·bs/T (block means)
 //         + 4·H·dh·n·bs (the block-sparse op computes every slot of every selected block,
 //           the masked future part of the own block and empty slots included)
-//   uncounted = Hkv·dh: the block sums run element-wise, invisible to the FLOP counter
-//   nanochat training core term = 12·H·dh·min(n·bs, T) + 2·H·dh·NB (the gate has no backward)
-//   decode at context c = 2·N_l + 2·H·dh·ceil(c/bs) + 4·H·dh·min(topk·bs, c)
+//   block means: the keys summed per block, zero-padded to NB·bs rows (bs − 1 additions per mean
+//     element), then one division: bs FLOPs per mean element, NB·bs·Hkv·dh per sequence (qsa's
+//     convention for its pooled keys); element-wise, so the FlopCounter cannot see them: uncounted
+//   nanochat training core term = 12·H·dh·min(n·bs, T) + 2·H·dh·NB (the gate and the block means
+//     have no backward; the means are element-wise, outside nanochat's matmul convention)
+//   decode at context c (position c − 1), NBc = ceil(c/bs), nc = min(topk, NBc):
+//     2·N_l + Hkv·dh·bs (the own block's mean recomputed from its bs cached key rows)
+//     + 2·H·dh·NBc (gate against the block means up to the own block)
+//     + 4·H·dh·nc·bs (every slot of the selected blocks gathered and computed)
 //   KV cache as dense attention: 2·Hkv·dh elements per token (block means are recomputable)
 LayerCost account(const Config& c, const LayerCtx& ctx, const CostQuery& q) {
   Dims d = dims(c);
   const int64_t bs = c.i("moba_block"), topk = c.i("moba_topk");
   const int64_t NB = (q.T + bs - 1) / bs, n = std::min(topk, NB);
+  const int64_t NBc = (q.context + bs - 1) / bs, nc = std::min(topk, NBc);
   LayerCost lc;
   const int64_t N = attention_matmul_params(c, ctx);
   lc.params.transformer_matrices = N;
   lc.params.matmul = N;
-  const double hd = double(d.H * d.dh);
-  lc.uncounted_flops = double(d.Hkv * d.dh);
+  const double hd = double(d.H * d.dh), kd = double(d.Hkv * d.dh);
+  lc.uncounted_flops = kd * double(NB * bs) / double(q.T);
   lc.fwd_flops = 2.0 * double(N) + 2.0 * hd * double(NB) + lc.uncounted_flops + 4.0 * hd * double(n * bs);
   lc.nanochat_core_flops = 12.0 * hd * double(std::min(n * bs, q.T)) + 2.0 * hd * double(NB);
-  lc.decode_flops = 2.0 * double(N) + 2.0 * hd * double((q.context + bs - 1) / bs) +
-                    4.0 * hd * double(std::min(topk * bs, q.context));
+  lc.decode_flops = 2.0 * double(N) + kd * double(bs) + 2.0 * hd * double(NBc) + 4.0 * hd * double(nc * bs);
   lc.cache_bytes_per_token = 2.0 * double(d.Hkv * d.dh) * double(q.dtype_bytes);
   lc.act_bytes = double(q.dtype_bytes) * double(d.D + 2 * d.H * d.dh + 4 * d.Hkv * d.dh + d.H * d.dh) + 4.0 * double(d.H);
-  lc.formula = fmt::format("MoBA block {} top-{} blocks: fwd 2N + 2·H·dh·ceil(T/{}) + Hkv·dh + 4·H·dh·{}·{}", bs, topk, bs,
-                           n, bs);
+  lc.formula = fmt::format("MoBA block {} top-{} blocks: fwd 2N + 2·H·dh·ceil(T/{}) + Hkv·dh·ceil(T/{})·{}/T (block means) "
+                           "+ 4·H·dh·{}·{}",
+                           bs, topk, bs, bs, bs, n, bs);
   return lc;
 }
 

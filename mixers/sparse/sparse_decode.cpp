@@ -6,7 +6,14 @@
 #include <limits>
 
 #include "harness/errors.h"
+#include "harness/op_scope.h"
 #include "mixers/common/layers.h"
+
+#if defined(MIXBENCH_WITH_CUDA)
+#include <c10/cuda/CUDAStream.h>
+
+#include "mixers/sparse/decode_rows_kernel.h"
+#endif
 
 namespace mixbench::sparse_decode {
 
@@ -132,6 +139,114 @@ at::Tensor attend_keys(const at::Tensor& q, const at::Tensor& K, const at::Tenso
   lg = lg.masked_fill(ok.logical_not(), -std::numeric_limits<double>::infinity());
   const at::Tensor o = at::matmul(at::softmax(lg, -1), Vg);  // [B,Hkv,Gs,G/Gs,dh]
   return o.reshape({B, H, dh}).to(q.scalar_type());
+}
+
+namespace {
+
+void check_rows(const at::Tensor& a, const at::Tensor& buf, const at::Tensor& pos, int64_t per, const char* what) {
+  if (a.dim() != 4 || buf.dim() != 4 || a.size(0) != buf.size(0) || a.size(1) != buf.size(2) || per < 1 ||
+      pos.numel() != 1 || pos.scalar_type() != at::kLong || pos.device() != a.device() || buf.device() != a.device())
+    throw std::logic_error(fmt::format("sparse_decode::{}: takes [B,S,G,·] against a buffer [B,L,S,D] and an int64 [1] "
+                                       "position on their device (got {}, {}, per {})",
+                                       what, c10::str(a.sizes()), c10::str(buf.sizes()), per));
+}
+
+// Rows j of an L-row buffer reached from pos: j ≤ pos / per, as a [L] bool on pos's device.
+at::Tensor reached(const at::Tensor& pos, int64_t per, int64_t L) {
+  return at::arange(L, pos.options()).le(at::div(pos, per, "floor"));
+}
+
+// The reached rows' count read on the host: CPU tensors only (no synchronisation).
+int64_t reach_host(const at::Tensor& pos, int64_t per, int64_t L) {
+  return std::min(pos.item<int64_t>() / per + 1, L);
+}
+
+at::Tensor in_dtype(const at::Tensor& t, at::ScalarType st) { return t.scalar_type() == st ? t : t.to(st); }
+
+// The products themselves (rows given: the CPU's reached rows or the whole buffer).
+at::Tensor scores_of(const at::Tensor& q, const at::Tensor& K, const at::Tensor& w) {
+  at::Tensor s = at::matmul(q, in_dtype(K, q.scalar_type()).permute({0, 2, 3, 1}));  // [B,S,G,n]
+  if (!w.defined()) return s;
+  return at::matmul(w.unsqueeze(-2), at::relu(s)).squeeze(-2);  // [B,S,n]
+}
+at::Tensor mix_of(const at::Tensor& p, const at::Tensor& V) {
+  return at::matmul(in_dtype(p, V.scalar_type()), V.permute({0, 2, 1, 3}));  // [B,S,G,D]
+}
+
+#if defined(MIXBENCH_WITH_CUDA)
+bool kernel_dtype(const at::Tensor& t) {
+  return t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
+}
+decode_rows_cuda::Dtype dtype_of(const at::Tensor& t) {
+  return t.scalar_type() == at::kFloat      ? decode_rows_cuda::Dtype::F32
+         : t.scalar_type() == at::kBFloat16 ? decode_rows_cuda::Dtype::BF16
+                                            : decode_rows_cuda::Dtype::F16;
+}
+bool kernel_takes(const at::Tensor& a, const at::Tensor& buf) {
+  return a.is_cuda() && kernel_dtype(a) && kernel_dtype(buf) && decode_rows_cuda::supported(dtype_of(a), dtype_of(buf));
+}
+#endif
+
+}  // namespace
+
+at::Tensor row_scores_masked(const at::Tensor& q, const at::Tensor& K, const at::Tensor& pos, int64_t per,
+                             const at::Tensor& w) {
+  check_rows(q, K, pos, per, "row_scores");
+  const int64_t L = K.size(1);
+  const at::Tensor live = reached(pos, per, L);
+  at::Tensor s = at::matmul(q, in_dtype(K, q.scalar_type()).permute({0, 2, 3, 1})).masked_fill(live.logical_not(), 0);
+  if (!w.defined()) return s;
+  return at::matmul(w.unsqueeze(-2), at::relu(s)).squeeze(-2).masked_fill(live.logical_not(), 0);
+}
+
+at::Tensor row_mix_masked(const at::Tensor& p, const at::Tensor& V, const at::Tensor& pos, int64_t per) {
+  check_rows(p, V, pos, per, "row_mix");
+  const int64_t L = V.size(1);
+  const at::Tensor dead = reached(pos, per, L).logical_not();
+  return mix_of(p.masked_fill(dead, 0), V.masked_fill(dead.view({1, L, 1, 1}), 0));
+}
+
+at::Tensor row_scores(const at::Tensor& q, const at::Tensor& K, const at::Tensor& pos, int64_t per, const at::Tensor& w) {
+  OpScope scope("mixbench::decode_row_scores");  // one launch on a GPU
+  check_rows(q, K, pos, per, "row_scores");
+  const int64_t B = q.size(0), S = q.size(1), G = q.size(2), D = q.size(3), L = K.size(1);
+  if (K.size(3) != D || (w.defined() && (w.sizes() != at::IntArrayRef({B, S, G}) || w.scalar_type() != q.scalar_type())))
+    throw std::logic_error(fmt::format("sparse_decode::row_scores: q {}, K {}, w {}", c10::str(q.sizes()),
+                                       c10::str(K.sizes()), w.defined() ? c10::str(w.sizes()) : "none"));
+#if defined(MIXBENCH_WITH_CUDA)
+  if (kernel_takes(q, K)) {
+    const at::Tensor qc = q.contiguous(), Kc = K.contiguous(), wc = w.defined() ? w.contiguous() : at::Tensor();
+    at::Tensor out = w.defined() ? at::empty({B, S, L}, q.options()) : at::empty({B, S, G, L}, q.options());
+    decode_rows_cuda::row_scores(dtype_of(qc), dtype_of(Kc), qc.data_ptr(), Kc.data_ptr(),
+                                 wc.defined() ? wc.data_ptr() : nullptr, out.data_ptr(), pos.data_ptr<int64_t>(), per,
+                                 int(B), int(S), int(G), int(D), int(L),
+                                 c10::cuda::getCurrentCUDAStream(q.device().index()).stream());
+    return out;
+  }
+#endif
+  if (!q.is_cpu()) return row_scores_masked(q, K, pos, per, w);
+  const int64_t n = reach_host(pos, per, L);
+  return at::constant_pad_nd(scores_of(q, K.narrow(1, 0, n), w), {0, L - n});
+}
+
+at::Tensor row_mix(const at::Tensor& p, const at::Tensor& V, const at::Tensor& pos, int64_t per) {
+  OpScope scope("mixbench::decode_row_mix");  // one launch on a GPU
+  check_rows(p, V, pos, per, "row_mix");
+  const int64_t B = p.size(0), S = p.size(1), G = p.size(2), L = V.size(1), D = V.size(3);
+  if (p.size(3) != L) throw std::logic_error(fmt::format("sparse_decode::row_mix: p {}, V {}", c10::str(p.sizes()), c10::str(V.sizes())));
+#if defined(MIXBENCH_WITH_CUDA)
+  if (kernel_takes(p, V)) {
+    const at::Tensor pc = p.contiguous(), Vc = V.contiguous();
+    at::Tensor out = at::empty({B, S, G, D}, V.options());
+    decode_rows_cuda::row_mix(dtype_of(pc), dtype_of(Vc), pc.data_ptr(), Vc.data_ptr(), out.data_ptr(),
+                              pos.data_ptr<int64_t>(), per, int(B), int(S), int(G), int(D), int(L),
+                              c10::cuda::getCurrentCUDAStream(p.device().index()).stream());
+    return out;
+  }
+#endif
+  if (!p.is_cpu()) return row_mix_masked(p, V, pos, per);
+  const int64_t n = reach_host(pos, per, L);
+  return mix_of(p.narrow(3, 0, n), V.narrow(1, 0, n));
 }
 
 }  // namespace mixbench::sparse_decode

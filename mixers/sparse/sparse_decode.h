@@ -8,8 +8,17 @@
 //     write, NB = pos / block + 1), the position is the cache's host "pos";
 //   static: the buffers are allocated once for the cache's capacity (L = capacity, NB =
 //     ceil(capacity / block)) and written in place; the position is read on the device only.
-// Every step computes over the whole buffers and masks what lies past the position (keys > pos,
-// blocks that are no candidate of the token's block), so the two give the same selection and output.
+// Every step masks what lies past the position (keys > pos, blocks that are no candidate of the
+// token's block), so the two give the same selection and output. Its products over the head
+// dimension against the buffers (the gate, indexer and compressed-attention scores, nsa's mix of the
+// compressed values) stop at the position (row_scores, row_mix below): on a GPU their kernels read
+// the device position, so a captured step's work follows the position, not the capacity. What stays
+// O(capacity) per step: the selection over the scores of the whole buffer (the block top-k over
+// ceil(capacity / block) blocks, dsa's top-k over the capacity's keys), the masks and element-wise
+// work on score rows (nsa's softmax, qsa's ReLU and head sum), and the output rows written past the
+// position — no product over the head dimension; these shapes are fixed by the capture, and a
+// capture knows no position, so only a host-side bound per captured graph (graphs per capacity
+// bucket) could shrink them.
 // A block's summary is recomputed at every step of the token's own block from the block's keys
 // (the buffer rows, or the ring): the value left when the block completes is the forward's, and a
 // block becomes a candidate only after it completes.
@@ -79,5 +88,29 @@ Keys block_keys(const at::Tensor& sel, int64_t block, const at::Tensor& pos);
 // in fp32 for half-precision inputs (cast back).
 at::Tensor attend_keys(const at::Tensor& q, const at::Tensor& K, const at::Tensor& V, const at::Tensor& keys,
                        const at::Tensor& valid, double scale);
+
+// The rows of a decode buffer [B,L,...] that a token at position pos (int64 [1]) reaches: j ≤ pos /
+// per, per = 1 for a per-token buffer, the block size for a per-block one (the token's own block
+// the last). The products below compute these rows only and give 0 for the others: on a GPU one
+// kernel launch each that reads the position on the device (mixers/sparse/decode_rows_kernel.h:
+// the step stays capturable and its work follows the position, not the capacity); on the CPU the
+// position is read on the host (no synchronisation there) and the products run over the first
+// rows; elsewhere (fp64 on a GPU) the whole buffer's product masked (row_scores_masked).
+// Selections never read a row past the position, so each layer's results are those of the whole
+// buffer's products; a static cache's step no longer scales with its capacity (but for the
+// O(capacity) selection and masks that follow, which are not products over the head dimension).
+//
+// Scores: q [B,S,G,D], K [B,L,S,D] (K converted to q's dtype) -> [B,S,G,L], the product over D for
+// the reached rows. With w [B,S,G]: Σ_g w[b,s,g]·relu(score) -> [B,S,L] (dsa's head-weighted indexer).
+at::Tensor row_scores(const at::Tensor& q, const at::Tensor& K, const at::Tensor& pos, int64_t per,
+                      const at::Tensor& w = at::Tensor());
+// Mix: p [B,S,G,L], V [B,L,S,D] -> [B,S,G,D] = Σ_j p[..,j]·V[b,j,s] over the reached rows (p
+// converted to V's dtype first).
+at::Tensor row_mix(const at::Tensor& p, const at::Tensor& V, const at::Tensor& pos, int64_t per);
+// The device-side definitions (whole buffers, rows past the reach masked to 0 before and after the
+// product): the path of a GPU without the kernels' dtypes, and what the others are checked against.
+at::Tensor row_scores_masked(const at::Tensor& q, const at::Tensor& K, const at::Tensor& pos, int64_t per,
+                             const at::Tensor& w = at::Tensor());
+at::Tensor row_mix_masked(const at::Tensor& p, const at::Tensor& V, const at::Tensor& pos, int64_t per);
 
 }  // namespace mixbench::sparse_decode
