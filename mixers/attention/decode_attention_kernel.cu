@@ -20,6 +20,8 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kUnroll = 4;
 constexpr int kGroupCap = 8;  // query heads per block; larger GQA groups take several head groups
+constexpr int kMaxSplits = 1024;  // choose_splits' bound (the merge keeps a weight per split in shared memory)
+constexpr int kMergeUnroll = 8;   // partials of this many splits loaded together in the merge
 
 using layers::load_row;
 using layers::Vec;
@@ -28,6 +30,35 @@ __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
   return x;
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+
+// The block's max / sum of one value per thread, returned to every thread (kWarps warps; `red`
+// holds kWarps floats; ends with a barrier so that `red` may be reused).
+__device__ __forceinline__ float block_max(float x, float* red) {
+  x = warp_max(x);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = x;
+  __syncthreads();
+  float r = red[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) r = fmaxf(r, red[w]);
+  __syncthreads();
+  return r;
+}
+__device__ __forceinline__ float block_sum(float x, float* red) {
+  x = warp_sum(x);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = x;
+  __syncthreads();
+  float r = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) r += red[w];
+  __syncthreads();
+  return r;
 }
 
 // ws layout per (split, b, h): [m, l, acc[D]].
@@ -154,23 +185,44 @@ __global__ void __launch_bounds__(kWarps * 32) split_kernel(const T* __restrict_
   __syncthreads();
   if (!is_last) return;
   __threadfence();
+  // Each query head of the group in turn: the splits' maxima and weighted sums reduced by the whole
+  // block (threads stride over the splits), each split's weight exp(m − M) kept in shared memory,
+  // then every output dimension sums its column of partials with the loads of several splits in
+  // flight. (A load chain per dimension over hundreds of splits left the merge latency-bound: it
+  // grew with splits × group size.)
+  __shared__ float sm_w[kMaxSplits];
+  __shared__ float sm_red[kWarps];
   const int64_t BH = int64_t(B) * H;
-  for (int i = threadIdx.x; i < ng * D; i += blockDim.x) {
-    const int g = i / D, d = i % D;
+  const int64_t sstride = BH * (D + 2);  // from one split's partials to the next
+  for (int g = 0; g < ng; ++g) {
     const int64_t bh = int64_t(b) * H + hk * G + g0 + g;
-    // every split's partials (the other blocks' read past L1): their max, then the weighted sums
-    float M = -INFINITY;
-    for (int sp = 0; sp < splits; ++sp) M = fmaxf(M, __ldcg(ws + (int64_t(sp) * BH + bh) * (D + 2)));
-    float L = 0.f, A = 0.f;
-    for (int sp = 0; sp < splits; ++sp) {
-      const float* p = ws + (int64_t(sp) * BH + bh) * (D + 2);
-      const float pm = __ldcg(p);
-      if (pm == -INFINITY) continue;
-      const float f = __expf(pm - M);
-      L += f * __ldcg(p + 1);
-      A += f * __ldcg(p + 2 + d);
+    const float* p0 = ws + bh * (D + 2);
+    float mx = -INFINITY;
+    for (int sp = threadIdx.x; sp < splits; sp += blockDim.x) mx = fmaxf(mx, __ldcg(p0 + sp * sstride));
+    mx = block_max(mx, sm_red);
+    float ls = 0.f;
+    for (int sp = threadIdx.x; sp < splits; sp += blockDim.x) {
+      const float pm = __ldcg(p0 + sp * sstride);
+      const float f = pm == -INFINITY ? 0.f : __expf(pm - mx);  // an empty split weighs nothing
+      sm_w[sp] = f;
+      ls += f * __ldcg(p0 + sp * sstride + 1);
     }
-    o[bh * D + d] = layers::from_f32<T>(A / L);
+    ls = block_sum(ls, sm_red);  // ends with a barrier: sm_w is complete
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+      const float* col = p0 + 2 + d;
+      float a[kMergeUnroll] = {};
+      int sp = 0;
+      for (; sp + kMergeUnroll <= splits; sp += kMergeUnroll) {
+#pragma unroll
+        for (int u = 0; u < kMergeUnroll; ++u) a[u] += sm_w[sp + u] * __ldcg(col + (sp + u) * sstride);
+      }
+      for (; sp < splits; ++sp) a[0] += sm_w[sp] * __ldcg(col + sp * sstride);
+      float A = 0.f;
+#pragma unroll
+      for (int u = 0; u < kMergeUnroll; ++u) A += a[u];
+      o[bh * D + d] = layers::from_f32<T>(A / ls);
+    }
+    __syncthreads();  // sm_w and sm_red are reused by the next head
   }
 }
 
@@ -216,7 +268,7 @@ int choose_splits(int B, int Hkv, int cap, int sms) {
   const int rows = std::max(1, B * Hkv);
   int s = (8 * sms + rows - 1) / rows;
   s = std::min(s, std::max(1, cap / 64));
-  return std::max(1, std::min(s, 1024));
+  return std::max(1, std::min(s, kMaxSplits));
 }
 
 int64_t workspace_floats(int B, int H, int D, int splits) { return int64_t(splits) * B * H * (D + 2); }
@@ -229,6 +281,7 @@ void decode(Dtype dt, const void* q, const void* K, const void* V, void* o, cons
   if (B == 0 || H == 0) return;
   if (Hkv <= 0 || H % Hkv != 0) throw std::invalid_argument("decode attention kernel: H must be a multiple of Hkv");
   if (!counters || splits < 1) throw std::invalid_argument("decode attention kernel: it needs its counters and a split");
+  if (splits > kMaxSplits) throw std::invalid_argument("decode attention kernel: at most 1024 splits");
   switch (dt) {
     case Dtype::F32:
       return dispatch_d<float>(D, q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, workspace, splits, counters, stream);
