@@ -239,6 +239,49 @@ TEST(MlaVariants, AbsorbedDecodeMatchesTheForwardAndCachesLatentsOnly) {
   }
 }
 
+// A static cache (the captured decode step's): without QK-norm the latent and the rotary key share one
+// buffer [B,capacity,1,P], P = kvl + dr rounded up to 64/128/256 (the split-KV decode kernel's widths;
+// zeros past kvl + dr), and the step, multi-query attention over it, still reproduces the forward; with
+// QK-norm the buffers stay separate (the key factors).
+TEST(MlaVariants, StaticCacheJoinsLatentAndRotaryKeyForTheSplitKvStep) {
+  c10::NoGradGuard ng;
+  for (const auto& n : kMla) {
+    const MethodSpec& m = Registry::get().method(n);
+    const Config cfg = small_cfg(m);
+    const int64_t B = 2, T = 12, pre = 7, cap = 20, dr = n == "mla_nope_qknorm" ? 0 : 8;
+    const TensorMap in = layer_inputs(m, cfg, B, T, 13);
+    const LayerCtx ctx{1, 4, -1};
+    const at::Tensor y = m.forward(in, cfg, ctx, Backend::CPU).at("y");
+    TensorMap cache;
+    cache.set("pos_dev", at::zeros({1}, at::TensorOptions().dtype(at::kLong)));
+    cache.set("capacity", at::scalar_tensor(cap, at::TensorOptions().dtype(at::kLong)));
+    TensorMap head = in;
+    head.set("x", in.at("x").slice(1, 0, pre));
+    m.prefill(head, cache, cfg, ctx, Backend::CPU);
+    const bool joint = n == "mla";
+    EXPECT_EQ(cache.has("ckr"), joint) << n;
+    EXPECT_EQ(cache.has("ckv"), !joint) << n;
+    if (joint) {
+      EXPECT_TRUE(cache.at("ckr").sizes().equals({B, cap, 1, 64})) << n;  // 24 + 8 → 64
+      EXPECT_EQ(cache_bytes(cache), B * cap * 64 * 8) << n;
+      // the pad is zero and the rows hold [c_KV | k_R]: the prefill's latents in the first 24 dims
+      EXPECT_TRUE(at::equal(cache.at("ckr").narrow(3, 32, 32), at::zeros({B, cap, 1, 32}, at::kDouble))) << n;
+      EXPECT_GT(cache.at("ckr").slice(1, 0, pre).narrow(3, 0, 24).abs().min().item<double>(), 0.0) << n;
+      EXPECT_TRUE(at::equal(cache.at("ckr").slice(1, pre, cap), at::zeros({B, cap - pre, 1, 64}, at::kDouble))) << n;
+    }
+    const at::Tensor& pos = cache.at("pos_dev");
+    pos.fill_(pre);
+    for (int64_t t = pre; t < T; ++t) {
+      TensorMap step = in;
+      step.set("x", in.at("x").slice(1, t, t + 1));
+      const at::Tensor yt = m.decode(step, cache, cfg, ctx, Backend::CPU).at("y");
+      pos.add_(1);
+      EXPECT_LT(rel(yt, y.slice(1, t, t + 1)), 1e-11) << n << " t " << t;
+    }
+    if (joint) EXPECT_GT(cache.at("ckr").slice(1, T - 1, T).narrow(3, 24, dr).abs().max().item<double>(), 0.0) << n;
+  }
+}
+
 TEST(MlaVariants, AccountantAuditPasses) {
   for (const auto& n : kMla)
     for (const std::string extra : {"", ",mla_q_latent=48,mla_kv_latent=16"}) {

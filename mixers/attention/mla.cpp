@@ -27,6 +27,7 @@
 #include "harness/backbone.h"
 #include "harness/errors.h"
 #include "harness/registry.h"
+#include "mixers/attention/attention.h"
 #include "mixers/common/layers.h"
 #include "reference/reference.h"
 
@@ -181,15 +182,46 @@ void store(TensorMap& cache, const std::string& name, const at::Tensor& t) {
   cache.at(name).slice(1, 0, t.size(1)).copy_(t);
 }
 
+// A static cache without QK-norm keeps each token's latent and rotary key side by side in one buffer
+// "ckr" [B,capacity,1,P]: [c_KV | k_R | 0], P = kvl + dr rounded up to a width the split-KV decode
+// kernel takes (64, 128 or 256; kvl + dr itself past 256). The absorbed step is then multi-query
+// attention of the H absorbed queries [W_UKᵀ q_C | q_R | 0] over those rows, keys and values alike
+// (the first kvl dims of the output are the latent mix): attention_decode_static, one split-KV launch
+// on a GPU that reads the latent cache once for all heads. With QK-norm each score also takes its
+// key's per-head factor, which that kernel has no place for: separate buffers and the masked step.
+int64_t joint_width(const MlaDims& d) {
+  const int64_t n = d.kvl + d.dr;
+  for (int64_t P : {int64_t(64), int64_t(128), int64_t(256)})
+    if (n <= P) return P;
+  return n;
+}
+bool joint_cache(const TensorMap& cache, const MlaDims& d) { return cache_is_static(cache) && !d.qk_norm; }
+
+// A chunk's rows [c_KV | k_R | 0] [B,T,1,P] in the latents' dtype.
+at::Tensor joint_rows(const MlaDims& d, const Latents& l) {
+  const int64_t B = l.ckv.size(0), T = l.ckv.size(1), P = joint_width(d);
+  std::vector<at::Tensor> parts = {l.ckv};
+  if (d.dr > 0) parts.push_back(l.kr.squeeze(2).to(l.ckv.scalar_type()));
+  if (P > d.kvl + d.dr) parts.push_back(at::zeros({B, T, P - d.kvl - d.dr}, l.ckv.options()));
+  return at::cat(parts, -1).view({B, T, 1, P});
+}
+
 // Decode cache: "pos", "ckv" [B,Tc,kvl], with RoPE "kr" [B,Tc,dr], with QK-norm "kf" [B,Tc,H] (key
-// factors); a static cache holds them in buffers of the cache's capacity, token t in slot t.
+// factors); a static cache holds them in buffers of the cache's capacity, token t in slot t (without
+// QK-norm: "ckr", the two side by side, above).
 TensorMap prefill(const TensorMap& in, TensorMap& cache, const Config& c, const MlaVariant& v, Backend backend) {
   const MlaDims d = mla_dims(c, v);
   const Latents l = latents(in, c, d, 0);
   reset_cache(cache);
   set_cache_pos(cache, in.at("x").size(1));
-  store(cache, "ckv", l.ckv);
-  if (d.dr > 0) store(cache, "kr", l.kr.squeeze(2));
+  if (joint_cache(cache, d)) {
+    const at::Tensor rows = joint_rows(d, l);
+    if (!cache.has("ckr")) cache.set("ckr", at::zeros({rows.size(0), cache_capacity(cache), 1, rows.size(3)}, rows.options()));
+    cache.at("ckr").slice(1, 0, rows.size(1)).copy_(rows);
+  } else {
+    store(cache, "ckv", l.ckv);
+    if (d.dr > 0) store(cache, "kr", l.kr.squeeze(2));
+  }
   at::Tensor k;
   at::Tensor y = attend(in, c, d, l, backend, &k);
   if (d.qk_norm) store(cache, "kf", key_factor(k));
@@ -221,6 +253,22 @@ TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const M
   const at::Tensor pos_dev = is_static ? cache_pos_dev(cache) : at::Tensor();
   Latents l = latents(in, c, d, pos, pos_dev);
   auto [qc, qr] = queries(l, in, c, d, pos, pos_dev);
+  const bool half = layers::is_half(x);
+  auto f = [&](const at::Tensor& t) { return half ? layers::f32(t) : t; };
+  at::Tensor wuk = f(in.at("w_uk")).view({d.H, d.dh, d.kvl}), wuv = f(in.at("w_uv")).view({d.H, d.dh, d.kvl});
+  if (joint_cache(cache, d)) {
+    const at::Tensor& buf = cache.at("ckr");
+    buf.index_copy_(1, pos_dev, joint_rows(d, l));
+    set_cache_pos(cache, pos + 1);
+    std::vector<at::Tensor> qs = {at::einsum("bhd,hdl->bhl", {f(qc).reshape({B, d.H, d.dh}), wuk})};  // [B,H,kvl]
+    if (d.dr > 0) qs.push_back(f(qr).reshape({B, d.H, d.dr}));
+    const int64_t P = buf.size(3);
+    if (P > d.kvl + d.dr) qs.push_back(at::zeros({B, d.H, P - d.kvl - d.dr}, qs[0].options()));
+    const at::Tensor q = at::cat(qs, -1).to(buf.scalar_type());                                    // [B,H,P]
+    const at::Tensor mix = attention_decode_static(q, buf, buf, pos_dev, scale_of(d), 0.0).narrow(-1, 0, d.kvl);
+    at::Tensor o = at::einsum("bhl,hdl->bhd", {f(mix), wuv}).reshape({B, 1, d.H * d.dh}).to(x.scalar_type());
+    return {{"y", at::linear(o, in.at("c_proj"))}};
+  }
   at::Tensor ckv = append(cache, "ckv", l.ckv), kr, kf;
   if (d.dr > 0) kr = append(cache, "kr", l.kr.squeeze(2));
   if (d.qk_norm) {
@@ -230,9 +278,6 @@ TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const M
     if (d.dr > 0) qr = q.narrow(-1, d.dh, d.dr);
   }
   set_cache_pos(cache, pos + 1);
-  const bool half = layers::is_half(x);
-  auto f = [&](const at::Tensor& t) { return half ? layers::f32(t) : t; };
-  at::Tensor wuk = f(in.at("w_uk")).view({d.H, d.dh, d.kvl}), wuv = f(in.at("w_uv")).view({d.H, d.dh, d.kvl});
   at::Tensor qa = at::einsum("bhd,hdl->bhl", {f(qc).reshape({B, d.H, d.dh}), wuk});           // [B,H,kvl]
   at::Tensor s = at::matmul(qa, f(ckv).transpose(1, 2));                                   // [B,H,Tc]
   if (d.dr > 0) s = s + at::matmul(f(qr).reshape({B, d.H, d.dr}), f(kr).transpose(1, 2));
@@ -303,7 +348,7 @@ MethodSpec mla_method(const std::string& name, const MlaVariant& v, const std::s
   m.decode = [v](const TensorMap& in, TensorMap& cache, const Config& c, const LayerCtx&, Backend b) {
     return decode(in, cache, c, v, b);
   };
-  m.static_decode = true;  // latent buffers of the cache's capacity, the masked absorbed step
+  m.static_decode = true;  // latent buffers of the cache's capacity: split-KV over [c_KV | k_R], or the masked step
 #if defined(MIXBENCH_WITH_CUDA)
   m.has_cuda = true;
 #endif
