@@ -284,8 +284,8 @@ std::string leaderboard_html(const Json& results, const std::string& title, cons
     }
   }
   return "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>" + html_escape(title) +
-         "</title>\n<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin:0.5em 0}"
-         "th,td{padding:3px 8px;border-bottom:1px solid #ddd;text-align:left;white-space:nowrap}th.num,td.num{text-align:right}"
+         "</title>\n<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin:0.5em 0;font-size:13px}"
+         "th,td{padding:2px 6px;border-bottom:1px solid #ddd;text-align:left;white-space:nowrap}th.num,td.num{text-align:right}"
          "tr.tie td{background:#fff6e0}.note{color:#444}.plots svg{margin:0.5em 1em 0.5em 0;vertical-align:top}</style>\n"
          "</head>\n<body>\n<h1>" +
          html_escape(title) + "</h1>\n" + body + "</body>\n</html>\n";
