@@ -137,8 +137,8 @@ int64_t seed_count(const LeaderboardOptions& opt, const TrainPreset& P) {
 }
 
 // The config fields that decide the numbers of a (method, seed) cell.
-const char* const kCellFields[] = {"preset", "config", "steps", "batch", "micro_batch", "data", "data_hash", "device", "probes",
-                                   "budget", "budgets"};
+const char* const kCellFields[] = {"preset", "config",  "steps",  "batch",  "micro_batch", "data",
+                                   "data_hash", "data_order", "device", "probes", "budget", "budgets"};
 
 Json budget_labels(const LeaderboardOptions& opt) {
   Json labels = Json::array();
@@ -182,6 +182,7 @@ Json leaderboard_config(const LeaderboardOptions& opt) {
           {"micro_batch", opt.micro_batch},
           {"data", data},
           {"data_hash", data == "synthetic" ? std::string("synthetic") : load_corpus(data, 0).hash},
+          {"data_order", data_order(data)},
           {"budget", opt.budget},
           {"budgets", budget_labels(opt)},
           {"config", opt.config},

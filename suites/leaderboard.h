@@ -67,7 +67,7 @@ struct LeaderboardOptions {
   std::function<void(const nlohmann::json& results, const std::string& markdown, const nlohmann::json& summary)> on_cell;
 };
 // The report's config for these options (preset, methods, steps, batch, micro_batch, data,
-// data_hash, config, anchor, baseline, device, probes, seed, seeds); all but the method list and
+// data_hash, data_order, config, anchor, baseline, device, probes, seed, seeds); all but the method list and
 // the seeds decide a cell's numbers, so a report is resumed only when those agree.
 nlohmann::json leaderboard_config(const LeaderboardOptions& opt);
 // InputError naming the first field of the cells' config where `report` (an earlier leaderboard

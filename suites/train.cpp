@@ -217,12 +217,12 @@ TrainResult run_train(const TrainOptions& opt) {
   Optimizer optim(model, B * T, h);
 
   // a different micro-batching changes the rounding of the accumulated gradients: part of the run
-  const std::string fp = fingerprint(r, steps, B, opt.seed, corpus.hash) +
+  const std::string fp = fingerprint(r, steps, B, opt.seed, corpus.hash + "|" + corpus.order) +
                          (opt.init_from.empty() ? "" : "/init:" + fnv1a_hex(opt.init_from + "|" + opt.init_level)) + (MB == B ? "" : fmt::format("/mb{}", MB)) +
                          (compute == at::kFloat ? "" : "/" + r.dtype) +
                          (gate_names.empty() ? "" : fmt::format("/gate{}", steps - gate_from));
   // what a run continuing from a snapshot must share with the run it was taken from (all but the length)
-  const std::string branch_fp = fingerprint(r, 0, B, opt.seed, data) + (MB == B ? "" : fmt::format("/mb{}", MB)) +
+  const std::string branch_fp = fingerprint(r, 0, B, opt.seed, data + "|" + corpus.order) + (MB == B ? "" : fmt::format("/mb{}", MB)) +
                                 (compute == at::kFloat ? "" : "/" + r.dtype);
   const std::string ckpt = opt.out.empty() ? "" : (fs::path(opt.out) / "checkpoint.safetensors").string();
   int64_t start = 0, pos = 0;

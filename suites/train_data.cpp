@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -184,14 +185,38 @@ Corpus bin_corpus(const std::string& path) {
   return c;
 }
 
-void rotate_train_stream(Corpus& c, uint64_t seed) {
-  if (seed == 0) return;
-  // one of the documents' starts (any position when the stream has no document marks)
-  const at::Tensor starts = (c.train == c.bos).nonzero().flatten();
-  const uint64_t r = splitmix64(seed);
-  const int64_t start = starts.size(0) > 0 ? starts[int64_t(r % uint64_t(starts.size(0)))].item<int64_t>()
-                                           : int64_t(r % uint64_t(c.train.size(0)));
-  c.train = at::cat({c.train.slice(0, start), c.train.slice(0, 0, start)});
+void shuffle_train_documents(Corpus& c, uint64_t seed) {
+  c.order = data_order("file");
+  const at::Tensor stream = c.train.contiguous();
+  const int64_t N = stream.size(0);
+  const at::Tensor marks = (stream == c.bos).nonzero().flatten().contiguous();
+  const uint64_t r = splitmix64(seed ^ 0x0D0C5EEDull);
+  if (marks.size(0) == 0) {  // no documents to permute: a rotation
+    const int64_t start = N > 0 ? int64_t(r % uint64_t(N)) : 0;
+    c.train = at::cat({stream.slice(0, start), stream.slice(0, 0, start)});
+    return;
+  }
+  const int64_t* m = marks.data_ptr<int64_t>();
+  std::vector<std::pair<int64_t, int64_t>> docs;  // [begin, end)
+  docs.reserve(size_t(marks.size(0)) + 1);
+  if (m[0] > 0) docs.emplace_back(0, m[0]);
+  for (int64_t i = 0; i < marks.size(0); ++i) docs.emplace_back(m[i], i + 1 < marks.size(0) ? m[i + 1] : N);
+  // Fisher–Yates with the generator's raw draws (std::shuffle's algorithm is the library's choice)
+  std::mt19937_64 rng(r);
+  for (size_t i = docs.size(); i > 1; --i) std::swap(docs[i - 1], docs[size_t(rng() % uint64_t(i))]);
+  at::Tensor out = at::empty_like(stream);
+  const int64_t* src = stream.data_ptr<int64_t>();
+  int64_t* dst = out.data_ptr<int64_t>();
+  int64_t o = 0;
+  for (const auto& [a, b] : docs) {
+    std::memcpy(dst + o, src + a, size_t(b - a) * sizeof(int64_t));
+    o += b - a;
+  }
+  c.train = out;
+}
+
+std::string data_order(const std::string& data) {
+  return data == "synthetic" ? "synthetic: drawn from the seed" : "documents permuted by the seed";
 }
 
 std::string builtin_text_dir() {
@@ -232,11 +257,14 @@ Corpus builtin_text_corpus(const std::string& dir) {
 }
 
 Corpus load_corpus(const std::string& data, uint64_t seed, int64_t probe_T, int64_t train_tokens) {
-  if (data == "synthetic")
-    return synthetic_corpus(seed, std::max(int64_t(1) << 21, train_tokens), int64_t(1) << 16, probe_T);
+  if (data == "synthetic") {
+    Corpus c = synthetic_corpus(seed, std::max(int64_t(1) << 21, train_tokens), int64_t(1) << 16, probe_T);
+    c.order = data_order(data);
+    return c;
+  }
   if (data == "text") {
     Corpus c = builtin_text_corpus(builtin_text_dir());
-    rotate_train_stream(c, seed);
+    shuffle_train_documents(c, seed);
     return c;
   }
   std::error_code ec;
@@ -245,7 +273,7 @@ Corpus load_corpus(const std::string& data, uint64_t seed, int64_t probe_T, int6
     for (const auto& e : fs::recursive_directory_iterator(data))
       bin = bin || (e.is_regular_file() && e.path().extension() == ".bin");
   Corpus c = bin ? bin_corpus(data) : text_corpus(data);
-  rotate_train_stream(c, seed);
+  shuffle_train_documents(c, seed);
   return c;
 }
 

@@ -16,6 +16,7 @@ struct Corpus {
   int64_t bos = kByteBos;
   int64_t max_token = 0;
   std::string source, hash;   // description, FNV hash of the source description/content
+  std::string order;          // how the training stream is ordered (data_order)
 };
 // Seeded synthetic byte stream: BOS-prefixed documents of key=value facts, filler words, queries
 // that recall earlier facts and verbatim copies of earlier spans (long-range structure). With
@@ -30,9 +31,16 @@ Corpus text_corpus(const std::string& path);
 // modded-nanogpt .bin shard(s); InputError on a bad magic/version or a truncated file.
 at::Tensor read_bin_shard(const std::string& path);
 Corpus bin_corpus(const std::string& path);
-// The seed's data order for a file corpus: seed 0 reads the training stream from its start, any
-// other seed from a document start drawn from the seed (wrapping).
-void rotate_train_stream(Corpus& c, uint64_t seed);
+// The seed's data order for a file corpus: the training stream's documents (each from its BOS to the
+// next; text before the first BOS is one more) concatenated in a permutation drawn from the seed, so
+// that every stretch of a run reads the corpus's mixture rather than the neighbouring documents of
+// one source (a corpus stored by source, as the built-in one is by package, would otherwise train
+// each seed on a different slice of it). A stream without BOS marks is rotated to an offset drawn
+// from the seed. Validation is left as it is.
+void shuffle_train_documents(Corpus& c, uint64_t seed);
+// The data order that load_corpus gives `data` (recorded by training and leaderboard reports: runs
+// with another order are not comparable).
+std::string data_order(const std::string& data);
 // The built-in real-text corpus (ci/fetch_text.sh): DIR/train.bin and DIR/val.bin, byte tokens with
 // BOS = 256 before each document, described by DIR/manifest.json. InputError naming the folder and
 // ci/fetch_text.sh when it is missing or incomplete.
@@ -42,7 +50,7 @@ Corpus builtin_text_corpus(const std::string& dir);
 std::string builtin_text_dir();
 // "synthetic" (with probes for length probe_T, 0 = none; at least train_tokens long so that a
 // run reads no byte twice; its content is drawn from the seed), "text" (the built-in corpus) or a path
-// (in the seed's order, rotate_train_stream)
+// (in the seed's order, shuffle_train_documents)
 Corpus load_corpus(const std::string& data, uint64_t seed, int64_t probe_T = 0, int64_t train_tokens = 0);
 
 // Rows of T+1 tokens starting at stream offset `pos` (wrapping): inputs [B,T], targets [B,T].

@@ -7,9 +7,11 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <regex>
+#include <set>
 #include <unistd.h>
 
 #include "harness/cli/cli.h"
@@ -19,7 +21,9 @@
 #include "reports/leaderboard.h"
 #include "reports/plot.h"
 #include "suites/stats.h"
+#include "suites/leaderboard.h"
 #include "suites/train.h"
+#include "suites/train_data.h"
 #include "tests/test_util.h"
 
 namespace fs = std::filesystem;
@@ -237,26 +241,84 @@ TEST(LeaderboardStats, DataOrderDependsOnTheSeed) {
   // synthetic data is drawn from the seed
   const Corpus s1 = load_corpus("synthetic", 1), s2 = load_corpus("synthetic", 2);
   EXPECT_FALSE(at::equal(s1.train.slice(0, 0, 4096), s2.train.slice(0, 0, 4096)));
-  // a file is read from its start with seed 0 and from a document start drawn from the seed otherwise
+  // a file's documents are concatenated in an order drawn from the seed (seed 0 included)
   const fs::path dir = lb_tmp() / "docs";
   fs::create_directories(dir);
   for (int i = 0; i < 20; ++i) write_file_atomic((dir / fmt::format("d{:02}.txt", i)).string(), fmt::format("document {} text\n", i));
   const Corpus c0 = load_corpus(dir.string(), 0), c1 = load_corpus(dir.string(), 1), c2 = load_corpus(dir.string(), 2);
   const Corpus plain = text_corpus(dir.string());
-  EXPECT_TRUE(at::equal(c0.train, plain.train));
-  EXPECT_EQ(c1.hash, plain.hash);  // the same data, another order
-  ASSERT_EQ(c1.train.size(0), plain.train.size(0));
-  EXPECT_EQ(c1.train[0].item<int64_t>(), kByteBos);
-  EXPECT_FALSE(at::equal(c1.train, plain.train));
+  // the stream cut at its BOS marks: its documents in stream order
+  auto documents = [](const at::Tensor& s) {
+    std::vector<std::vector<int64_t>> d;
+    for (int64_t i = 0; i < s.size(0); ++i) {
+      if (s[i].item<int64_t>() == kByteBos || d.empty()) d.emplace_back();
+      d.back().push_back(s[i].item<int64_t>());
+    }
+    return d;
+  };
+  const auto docs = documents(plain.train);
+  ASSERT_GE(docs.size(), 10u);
+  for (const Corpus* c : {&c0, &c1, &c2}) {
+    EXPECT_EQ(c->hash, plain.hash);  // the same data, another order
+    EXPECT_EQ(c->order, data_order(dir.string()));
+    ASSERT_EQ(c->train.size(0), plain.train.size(0));
+    EXPECT_EQ(c->train[0].item<int64_t>(), kByteBos);
+    auto d = documents(c->train);
+    EXPECT_NE(d, docs);  // reordered
+    std::sort(d.begin(), d.end());
+    auto sorted = docs;
+    std::sort(sorted.begin(), sorted.end());
+    EXPECT_EQ(d, sorted);  // whole documents, each once
+    EXPECT_TRUE(at::equal(c->val, plain.val));  // validation stays the same
+  }
   EXPECT_FALSE(at::equal(c1.train, c2.train));
-  EXPECT_TRUE(at::equal(std::get<0>(at::sort(c1.train)), std::get<0>(at::sort(plain.train))));
-  // a rotation: c1 is plain from some offset on, wrapping
-  const int64_t n = plain.train.size(0);
+  EXPECT_FALSE(at::equal(c0.train, c1.train));
+  EXPECT_TRUE(at::equal(c1.train, load_corpus(dir.string(), 1).train));  // the seed decides it
+  // the first half of the stream draws on both halves of the file order (not a rotation's run of neighbours)
+  {
+    const auto d1 = documents(c1.train);
+    std::set<std::vector<int64_t>> first(d1.begin(), d1.begin() + long(d1.size() / 2));
+    int early = 0, late = 0;
+    for (size_t i = 0; i < docs.size(); ++i)
+      if (first.count(docs[i])) (i < docs.size() / 2 ? early : late)++;
+    EXPECT_GT(early, 0);
+    EXPECT_GT(late, 0);
+  }
+  // a stream without document marks is rotated to an offset drawn from the seed
+  Corpus flat;
+  flat.train = at::arange(1000, at::TensorOptions().dtype(at::kLong)) % 200;
+  flat.val = flat.train.slice(0, 0, 10);
+  const at::Tensor before = flat.train.clone();
+  shuffle_train_documents(flat, 3);
+  ASSERT_EQ(flat.train.size(0), 1000);
   bool rotation = false;
-  for (int64_t k = 0; k < n && !rotation; ++k)
-    rotation = at::equal(c1.train, at::cat({plain.train.slice(0, k), plain.train.slice(0, 0, k)}));
+  for (int64_t off = 0; off < 1000 && !rotation; ++off)
+    rotation = at::equal(flat.train, at::cat({before.slice(0, off), before.slice(0, 0, off)}));
   EXPECT_TRUE(rotation);
-  EXPECT_TRUE(at::equal(c1.val, plain.val));  // validation stays the same
+  EXPECT_FALSE(at::equal(flat.train, before));
+}
+
+// Cells trained with another data order (or without one recorded: before documents were permuted)
+// are not combined with this run's.
+TEST(LeaderboardStats, CellsOfAnotherDataOrderAreRefused) {
+  LeaderboardOptions opt;
+  opt.preset = "tiny";
+  opt.data = "synthetic";
+  const nlohmann::json config = leaderboard_config(opt);
+  ASSERT_EQ(config.at("data_order"), data_order("synthetic"));
+  nlohmann::json report = {{"kind", "leaderboard"}, {"config", config}, {"results", nlohmann::json::array()}};
+  EXPECT_NO_THROW(check_leaderboard_resume(report, config));
+  for (const nlohmann::json& order : {nlohmann::json("a document start drawn from the seed"), nlohmann::json()}) {
+    nlohmann::json old = report;
+    if (order.is_null()) old["config"].erase("data_order");
+    else old["config"]["data_order"] = order;
+    try {
+      check_leaderboard_resume(old, config);
+      ADD_FAILURE() << "accepted data_order " << order.dump();
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("data_order"), std::string::npos) << e.what();
+    }
+  }
 }
 
 // ------------------------------------------------------------------ label placement and the page

@@ -15,6 +15,7 @@
 #include "reports/leaderboard.h"
 #include "suites/distributed.h"
 #include "suites/train.h"
+#include "suites/train_data.h"
 
 namespace mixbench {
 
@@ -166,7 +167,7 @@ int train_rank(const TrainOptions& o, const std::vector<std::string>& args) {
   if (o.data_parallel && o.data_parallel->rank() != 0) return 0;
   RunInfo info = run_info("train", args);
   info.config = {{"method", o.method}, {"preset", o.preset}, {"config", r.cfg.to_json()}, {"steps", o.steps},
-                 {"batch", o.batch}, {"micro_batch", o.micro_batch}, {"data", run_data(o)}, {"resume", o.resume}, {"init_from", o.init_from},
+                 {"batch", o.batch}, {"micro_batch", o.micro_batch}, {"data", run_data(o)}, {"data_order", data_order(run_data(o))}, {"resume", o.resume}, {"init_from", o.init_from},
                  {"budget", r.budget.to_json()}};
   info.seeds = {{"base", o.seed}};
   Json report = make_report(info, Json::array({train_result_json(r)}));
