@@ -45,7 +45,7 @@ at::Tensor forward_rows(const Model& m, const at::Tensor& idx, Backend backend, 
 }
 
 double evaluate(const Model& m, const Corpus& c, int64_t B, int64_t T, int64_t n_batches, Backend backend,
-                int64_t micro) {
+                int64_t micro, int64_t* scored = nullptr) {
   c10::NoGradGuard ng;
   double nats = 0, count = 0;
   const at::Device dev = m.params.at("wte").device();
@@ -61,6 +61,7 @@ double evaluate(const Model& m, const Corpus& c, int64_t B, int64_t T, int64_t n
     nats += (ce * w).sum().item<double>();
     count += w.sum().item<double>();
   }
+  if (scored) *scored = int64_t(count);
   return count > 0 ? nats / (std::log(2.0) * count) : 0.0;
 }
 
@@ -543,7 +544,7 @@ TrainResult run_train(const TrainOptions& opt) {
     }
     if (do_eval && rank0) {
       c10::NoGradGuard ng;
-      r.val_curve.emplace_back(done, evaluate(compute_model(), corpus, B, T, eval_batches, backend, MB));
+      r.val_curve.emplace_back(done, evaluate(compute_model(), corpus, B, T, eval_batches, backend, MB, &r.val_tokens));
     }
     if (do_log && rank0) {
       const double tps = steady_tokens > 0 ? double(steady_tokens) / std::max(steady_seconds, 1e-9)
@@ -591,6 +592,16 @@ TrainResult run_train(const TrainOptions& opt) {
                                     : 0.0;
   r.mfu = run_mfu(r.tokens_per_s);
   if (!r.val_curve.empty()) r.val_bpb = r.val_curve.back().second;
+  // the final evaluation over more of the validation stream than the curve's (the preset's
+  // final_eval_batches; −1: all of it), on a run that reached its end
+  const int64_t final_setting = opt.final_eval_batches ? *opt.final_eval_batches : P.final_eval_batches;
+  const int64_t final_batches = final_setting < 0 ? std::max<int64_t>(1, corpus.val.size(0) / (B * (T + 1)))
+                                : final_setting > 0 ? final_setting
+                                                    : eval_batches;
+  if (done == steps && !(opt.snapshot_out && done == opt.snapshot_at) && final_batches != eval_batches && rank0) {
+    c10::NoGradGuard ng;
+    r.val_bpb = evaluate(compute_model(), corpus, B, T, final_batches, backend, MB, &r.val_tokens);
+  }
   const int64_t n_probe = opt.probe_sequences >= 0 ? opt.probe_sequences : P.probe_sequences;
   const bool snapshotted = opt.snapshot_out && done == opt.snapshot_at;
   if (corpus.byte_level && n_probe > 0 && rank0 && !snapshotted) {
@@ -620,6 +631,7 @@ Json train_result_json(const TrainResult& r) {
           {"shape", {{"n_layer", d.n_layer}, {"d_model", d.d_model}, {"n_head", d.n_head}, {"head_dim", d.head_dim},
                      {"seq_len", d.seq_len}, {"vocab", d.vocab}}},
           {r.byte_level ? "val_bpb" : "val_bits_per_token", r.val_bpb},
+          {"val_tokens", r.val_tokens},
           {"steps", r.steps_done},
           {"budget", r.budget.to_json()},
           {"batch", r.batch},

@@ -50,6 +50,9 @@ struct TrainOptions {
   std::vector<int64_t> init_layers;
   int64_t eval_every = 0;      // 0 = the preset's
   int64_t eval_batches = 0;    // 0 = the preset's
+  // batches of the final evaluation (the run's val_bpb): −1 = the whole validation stream, 0 = eval_batches,
+  // N; unset = the preset's final_eval_batches
+  std::optional<int64_t> final_eval_batches;
   int64_t checkpoint_every = 0;  // 0 = the preset's
   int64_t stop_after = 0;      // stop (as if interrupted) after this many steps; 0 = never
   int progress = 0;            // 0 = none, 1 = JSON lines, 2 = human lines
@@ -81,7 +84,8 @@ struct TrainResult {
   std::vector<double> losses;  // training LM loss per step (nats/token; the auxiliary losses excluded)
   std::vector<double> aux_losses;  // Σ layers' auxiliary losses per step (empty: the method has none)
   std::vector<std::pair<int64_t, double>> val_curve;  // (step, val bpb)
-  double val_bpb = 0;          // at the last evaluation (bits per token when not byte-level)
+  double val_bpb = 0;          // the final evaluation (bits per token when not byte-level)
+  int64_t val_tokens = 0;      // target positions that evaluation scored (BOS targets excluded from bpb)
   bool byte_level = true;
   int64_t steps_done = 0, tokens = 0;
   int64_t batch = 0, micro_batch = 0;  // rows per step; rows per forward/backward

@@ -45,6 +45,9 @@ TrainPreset train_preset_from_json(const std::string& name, const nlohmann::orde
   p.batch = j.at("batch").get<int64_t>();
   p.eval_every = j.at("eval_every").get<int64_t>();
   p.eval_batches = j.at("eval_batches").get<int64_t>();
+  p.final_eval_batches = j.value("final_eval_batches", int64_t(0));
+  if (p.final_eval_batches < -1)
+    throw std::logic_error(fmt::format("preset {}: final_eval_batches must be -1, 0 or a batch count", name));
   p.checkpoint_every = j.at("checkpoint_every").get<int64_t>();
   p.probe_sequences = j.at("probe_sequences").get<int64_t>();
   p.log_every = j.value("log_every", int64_t(1));

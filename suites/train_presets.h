@@ -28,6 +28,9 @@ struct TrainPreset {
   std::optional<Budget> budget;  // "budget": {"tokens_per_param": X} or {"flops": Y}
   std::string data = "synthetic";  // the training text unless --data says otherwise ("synthetic", "text", a path)
   int64_t batch, eval_every, eval_batches, checkpoint_every;
+  // Batches of the final evaluation (the run's val_bpb): 0 = eval_batches (the curve's), −1 = the whole
+  // validation stream in non-overlapping rows (at least one batch).
+  int64_t final_eval_batches = 0;
   int64_t probe_sequences = 64;  // held-out sequences per probe kind after training
   int64_t seeds = 1;              // the leaderboard's runs per method (seeds seed, seed+1, ...)
   int cpu_threads = 0;            // intra-op threads on the CPU during the run (0 = LibTorch's default)

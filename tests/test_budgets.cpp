@@ -24,6 +24,7 @@
 #include "harness/report.h"
 #include "suites/rank_agreement.h"
 #include "suites/train.h"
+#include "suites/train_data.h"
 
 namespace fs = std::filesystem;
 using namespace mixbench;
@@ -348,6 +349,45 @@ TEST(Budgets, LeaderboardWithBudgetsResumes) {
 // ------------------------------------------------------------------ the real-text corpus
 // ci/text_corpus.py on hand-made packages: HTML to text, whitespace normalised, duplicates dropped,
 // every 100th kept document to validation; then `--data text` reads the folder it wrote.
+// The run's val_bpb: by default (tiny) the curve's last evaluation; with final_eval_batches −1 the
+// whole validation stream in non-overlapping rows, N: N batches; the curve is the same either way.
+TEST(Budgets, FinalEvaluationCoversTheValidationStreamItIsAskedTo) {
+  TrainOptions o = cpu_run("tiny", "synthetic", "n_layer=1,d_model=64,head_dim=32,seq_len=16", 8);
+  o.steps = 2;
+  o.probe_sequences = 0;
+  const int64_t B = 8, T = 16;
+  const TrainResult curve = run_train(o);
+  ASSERT_FALSE(curve.val_curve.empty());
+  EXPECT_EQ(curve.val_bpb, curve.val_curve.back().second);
+  EXPECT_GT(curve.val_tokens, 0);
+  EXPECT_LE(curve.val_tokens, B * T);  // eval_batches = 1
+  // the targets that are not BOS in the first n rows' worth of the validation stream
+  const Corpus c = load_corpus("synthetic", o.seed, T, o.steps * B * (T + 1));
+  auto scored = [&](int64_t n) {
+    int64_t k = 0;
+    for (int64_t b = 0; b < n; ++b) {
+      at::Tensor x, y;
+      get_batch(c.val, b * B * (T + 1), B, T, x, y);
+      k += (y != c.bos).sum().item<int64_t>();
+    }
+    return k;
+  };
+  EXPECT_EQ(curve.val_tokens, scored(1));
+  o.final_eval_batches = -1;
+  const TrainResult all = run_train(o);
+  const int64_t n_all = c.val.size(0) / (B * (T + 1));
+  ASSERT_GT(n_all, 10);
+  EXPECT_EQ(all.val_tokens, scored(n_all));
+  EXPECT_EQ(all.val_curve, curve.val_curve);  // the same training and curve
+  EXPECT_NE(all.val_bpb, curve.val_bpb);
+  EXPECT_TRUE(std::isfinite(all.val_bpb));
+  o.final_eval_batches = 3;
+  const TrainResult three = run_train(o);
+  EXPECT_EQ(three.val_tokens, scored(3));
+  // the report carries the count
+  EXPECT_EQ(train_result_json(all)["val_tokens"].get<int64_t>(), all.val_tokens);
+}
+
 TEST(TextCorpus, BuilderCleansDeduplicatesSplitsAndTrainReadsIt) {
   const fs::path root = budget_tmp() / "pkgs", out = budget_tmp() / "text";
   fs::remove_all(root);

@@ -117,6 +117,21 @@ int run_train_command(const Args& a, const std::vector<std::string>& args) {
   }
   o.eval_every = a.get_int("eval-every", 0);
   o.eval_batches = a.get_int("eval-batches", 0);
+  if (const auto f = a.get("final-eval-batches")) {
+    if (*f == "all") o.final_eval_batches = -1;
+    else if (*f == "curve") o.final_eval_batches = 0;
+    else {
+      int64_t n = 0;
+      try {
+        size_t used = 0;
+        n = std::stoll(*f, &used);
+        if (used != f->size()) n = 0;
+      } catch (const std::logic_error&) {
+      }
+      if (n < 1) throw UsageError(fmt::format("--final-eval-batches takes all, curve or a positive count, not '{}'", *f));
+      o.final_eval_batches = n;
+    }
+  }
   o.checkpoint_every = a.get_int("checkpoint-every", 0);
   o.stop_after = a.get_int("stop-after", 0);
   o.log_every = a.get_int("log-every", 0);
@@ -320,6 +335,9 @@ Command train_command() {
            {"json", OptionKind::Flag, "", "with --dry-run: the table as JSON"},
            {"eval-every", OptionKind::Value, "N", "steps between validation evaluations (default: the preset's)"},
            {"eval-batches", OptionKind::Value, "N", "batches per validation evaluation (default: the preset's)"},
+           {"final-eval-batches", OptionKind::Value, "all|curve|N",
+            "batches of the final evaluation, the run's val_bpb: all = the whole validation stream, curve = as the "
+            "curve's (default: the preset's: all on the GPU presets, curve on tiny)"},
            {"checkpoint-every", OptionKind::Value, "N", "steps between checkpoints (default: the preset's)"},
            {"stop-after", OptionKind::Value, "N", "stop as if interrupted after N steps (0 = never)"},
            {"log-every", OptionKind::Value, "N", "steps between loss read-backs and progress lines (default: the preset's)"},
