@@ -206,27 +206,42 @@ TEST(MlaVariants, ConformanceFp64AndFp32) {
   }
 }
 
+namespace {
+// Prefill of the first 7 of 12 tokens (B = 2) into `cache`, then absorbed decode steps to the end, each
+// against the forward; a static cache's device position is advanced after each step as the model does.
+void decode_against_forward(const std::string& n, TensorMap& cache, uint64_t seed) {
+  const MethodSpec& m = Registry::get().method(n);
+  const Config cfg = small_cfg(m);
+  const int64_t B = 2, T = 12, pre = 7;
+  const TensorMap in = layer_inputs(m, cfg, B, T, seed);
+  const LayerCtx ctx{1, 4, -1};
+  const at::Tensor y = m.forward(in, cfg, ctx, Backend::CPU).at("y");
+  TensorMap head = in;
+  head.set("x", in.at("x").slice(1, 0, pre));
+  const at::Tensor yp = m.prefill(head, cache, cfg, ctx, Backend::CPU).at("y");
+  EXPECT_LT(rel(yp, y.slice(1, 0, pre)), 1e-12) << n;
+  if (cache_is_static(cache)) cache.at("pos_dev").fill_(pre);
+  for (int64_t t = pre; t < T; ++t) {
+    TensorMap step = in;
+    step.set("x", in.at("x").slice(1, t, t + 1));
+    const at::Tensor yt = m.decode(step, cache, cfg, ctx, Backend::CPU).at("y");
+    if (cache_is_static(cache)) cache.at("pos_dev").add_(1);
+    EXPECT_LT(rel(yt, y.slice(1, t, t + 1)), 1e-11) << n << " t " << t;
+  }
+  EXPECT_EQ(cache_pos(cache), T) << n;
+}
+}  // namespace
+
 // Prefill(T − n) + n absorbed decode steps reproduce the forward; the cache holds the KV latent,
 // the rotary key and, with QK-norm, one factor per key head — never K or V — as the accountant bills.
 TEST(MlaVariants, AbsorbedDecodeMatchesTheForwardAndCachesLatentsOnly) {
   for (const auto& n : kMla) {
     const MethodSpec& m = Registry::get().method(n);
     const Config cfg = small_cfg(m);
-    const int64_t B = 2, T = 12, pre = 7, H = 4, dr = n == "mla_nope_qknorm" ? 0 : 8;
-    const TensorMap in = layer_inputs(m, cfg, B, T, 11);
+    const int64_t B = 2, T = 12, H = 4, dr = n == "mla_nope_qknorm" ? 0 : 8;
     const LayerCtx ctx{1, 4, -1};
-    const at::Tensor y = m.forward(in, cfg, ctx, Backend::CPU).at("y");
-    TensorMap cache, head = in;
-    head.set("x", in.at("x").slice(1, 0, pre));
-    const at::Tensor yp = m.prefill(head, cache, cfg, ctx, Backend::CPU).at("y");
-    EXPECT_LT(rel(yp, y.slice(1, 0, pre)), 1e-12) << n;
-    for (int64_t t = pre; t < T; ++t) {
-      TensorMap step = in;
-      step.set("x", in.at("x").slice(1, t, t + 1));
-      const at::Tensor yt = m.decode(step, cache, cfg, ctx, Backend::CPU).at("y");
-      EXPECT_LT(rel(yt, y.slice(1, t, t + 1)), 1e-11) << n << " t " << t;
-    }
-    EXPECT_EQ(cache_pos(cache), T);
+    TensorMap cache;
+    decode_against_forward(n, cache, 11);
     EXPECT_FALSE(cache.has("k"));
     EXPECT_FALSE(cache.has("v"));
     EXPECT_TRUE(cache.at("ckv").sizes().equals({B, T, 24})) << n;
@@ -246,39 +261,23 @@ TEST(MlaVariants, AbsorbedDecodeMatchesTheForwardAndCachesLatentsOnly) {
 TEST(MlaVariants, StaticCacheJoinsLatentAndRotaryKeyForTheSplitKvStep) {
   c10::NoGradGuard ng;
   for (const auto& n : kMla) {
-    const MethodSpec& m = Registry::get().method(n);
-    const Config cfg = small_cfg(m);
-    const int64_t B = 2, T = 12, pre = 7, cap = 20, dr = n == "mla_nope_qknorm" ? 0 : 8;
-    const TensorMap in = layer_inputs(m, cfg, B, T, 13);
-    const LayerCtx ctx{1, 4, -1};
-    const at::Tensor y = m.forward(in, cfg, ctx, Backend::CPU).at("y");
+    const int64_t B = 2, T = 12, cap = 20, dr = n == "mla_nope_qknorm" ? 0 : 8;
     TensorMap cache;
     cache.set("pos_dev", at::zeros({1}, at::TensorOptions().dtype(at::kLong)));
     cache.set("capacity", at::scalar_tensor(cap, at::TensorOptions().dtype(at::kLong)));
-    TensorMap head = in;
-    head.set("x", in.at("x").slice(1, 0, pre));
-    m.prefill(head, cache, cfg, ctx, Backend::CPU);
+    decode_against_forward(n, cache, 13);
     const bool joint = n == "mla";
     EXPECT_EQ(cache.has("ckr"), joint) << n;
     EXPECT_EQ(cache.has("ckv"), !joint) << n;
-    if (joint) {
-      EXPECT_TRUE(cache.at("ckr").sizes().equals({B, cap, 1, 64})) << n;  // 24 + 8 → 64
-      EXPECT_EQ(cache_bytes(cache), B * cap * 64 * 8) << n;
-      // the pad is zero and the rows hold [c_KV | k_R]: the prefill's latents in the first 24 dims
-      EXPECT_TRUE(at::equal(cache.at("ckr").narrow(3, 32, 32), at::zeros({B, cap, 1, 32}, at::kDouble))) << n;
-      EXPECT_GT(cache.at("ckr").slice(1, 0, pre).narrow(3, 0, 24).abs().min().item<double>(), 0.0) << n;
-      EXPECT_TRUE(at::equal(cache.at("ckr").slice(1, pre, cap), at::zeros({B, cap - pre, 1, 64}, at::kDouble))) << n;
-    }
-    const at::Tensor& pos = cache.at("pos_dev");
-    pos.fill_(pre);
-    for (int64_t t = pre; t < T; ++t) {
-      TensorMap step = in;
-      step.set("x", in.at("x").slice(1, t, t + 1));
-      const at::Tensor yt = m.decode(step, cache, cfg, ctx, Backend::CPU).at("y");
-      pos.add_(1);
-      EXPECT_LT(rel(yt, y.slice(1, t, t + 1)), 1e-11) << n << " t " << t;
-    }
-    if (joint) EXPECT_GT(cache.at("ckr").slice(1, T - 1, T).narrow(3, 24, dr).abs().max().item<double>(), 0.0) << n;
+    if (!joint) continue;
+    const at::Tensor& ckr = cache.at("ckr");
+    EXPECT_TRUE(ckr.sizes().equals({B, cap, 1, 64})) << n;  // 24 + 8 → 64
+    EXPECT_EQ(cache_bytes(cache), B * cap * 64 * 8) << n;
+    // rows [c_KV | k_R | 0] for the T tokens, zeros past them and in the pad
+    EXPECT_GT(ckr.slice(1, 0, T).narrow(3, 0, 24).abs().min().item<double>(), 0.0) << n;
+    EXPECT_GT(ckr.slice(1, 0, T).narrow(3, 24, dr).abs().max().item<double>(), 0.0) << n;
+    EXPECT_TRUE(at::equal(ckr.narrow(3, 32, 32), at::zeros({B, cap, 1, 32}, at::kDouble))) << n;
+    EXPECT_TRUE(at::equal(ckr.slice(1, T, cap), at::zeros({B, cap - T, 1, 64}, at::kDouble))) << n;
   }
 }
 
