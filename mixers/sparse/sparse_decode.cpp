@@ -192,11 +192,8 @@ bool kernel_takes(const at::Tensor& a, const at::Tensor& buf) {
 at::Tensor row_scores_masked(const at::Tensor& q, const at::Tensor& K, const at::Tensor& pos, int64_t per,
                              const at::Tensor& w) {
   check_rows(q, K, pos, per, "row_scores");
-  const int64_t L = K.size(1);
-  const at::Tensor live = reached(pos, per, L);
-  at::Tensor s = at::matmul(q, in_dtype(K, q.scalar_type()).permute({0, 2, 3, 1})).masked_fill(live.logical_not(), 0);
-  if (!w.defined()) return s;
-  return at::matmul(w.unsqueeze(-2), at::relu(s)).squeeze(-2).masked_fill(live.logical_not(), 0);
+  // each row's result depends on that row alone: masking the result drops what the dead rows held
+  return scores_of(q, K, w).masked_fill(reached(pos, per, K.size(1)).logical_not(), 0);
 }
 
 at::Tensor row_mix_masked(const at::Tensor& p, const at::Tensor& V, const at::Tensor& pos, int64_t per) {
