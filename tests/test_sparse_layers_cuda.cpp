@@ -26,6 +26,7 @@
 #include "mixers/sparse/sparse_method.h"
 #include "suites/conformance.h"
 #include "suites/train.h"
+#include "tests/test_util.h"
 
 namespace mixbench {
 namespace {
@@ -127,9 +128,8 @@ TEST(SparseLayersCuda, ForwardBackwardWithoutHostSync) {
       LayerCase lc = gpu_case(m, 2, 301, dt);
       at::Tensor cy = at::randn({2, 301, lc.in.at("x").size(2)}, at::TensorOptions().device(at::kCUDA).dtype(dt));
       forward_backward(m, lc, cy);  // warm-up
-      c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+      mixbench_test::SyncDebugErrors no_sync;
       EXPECT_NO_THROW(forward_backward(m, lc, cy)) << name << " " << c10::toString(dt);
-      c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
     }
   }
 }

@@ -7,6 +7,10 @@
 #include <filesystem>
 #include <string>
 
+#if defined(MIXBENCH_WITH_CUDA)
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
 namespace mixbench_test {
 
 // A scratch folder of this test process, named after `tag` (created on first use).
@@ -31,5 +35,23 @@ inline double rel_rms(const at::Tensor& ref, const at::Tensor& got) {
   const double err = (r - g).pow(2).mean().sqrt().item<double>(), norm = r.pow(2).mean().sqrt().item<double>();
   return norm < 1e-12 ? err : err / norm;
 }
+
+#if defined(MIXBENCH_WITH_CUDA)
+// CUDA's sync debug mode at error for the guard's scope: a host synchronisation (.item(), a copy
+// between host and device, nonzero) throws. The previous mode comes back however the scope ends, so a
+// failing check cannot leave the mode set for the tests after it.
+class SyncDebugErrors {
+ public:
+  SyncDebugErrors() : previous_(c10::cuda::warning_state().get_sync_debug_mode()) {
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+  }
+  ~SyncDebugErrors() { c10::cuda::warning_state().set_sync_debug_mode(previous_); }
+  SyncDebugErrors(const SyncDebugErrors&) = delete;
+  SyncDebugErrors& operator=(const SyncDebugErrors&) = delete;
+
+ private:
+  c10::cuda::SyncDebugMode previous_;
+};
+#endif
 
 }  // namespace mixbench_test
