@@ -351,7 +351,9 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
     const at::Tensor mlp_in =
         fs ? fs->fused_input(state, mlp, P) : stream.modulate(state, mlp, rms_norm(stream.read(state, mlp, P)), P);
     at::Tensor h = fused ? linear_relu_square(mlp_in, c_fc) : relu_square(at::linear(mlp_in, c_fc));
-    const at::Tensor mlp_out = at::linear(h, P.at(fmt::format("layers.{}.mlp.c_proj", i)));
+    // and its down projection in one GEMV launch (cuBLAS may split a one-row product this long in two)
+    const at::Tensor& c_proj = P.at(fmt::format("layers.{}.mlp.c_proj", i));
+    const at::Tensor mlp_out = fused ? linear_rows(h, c_proj) : at::linear(h, c_proj);
     if (fs) fs->fused_write(state, mlp, mlp_out, P);
     else stream.write(state, mlp, mlp_out, P);
   }

@@ -147,25 +147,45 @@ EmbedStep embed_smear_step(const at::Tensor& wte, const at::Tensor& idx, const a
   return out;
 }
 
+static void check_linear_inputs(const char* op, const at::Tensor& x, const at::Tensor& W) {
+  if (W.dim() != 2 || x.dim() < 1 || x.size(-1) != W.size(1))
+    throw InputError(fmt::format("{} takes x [..., K] and W [N, K] (got x {}, W {})", op, c10::str(x.sizes()),
+                                 c10::str(W.sizes())));
+}
+
+#if defined(MIXBENCH_WITH_CUDA)
+// x [..., K] · W [N, K]ᵀ through `kernel` for a few rows on the GPU, or undefined when the inputs do not fit it
+using GemvKernel = void (*)(decode_cuda_ops::Dtype, const void*, const void*, void*, int, int64_t, int64_t, cudaStream_t);
+static at::Tensor gemv_rows(const at::Tensor& x, const at::Tensor& W, GemvKernel kernel) {
+  const int64_t rows = x.numel() / std::max<int64_t>(x.size(-1), 1);
+  if (!(kernel_dtype_ok(x) && W.device() == x.device() && W.scalar_type() == x.scalar_type() && W.is_contiguous() &&
+        rows >= 1 && rows <= decode_cuda_ops::kGemvRows && x.size(-1) > 0 && W.size(0) > 0))
+    return at::Tensor();
+  const at::Tensor xc = x.contiguous();
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = W.size(0);
+  at::Tensor y = at::empty(shape, x.options());
+  kernel(kernel_dtype(xc), xc.data_ptr(), W.data_ptr(), y.data_ptr(), int(rows), W.size(0), W.size(1), stream_of(xc));
+  return y;
+}
+#endif
+
 at::Tensor linear_relu_square(const at::Tensor& x, const at::Tensor& W) {
   OpScope scope("mixbench::linear_relu_square");
-  if (W.dim() != 2 || x.dim() < 1 || x.size(-1) != W.size(1))
-    throw InputError(fmt::format("linear_relu_square takes x [..., K] and W [N, K] (got x {}, W {})", c10::str(x.sizes()),
-                                 c10::str(W.sizes())));
+  check_linear_inputs("linear_relu_square", x, W);
 #if defined(MIXBENCH_WITH_CUDA)
-  const int64_t rows = x.numel() / std::max<int64_t>(x.size(-1), 1);
-  if (kernel_dtype_ok(x) && W.device() == x.device() && W.scalar_type() == x.scalar_type() && W.is_contiguous() &&
-      rows >= 1 && rows <= decode_cuda_ops::kGemvRows && x.size(-1) > 0 && W.size(0) > 0) {
-    const at::Tensor xc = x.contiguous();
-    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-    shape.back() = W.size(0);
-    at::Tensor y = at::empty(shape, x.options());
-    decode_cuda_ops::linear_relu_square(kernel_dtype(xc), xc.data_ptr(), W.data_ptr(), y.data_ptr(), int(rows), W.size(0),
-                                        W.size(1), stream_of(xc));
-    return y;
-  }
+  if (at::Tensor y = gemv_rows(x, W, &decode_cuda_ops::linear_relu_square); y.defined()) return y;
 #endif
   return relu_square(at::linear(x, W));
+}
+
+at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& W) {
+  OpScope scope("mixbench::linear_rows");
+  check_linear_inputs("linear_rows", x, W);
+#if defined(MIXBENCH_WITH_CUDA)
+  if (at::Tensor y = gemv_rows(x, W, &decode_cuda_ops::linear_rows); y.defined()) return y;
+#endif
+  return at::linear(x, W);
 }
 
 at::Tensor softcap_logits(const at::Tensor& logits, double cap, const at::Tensor& advance) {

@@ -52,6 +52,9 @@ EmbedStep embed_smear_step(const at::Tensor& wte, const at::Tensor& idx, const a
 // step's few rows: x [..., K] with at most 8 rows, W [N, K]; one kernel on a GPU (the product
 // rounded to the dtype before the activation, as the GEMM stores it), the two ops otherwise.
 at::Tensor linear_relu_square(const at::Tensor& x, const at::Tensor& W);
+// x [..., K] · W [N, K]ᵀ; for at most decode_cuda_ops::kGemvRows rows of a CUDA floating tensor one
+// GEMV launch (fp32 accumulation, rounded to x's dtype), otherwise at::linear.
+at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& W);
 
 // nanochat's logit softcap cap·tanh(l/cap) in at least fp32 (half logits are upcast first); when
 // `advance` is given (int64 [1], a static cache's device position) it is incremented by one in the

@@ -129,10 +129,11 @@ struct alignas(E * sizeof(T)) Pack {
 
 constexpr int kGemvWarps = 4;
 
-template <class T, int E>
+// y[r, n] = act(Σ_k x[r,k]·W[n,k]) for a few rows: one warp per output column n reads W's row once
+// for every row of x, fp32 accumulation, the product rounded to T before the activation.
+template <class T, int E, bool kReluSquare>
 __global__ void __launch_bounds__(kGemvWarps * 32)
-    linear_relu_square_kernel(const T* __restrict__ x, const T* __restrict__ W, T* __restrict__ y, int rows, int64_t N,
-                              int64_t K) {
+    linear_rows_kernel(const T* __restrict__ x, const T* __restrict__ W, T* __restrict__ y, int rows, int64_t N, int64_t K) {
   const int lane = threadIdx.x & 31;
   const int64_t n = int64_t(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
   if (n >= N) return;  // whole warps
@@ -162,24 +163,36 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) a += __shfl_xor_sync(0xffffffffu, a, off);
       if (lane == 0) {
-        const float h = round_to<T>(a);
-        y[int64_t(r) * N + n] = from_f32<T>(h > 0.f ? h * h : 0.f);
+        if constexpr (kReluSquare) {
+          const float h = round_to<T>(a);
+          y[int64_t(r) * N + n] = from_f32<T>(h > 0.f ? h * h : 0.f);
+        } else {
+          y[int64_t(r) * N + n] = from_f32<T>(a);
+        }
       }
     }
   }
 }
 
-template <class T>
-void linear_relu_square_t(const void* x, const void* W, void* y, int rows, int64_t N, int64_t K, cudaStream_t s) {
+template <class T, bool kReluSquare>
+void linear_rows_t(const void* x, const void* W, void* y, int rows, int64_t N, int64_t K, cudaStream_t s) {
   constexpr int E = int(16 / sizeof(T));
   const bool packed = K % E == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(W) % 16 == 0;
   const unsigned blocks = unsigned((N + kGemvWarps - 1) / kGemvWarps);
   if (packed)
-    linear_relu_square_kernel<T, E><<<blocks, kGemvWarps * 32, 0, s>>>(static_cast<const T*>(x), static_cast<const T*>(W),
-                                                                      static_cast<T*>(y), rows, N, K);
+    linear_rows_kernel<T, E, kReluSquare><<<blocks, kGemvWarps * 32, 0, s>>>(
+        static_cast<const T*>(x), static_cast<const T*>(W), static_cast<T*>(y), rows, N, K);
   else
-    linear_relu_square_kernel<T, 1><<<blocks, kGemvWarps * 32, 0, s>>>(static_cast<const T*>(x), static_cast<const T*>(W),
-                                                                      static_cast<T*>(y), rows, N, K);
+    linear_rows_kernel<T, 1, kReluSquare><<<blocks, kGemvWarps * 32, 0, s>>>(
+        static_cast<const T*>(x), static_cast<const T*>(W), static_cast<T*>(y), rows, N, K);
+}
+template <class T>
+void linear_relu_square_t(const void* x, const void* W, void* y, int rows, int64_t N, int64_t K, cudaStream_t s) {
+  linear_rows_t<T, true>(x, W, y, rows, N, K, s);
+}
+template <class T>
+void linear_plain_t(const void* x, const void* W, void* y, int rows, int64_t N, int64_t K, cudaStream_t s) {
+  linear_rows_t<T, false>(x, W, y, rows, N, K, s);
 }
 
 void check(const char* what) {
@@ -243,12 +256,22 @@ void embed_smear(Dtype dt, const EmbedSmearArgs& p, cudaStream_t s) {
   check("embed smear");
 }
 
-void linear_relu_square(Dtype dt, const void* x, const void* W, void* y, int rows, int64_t N, int64_t K, cudaStream_t s) {
-  if (rows < 1 || rows > kGemvRows) throw std::invalid_argument("linear relu² kernel: 1.." + std::to_string(kGemvRows) + " rows");
+static void check_gemv(int rows, int64_t N, int64_t K, const std::string& what) {
+  if (rows < 1 || rows > kGemvRows) throw std::invalid_argument(what + " kernel: 1.." + std::to_string(kGemvRows) + " rows");
   if (N < 1 || K < 1 || (N + kGemvWarps - 1) / kGemvWarps > 2147483647)
-    throw std::invalid_argument("linear relu² kernel: empty or too large a weight");
+    throw std::invalid_argument(what + " kernel: empty or too large a weight");
+}
+
+void linear_relu_square(Dtype dt, const void* x, const void* W, void* y, int rows, int64_t N, int64_t K, cudaStream_t s) {
+  check_gemv(rows, N, K, "linear relu²");
   MIXBENCH_DECODE_OPS_DISPATCH(dt, linear_relu_square_t, x, W, y, rows, N, K, s)
   check("linear relu²");
+}
+
+void linear_rows(Dtype dt, const void* x, const void* W, void* y, int rows, int64_t N, int64_t K, cudaStream_t s) {
+  check_gemv(rows, N, K, "linear rows");
+  MIXBENCH_DECODE_OPS_DISPATCH(dt, linear_plain_t, x, W, y, rows, N, K, s)
+  check("linear rows");
 }
 
 void softcap(Dtype dt, const void* logits, float* out, int64_t n, float cap, int64_t* advance, cudaStream_t s) {

@@ -64,6 +64,10 @@ void embed_smear(Dtype dt, const EmbedSmearArgs& p, cudaStream_t stream);
 constexpr int kGemvRows = 8;
 void linear_relu_square(Dtype dt, const void* x, const void* W, void* y, int rows, int64_t N, int64_t K,
                         cudaStream_t stream);
+// The same GEMV without the activation: y[r, n] = Σ_k x[r,k]·W[n,k] in one launch (cuBLAS may
+// split a one-row product with a long K, such as the MLP's down projection, into a GEMM and a
+// reduction kernel).
+void linear_rows(Dtype dt, const void* x, const void* W, void* y, int rows, int64_t N, int64_t K, cudaStream_t stream);
 
 // out = cap·tanh(l/cap) in fp32 over n logits of dtype dt; `advance` (int64, one element on the
 // device, or null) is incremented by one in the same launch.

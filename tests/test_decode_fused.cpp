@@ -80,6 +80,13 @@ TEST(DecodeFused, CpuStandInsAreTheUnfusedOpsBitForBit) {
     EXPECT_TRUE(at::equal(got.gathered[0], at::embedding(ve1, idx))) << c10::toString(dt);
     EXPECT_TRUE(at::equal(got.gathered[1], at::embedding(ve2, idx))) << c10::toString(dt);
   }
+  // the MLP's GEMVs: the GEMM (and relu²) they stand for
+  for (auto dt : {at::kFloat, at::kBFloat16}) {
+    const auto o = at::TensorOptions().dtype(dt);
+    const at::Tensor h = at::randn({2, 1, 24}, o), W = at::randn({9, 24}, o);
+    EXPECT_TRUE(at::equal(linear_rows(h, W), at::linear(h, W))) << c10::toString(dt);
+    EXPECT_TRUE(at::equal(linear_relu_square(h, W), relu_square(at::linear(h, W)))) << c10::toString(dt);
+  }
   // the softcap, with and without the position's advance
   const at::Tensor l = 30 * at::randn({2, 1, 50}), pos = at::full({1}, 7, at::kLong);
   EXPECT_TRUE(at::equal(softcap_logits(l, 15.0, pos), 15.0 * at::tanh(l / 15.0)));
@@ -96,6 +103,10 @@ TEST(DecodeFused, RejectsAMixWithoutItsInputs) {
   EXPECT_THROW(embed_smear_step(at::randn({5, 8}), at::zeros({1, 2}, at::kLong), at::randn({1, 4}), at::ones({1}),
                                 at::zeros({1, 1, 8})),
                InputError);
+  // a weight whose K is not x's
+  EXPECT_THROW(linear_rows(at::randn({1, 1, 8}), at::randn({4, 7})), InputError);
+  EXPECT_THROW(linear_relu_square(at::randn({1, 1, 8}), at::randn({4, 7})), InputError);
+  EXPECT_THROW(linear_rows(at::randn({1, 1, 8}), at::randn({8})), InputError);
 }
 
 // ------------------------------------------------------------------------------------------- GPU
@@ -219,33 +230,36 @@ TEST(DecodeFusedCuda, SoftcapMatchesTheUnfusedPathAndAdvancesThePosition) {
     }
 }
 
-TEST(DecodeFusedCuda, LinearReluSquareMatchesFp64AndTheUnfusedPath) {
+TEST(DecodeFusedCuda, GemvKernelsMatchFp64AndTheUnfusedPath) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   c10::NoGradGuard ng;
   at::manual_seed(35);
-  for (auto dt : {at::kFloat, at::kBFloat16, at::kHalf})
-    for (int64_t rows : {1, 3, 8, 9})  // 9: more rows than the kernel takes (the GEMM and relu²)
-      for (auto [N, K] : {std::pair<int64_t, int64_t>{1, 7}, {5, 64}, {97, 1001}, {3072, 768}, {40, 24}}) {
-        // x [rows, 1, K] as the MLP sees it; W scaled so that h is O(1)
-        const at::Tensor x = cuda(at::randn({rows, 1, K}), dt), W = cuda(at::randn({N, K}) / std::sqrt(double(K)), dt);
-        const at::Tensor got = linear_relu_square(x, W);
-        ASSERT_EQ(got.sizes(), (at::IntArrayRef{rows, 1, N}));
-        ASSERT_EQ(got.scalar_type(), dt);
-        const at::Tensor ref = at::relu(at::linear(f64(x), f64(W))).square();
-        const at::Tensor lt = relu_square(at::linear(x, W));
-        const std::string where = fmt::format("{} rows{} N{} K{}", c10::toString(dt), rows, N, K);
-        const double tol = dt == at::kFloat ? 1e-5 : dt == at::kHalf ? 3e-3 : 2e-2;
-        EXPECT_LE(rel_rms(ref, got), tol) << where;
-        EXPECT_LE(rel_rms(lt, got), tol) << where << " vs unfused";
-        if (got.numel() >= 64)
-          EXPECT_GT(f64(got).gt(0).to(at::kDouble).mean().item<double>(), 0.2) << where << ": a non-trivial case";
-        EXPECT_EQ(f64(got).lt(0).sum().item<int64_t>(), 0) << where << ": relu² is never negative";
-      }
+  for (const bool relu2 : {true, false})  // linear_relu_square, and linear_rows: the same GEMV without the activation
+    for (auto dt : {at::kFloat, at::kBFloat16, at::kHalf})
+      for (int64_t rows : {1, 3, 8, 9})  // 9: more rows than the kernel takes (the GEMM and relu²)
+        for (auto [N, K] : {std::pair<int64_t, int64_t>{1, 7}, {5, 64}, {97, 1001}, {3072, 768}, {768, 3072}, {40, 24}}) {
+          // x [rows, 1, K] as the MLP sees it; W scaled so that h is O(1)
+          const at::Tensor x = cuda(at::randn({rows, 1, K}), dt), W = cuda(at::randn({N, K}) / std::sqrt(double(K)), dt);
+          const at::Tensor got = relu2 ? linear_relu_square(x, W) : linear_rows(x, W);
+          ASSERT_EQ(got.sizes(), (at::IntArrayRef{rows, 1, N}));
+          ASSERT_EQ(got.scalar_type(), dt);
+          const at::Tensor ref64 = at::linear(f64(x), f64(W)), lt64 = at::linear(x, W);
+          const at::Tensor ref = relu2 ? at::relu(ref64).square() : ref64, lt = relu2 ? relu_square(lt64) : lt64;
+          const std::string where = fmt::format("{} {} rows{} N{} K{}", relu2 ? "relu²" : "plain", c10::toString(dt), rows, N, K);
+          const double tol = dt == at::kFloat ? 1e-5 : dt == at::kHalf ? 3e-3 : 2e-2;
+          EXPECT_LE(rel_rms(ref, got), tol) << where;
+          EXPECT_LE(rel_rms(lt, got), tol) << where << " vs unfused";
+          if (!relu2) continue;
+          if (got.numel() >= 64)
+            EXPECT_GT(f64(got).gt(0).to(at::kDouble).mean().item<double>(), 0.2) << where << ": a non-trivial case";
+          EXPECT_EQ(f64(got).lt(0).sum().item<int64_t>(), 0) << where << ": relu² is never negative";
+        }
   // a view of x at an odd offset takes the unpacked loads
   const at::Tensor big = at::randn({1, 1, 65}, at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16));
   const at::Tensor W = at::randn({33, 64}, big.options()) / 8.0;
   const at::Tensor xv = big.narrow(2, 1, 64);
   EXPECT_LE(rel_rms(at::relu(at::linear(f64(xv), f64(W))).square(), linear_relu_square(xv, W)), 2e-2);
+  EXPECT_LE(rel_rms(at::linear(f64(xv), f64(W)), linear_rows(xv, W)), 2e-2);
 }
 
 // gdn's decode step after its GEMM (gdn_static_step: conv step, L2 norms, the value embedding's
