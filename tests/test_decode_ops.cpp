@@ -97,12 +97,12 @@ TEST(OpCount, CountsLaunchesNotViewsAndMixbenchOpsOnce) {
 // Prints the per-layer counts of the step with and without the prepared weights and holds the step
 // to bounds: a change that adds launches back to the static decode step fails here (raise a bound
 // only with the reason in the commit).
-TEST(OpCount, StaticDecodeStepOfDenseFullAndGdnStaysFused) {
+TEST(OpCount, StaticDecodeStepsStayFused) {
   struct Bound {
     std::string method;
     int64_t per_layer, total;
   };
-  for (const Bound& b : {Bound{"dense_full", 8, 100}, Bound{"gdn", 8, 100}}) {
+  for (const Bound& b : {Bound{"dense_full", 8, 100}, Bound{"gdn", 8, 100}, Bound{"mla", 20, 244}}) {
     for (const bool unprepared : {true, false}) {
       const StepCount s = count_decode_step(b.method, unprepared);
       std::string per_layer;

@@ -278,6 +278,16 @@ TEST(MlaVariants, StaticCacheJoinsLatentAndRotaryKeyForTheSplitKvStep) {
     EXPECT_GT(ckr.slice(1, 0, T).narrow(3, 24, dr).abs().max().item<double>(), 0.0) << n;
     EXPECT_TRUE(at::equal(ckr.narrow(3, 32, 32), at::zeros({B, cap, 1, 32}, at::kDouble))) << n;
     EXPECT_TRUE(at::equal(ckr.slice(1, T, cap), at::zeros({B, cap - T, 1, 64}, at::kDouble))) << n;
+    // the step's folded weights: x → [c_Q | c_KV | k_R], c_Q → the H queries [W_UKᵀ q_C | q_R | 0] of P
+    // each, the H outputs of P → y (zero columns past kvl)
+    ASSERT_TRUE(cache.has("w.x") && cache.has("w.q") && cache.has("w.o")) << n;
+    const at::Tensor &wx = cache.at("w.x"), &wq = cache.at("w.q"), &wo = cache.at("w.o");
+    const int64_t ql = wq.size(1), H = wq.size(0) / 64;
+    EXPECT_EQ(wq.size(0), H * 64) << n;
+    EXPECT_EQ(wx.size(0), ql + 24 + dr) << n;
+    EXPECT_TRUE(wo.sizes().equals({wx.size(1), H * 64})) << n;
+    EXPECT_TRUE(at::equal(wq.view({H, 64, ql}).narrow(1, 32, 32), at::zeros({H, 32, ql}, at::kDouble))) << n;
+    EXPECT_TRUE(at::equal(wo.view({-1, H, 64}).narrow(2, 24, 40), at::zeros({wo.size(0), H, 40}, at::kDouble))) << n;
   }
 }
 

@@ -206,6 +206,32 @@ at::Tensor joint_rows(const MlaDims& d, const Latents& l) {
   return at::cat(parts, -1).view({B, T, 1, P});
 }
 
+// The joint step's weights, formed once at prefill (weights do not change while decoding; cache_bytes
+// does not count "w." entries), so that a decoded token takes three GEMMs:
+//   "w.x" [ql + kvl + dr, D]: W_DQ | W_DKV | W_KR, the token's three projections in one;
+//   "w.q" [H·P, ql]: per head the absorbed query W_UK,hᵀ W_UQ,h [kvl, ql], W_QR,h [dr, ql] and
+//         P − kvl − dr zero rows, so that c_Q·w.qᵀ is the attention's query [H, P] as it stands;
+//   "w.o" [D, H·P]: per head c_proj,h W_UV,h [D, kvl] and zero columns for the rest of the head's
+//         output, so that the attention's output [H, P] maps to y in one product.
+// The products are formed in fp32 (fp64 for fp64 weights) and stored in the weights' dtype: one
+// rounding of the folded weight where the unfolded step rounds the query and the head outputs.
+void prepare_joint_step(const TensorMap& in, TensorMap& cache, const MlaDims& d) {
+  const int64_t P = joint_width(d), pad = P - d.kvl - d.dr;
+  const at::ScalarType dt = in.at("w_dq").scalar_type(), acc = dt == at::kDouble ? at::kDouble : at::kFloat;
+  std::vector<at::Tensor> xr = {in.at("w_dq"), in.at("w_dkv")};
+  if (d.dr > 0) xr.push_back(in.at("w_kr"));
+  cache_store(cache, "w.x", at::cat(xr, 0).contiguous());
+  const at::Tensor wuq = in.at("w_uq").to(acc).view({d.H, d.dh, d.ql}), wuk = in.at("w_uk").to(acc).view({d.H, d.dh, d.kvl}),
+                   wuv = in.at("w_uv").to(acc).view({d.H, d.dh, d.kvl}), wo = in.at("c_proj").to(acc).view({d.D, d.H, d.dh});
+  std::vector<at::Tensor> qr = {at::einsum("hdl,hdq->hlq", {wuk, wuq})};  // [H, kvl, ql]
+  if (d.dr > 0) qr.push_back(in.at("w_qr").to(acc).view({d.H, d.dr, d.ql}));
+  if (pad > 0) qr.push_back(at::zeros({d.H, pad, d.ql}, wuq.options()));
+  cache_store(cache, "w.q", at::cat(qr, 1).reshape({d.H * P, d.ql}).to(dt).contiguous());
+  at::Tensor wol = at::einsum("ohd,hdl->ohl", {wo, wuv});  // [D, H, kvl]
+  if (P > d.kvl) wol = at::constant_pad_nd(wol, {0, P - d.kvl});
+  cache_store(cache, "w.o", wol.reshape({d.D, d.H * P}).to(dt).contiguous());
+}
+
 // Decode cache: "pos", "ckv" [B,Tc,kvl], with RoPE "kr" [B,Tc,dr], with QK-norm "kf" [B,Tc,H] (key
 // factors); a static cache holds them in buffers of the cache's capacity, token t in slot t (without
 // QK-norm: "ckr", the two side by side, above).
@@ -218,6 +244,7 @@ TensorMap prefill(const TensorMap& in, TensorMap& cache, const Config& c, const 
     const at::Tensor rows = joint_rows(d, l);
     if (!cache.has("ckr")) cache.set("ckr", at::zeros({rows.size(0), cache_capacity(cache), 1, rows.size(3)}, rows.options()));
     cache.at("ckr").slice(1, 0, rows.size(1)).copy_(rows);
+    prepare_joint_step(in, cache, d);
   } else {
     store(cache, "ckv", l.ckv);
     if (d.dr > 0) store(cache, "kr", l.kr.squeeze(2));
@@ -251,12 +278,33 @@ TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const M
   const int64_t B = x.size(0), pos = cache_pos(cache);
   const bool is_static = cache_is_static(cache);
   const at::Tensor pos_dev = is_static ? cache_pos_dev(cache) : at::Tensor();
+  if (joint_cache(cache, d) && cache.has("w.x")) {
+    // the token's latents and rotary key from one GEMM, its cache row [c_KV | k_R | 0] in its slot
+    const at::Tensor proj = at::linear(x.view({B, d.D}), cache.at("w.x"));  // [B, ql + kvl + dr]
+    Latents l;
+    l.ckv = rms_gain(proj.narrow(1, d.ql, d.kvl), in.at("kv_norm")).view({B, 1, d.kvl});
+    if (d.dr > 0)
+      l.kr = layers::rope_pos_dev(proj.narrow(1, d.ql + d.kvl, d.dr).reshape({B, 1, 1, d.dr}), rope_base(c, d), pos_dev);
+    const at::Tensor& buf = cache.at("ckr");
+    buf.index_copy_(1, pos_dev, joint_rows(d, l));
+    set_cache_pos(cache, pos + 1);
+    // the H absorbed queries [W_UKᵀ q_C | q_R | 0] from one GEMM, RoPE on their rotary parts
+    const int64_t P = buf.size(3);
+    const at::Tensor cq = rms_gain(proj.narrow(1, 0, d.ql), in.at("q_norm"));
+    const at::Tensor q = at::linear(cq, cache.at("w.q")).view({B, d.H, P});
+    if (d.dr > 0) {
+      at::Tensor q_r = q.narrow(2, d.kvl, d.dr);
+      q_r.copy_(layers::rope_pos_dev(q_r.reshape({B, 1, d.H, d.dr}), rope_base(c, d), pos_dev).view({B, d.H, d.dr}));
+    }
+    const at::Tensor mix = attention_decode_static(q, buf, buf, pos_dev, scale_of(d), 0.0);  // [B, H, P]
+    return {{"y", at::linear(mix.reshape({B, 1, d.H * P}).to(x.scalar_type()), cache.at("w.o"))}};
+  }
   Latents l = latents(in, c, d, pos, pos_dev);
   auto [qc, qr] = queries(l, in, c, d, pos, pos_dev);
   const bool half = layers::is_half(x);
   auto f = [&](const at::Tensor& t) { return half ? layers::f32(t) : t; };
   at::Tensor wuk = f(in.at("w_uk")).view({d.H, d.dh, d.kvl}), wuv = f(in.at("w_uv")).view({d.H, d.dh, d.kvl});
-  if (joint_cache(cache, d)) {
+  if (joint_cache(cache, d)) {  // without the prepared weights: the same attention, the projections unfolded
     const at::Tensor& buf = cache.at("ckr");
     buf.index_copy_(1, pos_dev, joint_rows(d, l));
     set_cache_pos(cache, pos + 1);
@@ -264,7 +312,7 @@ TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const M
     if (d.dr > 0) qs.push_back(f(qr).reshape({B, d.H, d.dr}));
     const int64_t P = buf.size(3);
     if (P > d.kvl + d.dr) qs.push_back(at::zeros({B, d.H, P - d.kvl - d.dr}, qs[0].options()));
-    const at::Tensor q = at::cat(qs, -1).to(buf.scalar_type());                                    // [B,H,P]
+    const at::Tensor q = at::cat(qs, -1).to(buf.scalar_type());  // [B,H,P]
     const at::Tensor mix = attention_decode_static(q, buf, buf, pos_dev, scale_of(d), 0.0).narrow(-1, 0, d.kvl);
     at::Tensor o = at::einsum("bhl,hdl->bhd", {f(mix), wuv}).reshape({B, 1, d.H * d.dh}).to(x.scalar_type());
     return {{"y", at::linear(o, in.at("c_proj"))}};
