@@ -347,10 +347,15 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
     }
     open_section(section_name + ".mlp");
     const at::Tensor& c_fc = P.at(fmt::format("layers.{}.mlp.c_fc", i));
-    // a fused step: the GEMM and relu² in one kernel for its few rows
-    const at::Tensor mlp_in =
-        fs ? fs->fused_input(state, mlp, P) : stream.modulate(state, mlp, rms_norm(stream.read(state, mlp, P)), P);
-    at::Tensor h = fused ? linear_relu_square(mlp_in, c_fc) : relu_square(at::linear(mlp_in, c_fc));
+    // a fused step: the GEMM and relu² in one kernel for its few rows (with a fused stream, in the
+    // kernel of the stream's update and norm)
+    at::Tensor h;
+    if (fs) {
+      h = fs->fused_mlp_hidden(state, mlp, P, c_fc);
+    } else {
+      const at::Tensor mlp_in = stream.modulate(state, mlp, rms_norm(stream.read(state, mlp, P)), P);
+      h = fused ? linear_relu_square(mlp_in, c_fc) : relu_square(at::linear(mlp_in, c_fc));
+    }
     // and its down projection in one GEMV launch (cuBLAS may split a one-row product this long in two)
     const at::Tensor& c_proj = P.at(fmt::format("layers.{}.mlp.c_proj", i));
     const at::Tensor mlp_out = fused ? linear_rows(h, c_proj) : at::linear(h, c_proj);

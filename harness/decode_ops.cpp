@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 #include <stdexcept>
 #include <vector>
 
@@ -42,41 +43,64 @@ bool scalar_beside(const at::Tensor& t, const at::Tensor& x) {
 }  // namespace
 #endif
 
+#if defined(MIXBENCH_WITH_CUDA)
+namespace {
+// The row kernels' arguments for residual_norm's inputs, with the tensors they point into, or
+// nothing when the kernels cannot take the inputs. `normed`: allocate and point to the normed rows.
+struct RowArgs {
+  decode_cuda_ops::ResidualNormArgs p;
+  at::Tensor xc, yc, zc, ac, bc;  // kept alive for the launch
+  ResidualNorm out;
+};
+std::optional<RowArgs> row_args(const at::Tensor& x, const at::Tensor& y, ResidualMix mix, const at::Tensor& a,
+                                const at::Tensor& b, const at::Tensor& z, bool keep_sum, bool normed) {
+  if (!(kernel_dtype_ok(x) && x.dim() >= 1 && x.numel() > 0 && x.size(-1) <= decode_cuda_ops::kMaxRow &&
+        (!y.defined() || beside(y, x)) &&
+        (mix == ResidualMix::None || (beside(z, x) && scalar_beside(b, x) && (mix != ResidualMix::Scaled || scalar_beside(a, x))))))
+    return std::nullopt;
+  const at::ScalarType st = x.scalar_type();
+  RowArgs r;
+  r.xc = x.contiguous();
+  r.yc = y.defined() ? y.contiguous() : at::Tensor();
+  r.zc = mix != ResidualMix::None ? z.contiguous() : at::Tensor();
+  r.ac = mix == ResidualMix::Scaled ? a.to(st) : at::Tensor();
+  r.bc = mix != ResidualMix::None ? b.to(st) : at::Tensor();
+  r.out.residual = at::empty_like(r.xc);
+  if (normed) r.out.normed = at::empty_like(r.xc);
+  if (keep_sum) r.out.sum = mix == ResidualMix::None ? r.out.residual : at::empty_like(r.xc);
+  decode_cuda_ops::ResidualNormArgs& p = r.p;
+  p.D = int(r.xc.size(-1));
+  p.rows = r.xc.numel() / p.D;
+  p.mix = mix == ResidualMix::None     ? decode_cuda_ops::Mix::None
+          : mix == ResidualMix::Scaled ? decode_cuda_ops::Mix::Scaled
+                                       : decode_cuda_ops::Mix::Backout;
+  p.eps = float(kRmsEps);
+  p.x = r.xc.data_ptr();
+  p.y = r.yc.defined() ? r.yc.data_ptr() : nullptr;
+  p.a = r.ac.defined() ? r.ac.data_ptr() : nullptr;
+  p.b = r.bc.defined() ? r.bc.data_ptr() : nullptr;
+  p.z = r.zc.defined() ? r.zc.data_ptr() : nullptr;
+  p.residual = r.out.residual.data_ptr();
+  p.sum = keep_sum && mix != ResidualMix::None ? r.out.sum.data_ptr() : nullptr;
+  p.normed = normed ? r.out.normed.data_ptr() : nullptr;
+  return r;
+}
+}  // namespace
+#endif
+
+static void check_mix(ResidualMix mix, const at::Tensor& a, const at::Tensor& b, const at::Tensor& z) {
+  if (mix != ResidualMix::None && (!b.defined() || !z.defined() || (mix == ResidualMix::Scaled && !a.defined())))
+    throw std::invalid_argument("residual_norm: the mix needs its scale(s) and z");
+}
+
 ResidualNorm residual_norm(const at::Tensor& x, const at::Tensor& y, ResidualMix mix, const at::Tensor& a,
                            const at::Tensor& b, const at::Tensor& z, bool keep_sum) {
   OpScope scope("mixbench::residual_norm");
-  if (mix != ResidualMix::None && (!b.defined() || !z.defined() || (mix == ResidualMix::Scaled && !a.defined())))
-    throw std::invalid_argument("residual_norm: the mix needs its scale(s) and z");
+  check_mix(mix, a, b, z);
 #if defined(MIXBENCH_WITH_CUDA)
-  if (kernel_dtype_ok(x) && x.dim() >= 1 && x.numel() > 0 && x.size(-1) <= decode_cuda_ops::kMaxRow &&
-      (!y.defined() || beside(y, x)) &&
-      (mix == ResidualMix::None || (beside(z, x) && scalar_beside(b, x) && (mix != ResidualMix::Scaled || scalar_beside(a, x))))) {
-    const at::ScalarType st = x.scalar_type();
-    const at::Tensor xc = x.contiguous(), yc = y.defined() ? y.contiguous() : at::Tensor(),
-                     zc = mix != ResidualMix::None ? z.contiguous() : at::Tensor(),
-                     ac = mix == ResidualMix::Scaled ? a.to(st) : at::Tensor(),
-                     bc = mix != ResidualMix::None ? b.to(st) : at::Tensor();
-    ResidualNorm out;
-    out.residual = at::empty_like(xc);
-    out.normed = at::empty_like(xc);
-    if (keep_sum) out.sum = mix == ResidualMix::None ? out.residual : at::empty_like(xc);
-    decode_cuda_ops::ResidualNormArgs p;
-    p.D = int(xc.size(-1));
-    p.rows = xc.numel() / p.D;
-    p.mix = mix == ResidualMix::None     ? decode_cuda_ops::Mix::None
-            : mix == ResidualMix::Scaled ? decode_cuda_ops::Mix::Scaled
-                                         : decode_cuda_ops::Mix::Backout;
-    p.eps = float(kRmsEps);
-    p.x = xc.data_ptr();
-    p.y = yc.defined() ? yc.data_ptr() : nullptr;
-    p.a = ac.defined() ? ac.data_ptr() : nullptr;
-    p.b = bc.defined() ? bc.data_ptr() : nullptr;
-    p.z = zc.defined() ? zc.data_ptr() : nullptr;
-    p.residual = out.residual.data_ptr();
-    p.sum = keep_sum && mix != ResidualMix::None ? out.sum.data_ptr() : nullptr;
-    p.normed = out.normed.data_ptr();
-    decode_cuda_ops::residual_norm(kernel_dtype(xc), p, stream_of(xc));
-    return out;
+  if (std::optional<RowArgs> r = row_args(x, y, mix, a, b, z, keep_sum, true)) {
+    decode_cuda_ops::residual_norm(kernel_dtype(r->xc), r->p, stream_of(r->xc));
+    return r->out;
   }
 #endif
   // the backbone's unfused ops, in its order
@@ -186,6 +210,32 @@ at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& W) {
   if (at::Tensor y = gemv_rows(x, W, &decode_cuda_ops::linear_rows); y.defined()) return y;
 #endif
   return at::linear(x, W);
+}
+
+ResidualNorm residual_norm_linear_relu_square(const at::Tensor& x, const at::Tensor& y, ResidualMix mix,
+                                              const at::Tensor& a, const at::Tensor& b, const at::Tensor& z,
+                                              bool keep_sum, const at::Tensor& W) {
+  OpScope scope("mixbench::residual_norm_linear_relu_square");
+  check_mix(mix, a, b, z);
+  check_linear_inputs("residual_norm_linear_relu_square", x, W);
+#if defined(MIXBENCH_WITH_CUDA)
+  const int64_t D = x.size(-1), rows = x.numel() / std::max<int64_t>(D, 1);
+  if (W.device() == x.device() && W.scalar_type() == x.scalar_type() && W.is_contiguous() && W.size(0) > 0 && rows >= 1 &&
+      rows <= decode_cuda_ops::kGemvRows && rows * D <= decode_cuda_ops::kFusedRowElems) {
+    if (std::optional<RowArgs> r = row_args(x, y, mix, a, b, z, keep_sum, false)) {
+      std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+      shape.back() = W.size(0);
+      r->out.out = at::empty(shape, x.options());
+      decode_cuda_ops::residual_norm_linear(kernel_dtype(r->xc), r->p, W.data_ptr(), r->out.out.data_ptr(), W.size(0),
+                                            /*relu_square=*/true, stream_of(r->xc));
+      return r->out;
+    }
+  }
+#endif
+  ResidualNorm out = residual_norm(x, y, mix, a, b, z, keep_sum);
+  out.out = linear_relu_square(out.normed, W);
+  out.normed = at::Tensor();
+  return out;
 }
 
 at::Tensor softcap_logits(const at::Tensor& logits, double cap, const at::Tensor& advance) {

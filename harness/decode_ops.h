@@ -25,8 +25,9 @@ enum class ResidualMix {
 
 struct ResidualNorm {
   at::Tensor residual;  // r
-  at::Tensor normed;    // backbone_rms_norm(r)
+  at::Tensor normed;    // backbone_rms_norm(r) (residual_norm only)
   at::Tensor sum;       // s (only when asked for)
+  at::Tensor out;       // relu(normed·Wᵀ)² (residual_norm_linear_relu_square only)
 };
 
 // s = x + y (y undefined: s = x), r = mix(s), and r's RMSNorm: a sublayer's output added to the
@@ -52,6 +53,13 @@ EmbedStep embed_smear_step(const at::Tensor& wte, const at::Tensor& idx, const a
 // step's few rows: x [..., K] with at most 8 rows, W [N, K]; one kernel on a GPU (the product
 // rounded to the dtype before the activation, as the GEMM stores it), the two ops otherwise.
 at::Tensor linear_relu_square(const at::Tensor& x, const at::Tensor& W);
+// residual_norm and then the MLP's first half over its normed rows, linear_relu_square(normed, W) with W
+// [N, D], in one op: one kernel on a GPU for up to 8 rows of at most 12288 numbers in all (every block
+// of the GEMV forms the normed rows itself), the two ops otherwise. Returns residual, sum (keep_sum)
+// and out; normed is not formed.
+ResidualNorm residual_norm_linear_relu_square(const at::Tensor& x, const at::Tensor& y, ResidualMix mix,
+                                              const at::Tensor& a, const at::Tensor& b, const at::Tensor& z,
+                                              bool keep_sum, const at::Tensor& W);
 // x [..., K] · W [N, K]ᵀ; for at most decode_cuda_ops::kGemvRows rows of a CUDA floating tensor one
 // GEMV launch (fp32 accumulation, rounded to x's dtype), otherwise at::linear.
 at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& W);

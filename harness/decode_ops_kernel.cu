@@ -38,33 +38,49 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
   return s;
 }
 
+// Element i of the rows: s = x + y (rounded as stored), r = mix(s); `store`: s to p.sum (when given)
+// and r to p.residual. Returns r.
 template <class T>
-__global__ void __launch_bounds__(kThreads) residual_norm_kernel(ResidualNormArgs p) {
-  extern __shared__ float buf[];  // [D] the row's r, then kThreads/32 partial sums
-  float* red = buf + p.D;
-  const int64_t base = int64_t(blockIdx.x) * p.D;
-  const T* x = static_cast<const T*>(p.x) + base;
-  const T* y = p.y ? static_cast<const T*>(p.y) + base : nullptr;
-  const T* z = p.z ? static_cast<const T*>(p.z) + base : nullptr;
-  T* residual = static_cast<T*>(p.residual) + base;
-  T* sum = p.sum ? static_cast<T*>(p.sum) + base : nullptr;
-  T* normed = static_cast<T*>(p.normed) + base;
+__device__ __forceinline__ float residual_of(const ResidualNormArgs& p, int64_t i, float fa, float fb, bool store) {
+  float s = load_f32(static_cast<const T*>(p.x) + i);
+  if (p.y) s = round_to<T>(s + load_f32(static_cast<const T*>(p.y) + i));  // x + y, materialized
+  if (store && p.sum) static_cast<T*>(p.sum)[i] = from_f32<T>(s);
+  float r = s;
+  if (p.mix == Mix::Scaled)
+    r = round_to<T>(fa * s + fb * load_f32(static_cast<const T*>(p.z) + i));  // one rounding (fused scaled_sum)
+  else if (p.mix == Mix::Backout)
+    r = round_to<T>(s - round_to<T>(fb * load_f32(static_cast<const T*>(p.z) + i)));  // b·z, then s − b·z
+  if (store) static_cast<T*>(p.residual)[i] = from_f32<T>(r);
+  return r;
+}
+
+// Row `row` of the rows into buf [D] (normalized, each value rounded as the normed tensor stores
+// it) with kThreads threads; `store`: the residual (and sum, normed) rows written too.
+template <class T>
+__device__ __forceinline__ void residual_norm_row(const ResidualNormArgs& p, int64_t row, float* buf, float* red, bool store) {
   const float fa = p.a ? load_f32(static_cast<const T*>(p.a)) : 1.f;
   const float fb = p.b ? load_f32(static_cast<const T*>(p.b)) : 0.f;
+  const int64_t base = row * p.D;
   float ss = 0.f;
   for (int j = threadIdx.x; j < p.D; j += kThreads) {
-    float s = load_f32(x + j);
-    if (y) s = round_to<T>(s + load_f32(y + j));  // x + y, materialized
-    if (sum) sum[j] = from_f32<T>(s);
-    float r = s;
-    if (p.mix == Mix::Scaled) r = round_to<T>(fa * s + fb * load_f32(z + j));  // one rounding (fused scaled_sum)
-    else if (p.mix == Mix::Backout) r = round_to<T>(s - round_to<T>(fb * load_f32(z + j)));  // b·z, then s − b·z
-    residual[j] = from_f32<T>(r);
+    const float r = residual_of<T>(p, base + j, fa, fb, store);
     buf[j] = r;
     ss += r * r;
   }
   const float inv = rsqrtf(block_sum(ss, red) / float(p.D) + p.eps);
-  for (int j = threadIdx.x; j < p.D; j += kThreads) normed[j] = from_f32<T>(buf[j] * inv);
+  T* normed = p.normed ? static_cast<T*>(p.normed) + base : nullptr;
+  for (int j = threadIdx.x; j < p.D; j += kThreads) {
+    const float v = round_to<T>(buf[j] * inv);
+    buf[j] = v;
+    if (store && normed) normed[j] = from_f32<T>(v);
+  }
+  __syncthreads();  // buf complete for every thread; red free again
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) residual_norm_kernel(ResidualNormArgs p) {
+  extern __shared__ float buf[];  // [D] the row's r, then kThreads/32 partial sums
+  residual_norm_row<T>(p, blockIdx.x, buf, buf + p.D, true);
 }
 
 template <class T>
@@ -195,6 +211,70 @@ void linear_plain_t(const void* x, const void* W, void* y, int rows, int64_t N, 
   linear_rows_t<T, false>(x, W, y, rows, N, K, s);
 }
 
+// residual_norm's rows (≤ kGemvRows) and then y[r, n] = act(Σ_k normed[r,k]·W[n,k]): every block forms
+// the normed rows in shared memory itself (a few thousand numbers, read from L2), block 0 also writes
+// the residual (and sum, normed) rows, and each of the block's kThreads/32 warps takes one output
+// column, as linear_rows_kernel does. The rows' statistics are summed as residual_norm_kernel sums
+// them, so the values are those of the two kernels run one after the other.
+template <class T, int E, bool kReluSquare>
+__global__ void __launch_bounds__(kThreads) residual_norm_linear_kernel(ResidualNormArgs p, const T* __restrict__ W,
+                                                                       T* __restrict__ y, int64_t N) {
+  extern __shared__ float xs[];  // [rows, D] the normed rows, then kThreads/32 partial sums
+  const int rows = int(p.rows), D = p.D;
+  float* red = xs + int64_t(rows) * D;
+  for (int r = 0; r < rows; ++r) residual_norm_row<T>(p, r, xs + int64_t(r) * D, red, blockIdx.x == 0);
+  constexpr int kWarps = kThreads / 32;
+  const int lane = threadIdx.x & 31;
+  const int64_t n = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (n >= N) return;  // whole warps
+  float acc[kGemvRows];
+#pragma unroll
+  for (int r = 0; r < kGemvRows; ++r) acc[r] = 0.f;
+  const T* w = W + n * D;
+#pragma unroll 4
+  for (int k = lane * E; k < D; k += 32 * E) {
+    const Pack<T, E> wp = *reinterpret_cast<const Pack<T, E>*>(w + k);
+#pragma unroll
+    for (int r = 0; r < kGemvRows; ++r) {
+      if (r < rows) {
+        const float* xr = xs + int64_t(r) * D + k;
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[r] += load_f32(&wp.v[e]) * xr[e];
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kGemvRows; ++r) {
+    if (r < rows) {
+      float a = acc[r];
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) a += __shfl_xor_sync(0xffffffffu, a, off);
+      if (lane == 0) {
+        if constexpr (kReluSquare) {
+          const float h = round_to<T>(a);
+          y[int64_t(r) * N + n] = from_f32<T>(h > 0.f ? h * h : 0.f);
+        } else {
+          y[int64_t(r) * N + n] = from_f32<T>(a);
+        }
+      }
+    }
+  }
+}
+
+template <class T>
+void residual_norm_linear_t(const ResidualNormArgs& p, const void* W, void* y, int64_t N, bool relu_square, cudaStream_t s) {
+  constexpr int E = int(16 / sizeof(T));
+  const bool packed = p.D % E == 0 && reinterpret_cast<uintptr_t>(W) % 16 == 0;
+  const unsigned blocks = unsigned((N + kThreads / 32 - 1) / (kThreads / 32));
+  const size_t smem = sizeof(float) * (size_t(p.rows) * size_t(p.D) + kThreads / 32);
+  const T* w = static_cast<const T*>(W);
+  T* out = static_cast<T*>(y);
+  if (packed && relu_square) residual_norm_linear_kernel<T, E, true><<<blocks, kThreads, smem, s>>>(p, w, out, N);
+  else if (packed) residual_norm_linear_kernel<T, E, false><<<blocks, kThreads, smem, s>>>(p, w, out, N);
+  else if (relu_square) residual_norm_linear_kernel<T, 1, true><<<blocks, kThreads, smem, s>>>(p, w, out, N);
+  else residual_norm_linear_kernel<T, 1, false><<<blocks, kThreads, smem, s>>>(p, w, out, N);
+}
+
 void check(const char* what) {
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
@@ -240,6 +320,21 @@ void residual_norm(Dtype dt, const ResidualNormArgs& p, cudaStream_t s) {
   if (p.rows > 2147483647) throw std::invalid_argument("residual norm kernel: too many rows");
   MIXBENCH_DECODE_OPS_DISPATCH(dt, residual_norm_t, p, s)
   check("residual norm");
+}
+
+void residual_norm_linear(Dtype dt, const ResidualNormArgs& p, const void* W, void* y, int64_t N, bool relu_square,
+                          cudaStream_t s) {
+  check_row(p.D, "residual norm linear");
+  if (!p.x || !p.residual || !W || !y) throw std::invalid_argument("residual norm linear kernel: x, residual, W and y are required");
+  if (p.mix != Mix::None && (!p.b || !p.z)) throw std::invalid_argument("residual norm linear kernel: a mix reads b and z");
+  if (p.mix == Mix::Scaled && !p.a) throw std::invalid_argument("residual norm linear kernel: the scaled mix reads a");
+  if (p.rows < 1 || p.rows > kGemvRows || p.rows * p.D > kFusedRowElems)
+    throw std::invalid_argument("residual norm linear kernel: 1.." + std::to_string(kGemvRows) + " rows of at most " +
+                                std::to_string(kFusedRowElems) + " elements in all");
+  if (N < 1 || (N + kThreads / 32 - 1) / (kThreads / 32) > 2147483647)
+    throw std::invalid_argument("residual norm linear kernel: empty or too large a weight");
+  MIXBENCH_DECODE_OPS_DISPATCH(dt, residual_norm_linear_t, p, W, y, N, relu_square, s)
+  check("residual norm linear");
 }
 
 void embed_smear(Dtype dt, const EmbedSmearArgs& p, cudaStream_t s) {

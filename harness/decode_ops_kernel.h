@@ -64,6 +64,13 @@ void embed_smear(Dtype dt, const EmbedSmearArgs& p, cudaStream_t stream);
 constexpr int kGemvRows = 8;
 void linear_relu_square(Dtype dt, const void* x, const void* W, void* y, int rows, int64_t N, int64_t K,
                         cudaStream_t stream);
+// residual_norm (normed written only where p.normed is given) followed by the GEMV of its normed rows,
+// y[r, n] = act(Σ_k normed[r,k]·W[n,k]) with W [N, D] and act relu² or none, in one launch: the same
+// values as residual_norm and then linear_relu_square / linear_rows. 1 ≤ rows ≤ kGemvRows and
+// rows·D ≤ kFusedRowElems (the normed rows are kept in shared memory by every block).
+constexpr int64_t kFusedRowElems = 12288;
+void residual_norm_linear(Dtype dt, const ResidualNormArgs& p, const void* W, void* y, int64_t N, bool relu_square,
+                          cudaStream_t stream);
 // The same GEMV without the activation: y[r, n] = Σ_k x[r,k]·W[n,k] in one launch (cuBLAS may
 // split a one-row product with a long K, such as the MLP's down projection, into a GEMM and a
 // reduction kernel).

@@ -7,6 +7,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include "harness/decode_ops.h"
 #include "harness/residual.h"
 
 namespace mixbench {
@@ -16,6 +17,10 @@ class FusedDecodeStream {
   virtual ~FusedDecodeStream() = default;
   // What sublayer `s` reads: modulate(norm(read(s))), with any deferred output added first.
   virtual at::Tensor fused_input(TensorMap& state, const Sublayer& s, const TensorMap& params) const = 0;
+  // The MLP's hidden rows relu(fused_input(s)·Wᵀ)² (W [N, d]); a stream may form them in the input's op.
+  virtual at::Tensor fused_mlp_hidden(TensorMap& state, const Sublayer& s, const TensorMap& params, const at::Tensor& W) const {
+    return linear_relu_square(fused_input(state, s, params), W);
+  }
   // Takes the sublayer's output y [B,T,d] (it may be deferred to the next fused_input or fused_finish).
   virtual void fused_write(TensorMap& state, const Sublayer& s, const at::Tensor& y, const TensorMap& params) const = 0;
   // finish()'s value; *normed: its final RMSNorm (backbone_rms_norm) when the stream formed it in the

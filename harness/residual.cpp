@@ -47,15 +47,12 @@ class NanochatStream final : public ResidualStream, public FusedDecodeStream {
   // A fused decode step: the previous sublayer's output (deferred by fused_write as "y"), the
   // resid / x0 mix before a mixer and the norm in one op, the same values as write + read + norm.
   at::Tensor fused_input(TensorMap& st, const Sublayer& s, const TensorMap& P) const override {
-    const bool mixer = s.kind == Sublayer::Kind::Mixer, keep = st.has("backout_pending");
-    ResidualNorm rn = residual_norm(st.at("x"), st.get_or("y", at::Tensor()), mixer ? ResidualMix::Scaled : ResidualMix::None,
-                                    mixer ? P.at("resid_lambdas")[s.step] : at::Tensor(),
-                                    mixer ? P.at("x0_lambdas")[s.step] : at::Tensor(), mixer ? st.at("x0") : at::Tensor(), keep);
-    if (keep) st.set("backout", rn.sum);
-    st.erase("y");
-    st.erase("backout_pending");
-    st.set("x", rn.residual);
-    return modulate(st, s, rn.normed, P);
+    return modulate(st, s, fused_update(st, s, P, at::Tensor()).normed, P);
+  }
+
+  // The same update with the MLP's first GEMM and relu² in its op (this stream does not modulate).
+  at::Tensor fused_mlp_hidden(TensorMap& st, const Sublayer& s, const TensorMap& P, const at::Tensor& W) const override {
+    return fused_update(st, s, P, W).out;
   }
 
   void fused_write(TensorMap& st, const Sublayer& s, const at::Tensor& y, const TensorMap&) const override {
@@ -94,6 +91,21 @@ class NanochatStream final : public ResidualStream, public FusedDecodeStream {
   bool keeps_backout(const Sublayer& s) const {
     const int64_t keep = backout_step_ < 0 ? s.n_steps / 2 : backout_step_;
     return s.kind == Sublayer::Kind::Mlp && s.step == keep;
+  }
+  // fused_input's update of the state; W defined: residual_norm_linear_relu_square with it (out), else
+  // residual_norm (normed).
+  ResidualNorm fused_update(TensorMap& st, const Sublayer& s, const TensorMap& P, const at::Tensor& W) const {
+    const bool mixer = s.kind == Sublayer::Kind::Mixer, keep = st.has("backout_pending");
+    const at::Tensor y = st.get_or("y", at::Tensor()), a = mixer ? P.at("resid_lambdas")[s.step] : at::Tensor(),
+                     b = mixer ? P.at("x0_lambdas")[s.step] : at::Tensor(), z = mixer ? st.at("x0") : at::Tensor();
+    const ResidualMix mix = mixer ? ResidualMix::Scaled : ResidualMix::None;
+    ResidualNorm rn = W.defined() ? residual_norm_linear_relu_square(st.at("x"), y, mix, a, b, z, keep, W)
+                                  : residual_norm(st.at("x"), y, mix, a, b, z, keep);
+    if (keep) st.set("backout", rn.sum);
+    st.erase("y");
+    st.erase("backout_pending");
+    st.set("x", rn.residual);
+    return rn;
   }
   int64_t backout_step_;  // < 0: the unrolled midpoint n_steps / 2
 };

@@ -63,6 +63,14 @@ TEST(DecodeFused, CpuStandInsAreTheUnfusedOpsBitForBit) {
         EXPECT_TRUE(at::equal(got.residual, want.residual)) << where;
         EXPECT_TRUE(at::equal(got.normed, want.normed)) << where;
         EXPECT_TRUE(at::equal(got.sum, want.sum)) << where;
+        // with the MLP's first GEMM and relu² after it: the same update, then relu(normed·Wᵀ)²
+        const at::Tensor W = at::randn({9, 37}, o);
+        const ResidualNorm gl = residual_norm_linear_relu_square(x, y, mix, scaled ? a : at::Tensor(), any ? b : at::Tensor(),
+                                                                 any ? z : at::Tensor(), true, W);
+        EXPECT_TRUE(at::equal(gl.residual, want.residual)) << where << " (with the GEMM)";
+        EXPECT_TRUE(at::equal(gl.sum, want.sum)) << where << " (with the GEMM)";
+        EXPECT_TRUE(at::equal(gl.out, relu_square(at::linear(want.normed, W)))) << where << " (with the GEMM)";
+        EXPECT_FALSE(gl.normed.defined()) << where;
       }
   // the embedding with its smear, and the previous embedding replaced in place
   for (auto dt : {at::kFloat, at::kBFloat16}) {
@@ -103,7 +111,12 @@ TEST(DecodeFused, RejectsAMixWithoutItsInputs) {
   EXPECT_THROW(embed_smear_step(at::randn({5, 8}), at::zeros({1, 2}, at::kLong), at::randn({1, 4}), at::ones({1}),
                                 at::zeros({1, 1, 8})),
                InputError);
+  EXPECT_THROW(residual_norm_linear_relu_square(x, at::Tensor(), ResidualMix::Scaled, at::Tensor(), at::ones({1}), x,
+                                                false, at::randn({4, 8})),
+               std::invalid_argument);
   // a weight whose K is not x's
+  EXPECT_THROW(residual_norm_linear_relu_square(x, at::Tensor(), ResidualMix::None, {}, {}, {}, false, at::randn({4, 7})),
+               InputError);
   EXPECT_THROW(linear_rows(at::randn({1, 1, 8}), at::randn({4, 7})), InputError);
   EXPECT_THROW(linear_relu_square(at::randn({1, 1, 8}), at::randn({4, 7})), InputError);
   EXPECT_THROW(linear_rows(at::randn({1, 1, 8}), at::randn({8})), InputError);
@@ -156,6 +169,45 @@ TEST(DecodeFusedCuda, ResidualNormMatchesFp64AndTheUnfusedPath) {
   const at::Tensor xv = big.slice(1, 1, 2);
   const ResidualNorm got = residual_norm(xv, at::Tensor(), ResidualMix::None, {}, {}, {});
   EXPECT_LE(rel_rms(residual_norm(f64(xv), at::Tensor(), ResidualMix::None, {}, {}, {}).normed, got.normed), 2e-6);
+}
+
+// residual_norm with the MLP's first GEMM and relu² in its launch against the two kernels one after
+// the other (residual_norm, then linear_relu_square on its normed rows): the same statistics and the
+// same per-warp products, so the same values bit for bit; the rows the fused kernel does not take
+// (more than 8, or more than 12288 numbers in all) go through those two ops.
+TEST(DecodeFusedCuda, ResidualNormWithTheMlpGemmIsTheTwoKernels) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  c10::NoGradGuard ng;
+  at::manual_seed(37);
+  for (auto dt : {at::kFloat, at::kBFloat16, at::kHalf})
+    for (auto [D, N] : {std::pair<int64_t, int64_t>{7, 5}, {24, 40}, {768, 3072}, {1000, 97}, {2048, 64}})
+      for (int64_t rows : {1, 3, 8, 9})
+        for (ResidualMix mix : {ResidualMix::None, ResidualMix::Scaled, ResidualMix::Backout}) {
+          const bool with_y = rows != 3;
+          const at::Tensor x = cuda(at::randn({rows, 1, D}), dt), y = with_y ? cuda(at::randn({rows, 1, D}), dt) : at::Tensor(),
+                           z = cuda(at::randn({rows, 1, D}), dt), W = cuda(at::randn({N, D}) / std::sqrt(double(D)), dt);
+          const at::Tensor a = cuda(1.0 + 0.25 * at::randn({5}), dt)[2], b = cuda(0.5 + 0.25 * at::randn({1}), dt);
+          const bool scaled = mix == ResidualMix::Scaled, any = mix != ResidualMix::None;
+          const at::Tensor ua = scaled ? a : at::Tensor(), ub = any ? b : at::Tensor(), uz = any ? z : at::Tensor();
+          const ResidualNorm got = residual_norm_linear_relu_square(x, y, mix, ua, ub, uz, /*keep_sum=*/true, W);
+          const ResidualNorm two = residual_norm(x, y, mix, ua, ub, uz, true);
+          const at::Tensor h = linear_relu_square(two.normed, W);
+          const std::string where = fmt::format("{} D{} N{} rows{} {} y={}", c10::toString(dt), D, N, rows, mix_name(mix), with_y);
+          ASSERT_EQ(got.out.sizes(), (at::IntArrayRef{rows, 1, N})) << where;
+          EXPECT_TRUE(at::equal(got.residual, two.residual)) << where << " residual";
+          EXPECT_TRUE(at::equal(got.sum, two.sum)) << where << " sum";
+          EXPECT_TRUE(at::equal(got.out, h)) << where << " relu²(normed·Wᵀ): max diff "
+                                             << (f64(got.out) - f64(h)).abs().max().item<double>();
+          // and near float64 (a non-trivial case: some outputs positive)
+          const at::Tensor ref = at::relu(at::linear(residual_norm(f64(x), with_y ? f64(y) : at::Tensor(), mix,
+                                                                   scaled ? f64(a) : at::Tensor(), any ? f64(b) : at::Tensor(),
+                                                                   any ? f64(z) : at::Tensor())
+                                                         .normed,
+                                                     f64(W)))
+                                  .square();
+          EXPECT_LE(rel_rms(ref, got.out), dt == at::kFloat ? 1e-5 : dt == at::kHalf ? 5e-3 : 3e-2) << where;
+          EXPECT_GT(f64(got.out).gt(0).to(at::kDouble).mean().item<double>(), 0.1) << where;
+        }
 }
 
 TEST(DecodeFused, EmbedSmearRefusesAGateWiderThanTheModel) {
@@ -356,12 +408,12 @@ TEST(DecodeFusedCuda, SplitKvAttentionMergesInItsOneLaunch) {
 
 // The captured decode step of the gpu-d12 model (bf16, batch 1, a short prompt): its kernels per
 // token, printed by name and held to bounds, and its logits against the eager (unfused) step's.
-// Per step dense_full runs 37 GEMMs (q|k|v, out and c_proj per layer, lm_head) and 65 other kernels
-// (the embedding, per layer two residual norms, the q/k/v step, the split-KV attention and c_fc
-// with relu², the final norm, the softcap, the greedy argmax and its copy); gdn
-// 37 GEMMs (w.proj, o_proj, c_proj per layer, lm_head) and 65 others (per layer two residual
-// norms, the conv step, the gdn step and c_fc with relu²). A GEMM may take a second kernel (a
-// split-K reduction): the bound on all kernels allows one per GEMM.
+// Per step dense_full runs 25 cuBLAS GEMMs (q|k|v and out per layer, lm_head) and 65 other kernels
+// (the embedding; per layer the mixer's residual norm, the q/k/v step, the split-KV attention, the
+// MLP's residual norm with c_fc and relu² in one launch and c_proj's GEMV; the final norm, the
+// softcap, the greedy argmax and its copy); gdn 25 GEMMs (w.proj and o_proj per layer, lm_head) and
+// 65 others (the conv step and the gdn step in place of the q/k/v step and the attention). A GEMM
+// may take a second kernel (a split-K reduction): the bound on all kernels allows one per GEMM.
 TEST(DecodeFusedCuda, CapturedD12StepLaunchesFewKernels) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   c10::NoGradGuard ng;
@@ -369,7 +421,7 @@ TEST(DecodeFusedCuda, CapturedD12StepLaunchesFewKernels) {
     std::string method;
     int64_t gemms, others;
   };
-  for (const Expect& e : {Expect{"dense_full", 37, 65}, Expect{"gdn", 37, 65}}) {
+  for (const Expect& e : {Expect{"dense_full", 25, 65}, Expect{"gdn", 25, 65}}) {
     const std::string& name = e.method;
     const MethodSpec& m = Registry::get().method(name);
     const Config cfg = m.config.parse("n_layer=12,seq_len=2048");
