@@ -118,6 +118,10 @@ nlohmann::json optimizer_settings(const TrainOptions& opt) {
 }
 
 TrainResult run_train(const TrainOptions& opt) {
+  const auto t_run = std::chrono::steady_clock::now();
+  auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
   const TrainPreset P = train_preset(opt.preset);
   const MethodSpec& ms = Registry::get().method(opt.method);
   const BudgetPlan plan = run_length(opt, P);
@@ -449,6 +453,7 @@ TrainResult run_train(const TrainOptions& opt) {
   const int64_t trace_from = opt.trace.empty() ? -1 : std::min(start + (graph_wanted ? 2 : 1), steps - 1);
   const int64_t trace_to = trace_from < 0 ? -1 : std::min(steps, trace_from + std::max<int64_t>(1, opt.trace_steps));
   double trace_wall = 0;
+  r.phase_seconds.setup = since(t_run);
   for (int64_t it = start; it < steps; ++it) {
     if (it == trace_from) {
       sweep_detail::sync_device(opt.device);
@@ -544,7 +549,9 @@ TrainResult run_train(const TrainOptions& opt) {
     }
     if (do_eval && rank0) {
       c10::NoGradGuard ng;
+      const auto te = std::chrono::steady_clock::now();
       r.val_curve.emplace_back(done, evaluate(compute_model(), corpus, B, T, eval_batches, backend, MB, &r.val_tokens));
+      r.phase_seconds.eval += since(te);
     }
     if (do_log && rank0) {
       const double tps = steady_tokens > 0 ? double(steady_tokens) / std::max(steady_seconds, 1e-9)
@@ -566,7 +573,11 @@ TrainResult run_train(const TrainOptions& opt) {
                   << std::flush;
       }
     }
-    if (do_save) save(done, prior_seconds + seconds);
+    if (do_save) {
+      const auto ts = std::chrono::steady_clock::now();
+      save(done, prior_seconds + seconds);
+      r.phase_seconds.checkpoint += since(ts);
+    }
     if (stopping) break;
     if (opt.snapshot_out && done == opt.snapshot_at) {
       flush_losses();
@@ -600,7 +611,9 @@ TrainResult run_train(const TrainOptions& opt) {
                                                     : eval_batches;
   if (done == steps && !(opt.snapshot_out && done == opt.snapshot_at) && final_batches != eval_batches && rank0) {
     c10::NoGradGuard ng;
+    const auto te = std::chrono::steady_clock::now();
     r.val_bpb = evaluate(compute_model(), corpus, B, T, final_batches, backend, MB, &r.val_tokens);
+    r.phase_seconds.eval += since(te);
   }
   const int64_t n_probe = opt.probe_sequences >= 0 ? opt.probe_sequences : P.probe_sequences;
   const bool snapshotted = opt.snapshot_out && done == opt.snapshot_at;
@@ -611,6 +624,8 @@ TrainResult run_train(const TrainOptions& opt) {
                                opt.seed, n_probe, corpus.bos);
   }
   if (dp) dp->barrier();  // the other ranks wait while rank 0 evaluates the probes
+  r.phase_seconds.steps = seconds;
+  r.phase_seconds.total = since(t_run);
   return r;
 }
 
@@ -640,6 +655,9 @@ Json train_result_json(const TrainResult& r) {
           {"seconds", r.seconds},
           {"tokens_per_s", r.tokens_per_s},
           {"first_step_s", r.first_step_s},
+          {"phase_seconds", {{"setup", r.phase_seconds.setup}, {"steps", r.phase_seconds.steps},
+                             {"eval", r.phase_seconds.eval}, {"checkpoint", r.phase_seconds.checkpoint},
+                             {"total", r.phase_seconds.total}}},
           {"mfu", r.mfu},
           {"matmul_peak", matmul_peak_json(r.peak)},
           {"trace", r.trace},

@@ -91,6 +91,13 @@ struct TrainResult {
   int64_t batch = 0, micro_batch = 0;  // rows per step; rows per forward/backward
   double seconds = 0, tokens_per_s = 0;  // tokens_per_s: steady rate, the first step of the process excluded
   double first_step_s = 0;     // the first step of the process (allocator, cuBLAS and kernel warm-up)
+  // Where this process's time went (a resumed run's earlier processes not included): setup (the data,
+  // the model, the optimizer, a resumed checkpoint: all before the first step), steps (the training
+  // steps, as `seconds` times them), eval (the validation curve and the final evaluation), checkpoint
+  // (the saves) and total (the whole of run_train, the probes and the rest included).
+  struct PhaseSeconds {
+    double setup = 0, steps = 0, eval = 0, checkpoint = 0, total = 0;
+  } phase_seconds;
   std::string dtype = "fp32";  // compute dtype
   double mfu = 0;              // train FLOPs/token (nanochat convention) × tokens_per_s ÷ peak.flop_per_s
   MatmulPeak peak;

@@ -329,6 +329,16 @@ TEST(TrainLoop, CommandWritesReportAndCheckpoint) {
   EXPECT_EQ(r["results"][0]["loss_curve"].size(), 3u);
   EXPECT_GT(r["results"][0]["val_bpb"].get<double>(), 0.0);
   EXPECT_TRUE(fs::exists(dir / "checkpoint.safetensors"));
+  // where the run's time went: every phase timed, none more than the whole, and the steps' phase is
+  // the time the rate was measured on
+  const Json& ph = r["results"][0]["phase_seconds"];
+  const double total = ph["total"].get<double>();
+  EXPECT_GT(ph["setup"].get<double>(), 0.0);
+  EXPECT_GT(ph["eval"].get<double>(), 0.0) << "the curve was evaluated";
+  EXPECT_GT(ph["checkpoint"].get<double>(), 0.0) << "a checkpoint was saved";
+  EXPECT_DOUBLE_EQ(ph["steps"].get<double>(), r["results"][0]["seconds"].get<double>());
+  EXPECT_LE(ph["setup"].get<double>() + ph["steps"].get<double>() + ph["eval"].get<double>() + ph["checkpoint"].get<double>(),
+            total);
   EXPECT_EQ(run_cli({"train", "--method", "nosuch"}), 2);
   EXPECT_EQ(run_cli({"train", "--method", "dense", "--resume"}), 2);
 }
