@@ -54,7 +54,7 @@ EmbedStep embed_smear_step(const at::Tensor& wte, const at::Tensor& idx, const a
 // rounded to the dtype before the activation, as the GEMM stores it), the two ops otherwise.
 at::Tensor linear_relu_square(const at::Tensor& x, const at::Tensor& W);
 // residual_norm and then the MLP's first half over its normed rows, linear_relu_square(normed, W) with W
-// [N, D], in one op: one kernel on a GPU for up to 8 rows of at most 12288 numbers in all (every block
+// [N, D], in one op: one kernel on a GPU for up to 8 rows of at most 12000 numbers in all (every block
 // of the GEMV forms the normed rows itself), the two ops otherwise. Returns residual, sum (keep_sum)
 // and out; normed is not formed.
 ResidualNorm residual_norm_linear_relu_square(const at::Tensor& x, const at::Tensor& y, ResidualMix mix,
