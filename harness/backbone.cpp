@@ -320,7 +320,17 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
         (st.n_iterations > 1 ? fmt::format("_{}", st.iteration) : "");
     open_section(section_name + ".mixer");
     TensorMap in;
-    in.set("x", fs ? fs->fused_input(state, mix, P) : stream.modulate(state, mix, rms_norm(stream.read(state, mix, P)), P));
+    // a fused step whose mixer prepared its input projection: that GEMV in the stream's update's launch
+    // (the mixer reads it through static_input_projection), the normed input beside it
+    if (fs && cache->layers[size_t(st.slot)].has(kStaticInput)) {
+      at::Tensor normed;
+      const at::Tensor proj = fs->fused_input_linear(state, mix, P, cache->layers[size_t(st.slot)].at(kStaticInput),
+                                                     /*relu_square=*/false, &normed);
+      in.set("x", normed);
+      in.set(kStaticInputProj, proj);
+    } else {
+      in.set("x", fs ? fs->fused_input(state, mix, P) : stream.modulate(state, mix, rms_norm(stream.read(state, mix, P)), P));
+    }
     std::string ve_name = fmt::format("ve.{}", i);
     if (auto it = ve_rows.find(i); it != ve_rows.end()) in.set("ve", it->second);
     else if (P.has(ve_name)) in.set("ve", at::embedding(P.at(ve_name), idx));
@@ -351,7 +361,7 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
     // kernel of the stream's update and norm)
     at::Tensor h;
     if (fs) {
-      h = fs->fused_mlp_hidden(state, mlp, P, c_fc);
+      h = fs->fused_input_linear(state, mlp, P, c_fc, /*relu_square=*/true);
     } else {
       const at::Tensor mlp_in = stream.modulate(state, mlp, rms_norm(stream.read(state, mlp, P)), P);
       h = fused ? linear_relu_square(mlp_in, c_fc) : relu_square(at::linear(mlp_in, c_fc));

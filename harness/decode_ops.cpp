@@ -212,29 +212,29 @@ at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& W) {
   return at::linear(x, W);
 }
 
-ResidualNorm residual_norm_linear_relu_square(const at::Tensor& x, const at::Tensor& y, ResidualMix mix,
-                                              const at::Tensor& a, const at::Tensor& b, const at::Tensor& z,
-                                              bool keep_sum, const at::Tensor& W) {
-  OpScope scope("mixbench::residual_norm_linear_relu_square");
+ResidualNorm residual_norm_linear(const at::Tensor& x, const at::Tensor& y, ResidualMix mix, const at::Tensor& a,
+                                  const at::Tensor& b, const at::Tensor& z, bool keep_sum, const at::Tensor& W,
+                                  bool relu_square, bool with_normed) {
+  OpScope scope("mixbench::residual_norm_linear");
   check_mix(mix, a, b, z);
-  check_linear_inputs("residual_norm_linear_relu_square", x, W);
+  check_linear_inputs("residual_norm_linear", x, W);
 #if defined(MIXBENCH_WITH_CUDA)
   const int64_t D = x.size(-1), rows = x.numel() / std::max<int64_t>(D, 1);
   if (W.device() == x.device() && W.scalar_type() == x.scalar_type() && W.is_contiguous() && W.size(0) > 0 && rows >= 1 &&
       rows <= decode_cuda_ops::kGemvRows && rows * D <= decode_cuda_ops::kFusedRowElems) {
-    if (std::optional<RowArgs> r = row_args(x, y, mix, a, b, z, keep_sum, false)) {
+    if (std::optional<RowArgs> r = row_args(x, y, mix, a, b, z, keep_sum, with_normed)) {
       std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
       shape.back() = W.size(0);
       r->out.out = at::empty(shape, x.options());
       decode_cuda_ops::residual_norm_linear(kernel_dtype(r->xc), r->p, W.data_ptr(), r->out.out.data_ptr(), W.size(0),
-                                            /*relu_square=*/true, stream_of(r->xc));
+                                            relu_square, stream_of(r->xc));
       return r->out;
     }
   }
 #endif
   ResidualNorm out = residual_norm(x, y, mix, a, b, z, keep_sum);
-  out.out = linear_relu_square(out.normed, W);
-  out.normed = at::Tensor();
+  out.out = relu_square ? linear_relu_square(out.normed, W) : linear_rows(out.normed, W);
+  if (!with_normed) out.normed = at::Tensor();
   return out;
 }
 

@@ -27,7 +27,7 @@ struct ResidualNorm {
   at::Tensor residual;  // r
   at::Tensor normed;    // backbone_rms_norm(r) (residual_norm only)
   at::Tensor sum;       // s (only when asked for)
-  at::Tensor out;       // relu(normed·Wᵀ)² (residual_norm_linear_relu_square only)
+  at::Tensor out;       // [relu](normed·Wᵀ)[²] (residual_norm_linear only)
 };
 
 // s = x + y (y undefined: s = x), r = mix(s), and r's RMSNorm: a sublayer's output added to the
@@ -53,13 +53,13 @@ EmbedStep embed_smear_step(const at::Tensor& wte, const at::Tensor& idx, const a
 // step's few rows: x [..., K] with at most 8 rows, W [N, K]; one kernel on a GPU (the product
 // rounded to the dtype before the activation, as the GEMM stores it), the two ops otherwise.
 at::Tensor linear_relu_square(const at::Tensor& x, const at::Tensor& W);
-// residual_norm and then the MLP's first half over its normed rows, linear_relu_square(normed, W) with W
-// [N, D], in one op: one kernel on a GPU for up to 8 rows of at most 12000 numbers in all (every block
-// of the GEMV forms the normed rows itself), the two ops otherwise. Returns residual, sum (keep_sum)
-// and out; normed is not formed.
-ResidualNorm residual_norm_linear_relu_square(const at::Tensor& x, const at::Tensor& y, ResidualMix mix,
-                                              const at::Tensor& a, const at::Tensor& b, const at::Tensor& z,
-                                              bool keep_sum, const at::Tensor& W);
+// residual_norm and then a GEMV of its normed rows with W [N, D] (out: linear_relu_square(normed, W)
+// when relu_square, else linear_rows(normed, W)) in one op: one kernel on a GPU for up to 8 rows of at
+// most 12000 numbers in all (every block of the GEMV forms the normed rows itself), the ops one after
+// the other otherwise. Returns residual, sum (keep_sum), out, and normed when `with_normed`.
+ResidualNorm residual_norm_linear(const at::Tensor& x, const at::Tensor& y, ResidualMix mix, const at::Tensor& a,
+                                  const at::Tensor& b, const at::Tensor& z, bool keep_sum, const at::Tensor& W,
+                                  bool relu_square, bool with_normed = false);
 // x [..., K] · W [N, K]ᵀ; for at most decode_cuda_ops::kGemvRows rows of a CUDA floating tensor one
 // GEMV launch (fp32 accumulation, rounded to x's dtype), otherwise at::linear.
 at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& W);

@@ -145,14 +145,33 @@ struct alignas(E * sizeof(T)) Pack {
 
 constexpr int kGemvWarps = 4;
 
-// y[r, n] = act(Σ_k x[r,k]·W[n,k]) for a few rows: one warp per output column n reads W's row once
-// for every row of x, fp32 accumulation, the product rounded to T before the activation.
-template <class T, int E, bool kReluSquare>
-__global__ void __launch_bounds__(kGemvWarps * 32)
-    linear_rows_kernel(const T* __restrict__ x, const T* __restrict__ W, T* __restrict__ y, int rows, int64_t N, int64_t K) {
+// The rows a GEMV reads: E consecutive values of row r from column k, as fp32.
+template <class T, int E>
+struct GlobalRows {  // rows [rows, K] of T in global memory (16-byte packs when E > 1)
+  const T* x;
+  int64_t K;
+  __device__ __forceinline__ void load(int r, int64_t k, float (&v)[E]) const {
+    const Pack<T, E> p = *reinterpret_cast<const Pack<T, E>*>(x + int64_t(r) * K + k);
+#pragma unroll
+    for (int e = 0; e < E; ++e) v[e] = load_f32(&p.v[e]);
+  }
+};
+template <int E>
+struct SharedRows {  // fp32 rows [rows, K] in shared memory
+  const float* x;
+  int64_t K;
+  __device__ __forceinline__ void load(int r, int64_t k, float (&v)[E]) const {
+#pragma unroll
+    for (int e = 0; e < E; ++e) v[e] = x[int64_t(r) * K + k + e];
+  }
+};
+
+// One warp's output column n of y[r, n] = act(Σ_k x[r,k]·W[n,k]) for the rows: W's row read once for
+// every row of x, fp32 accumulation, the product rounded to T before the activation.
+template <class T, int E, bool kReluSquare, class Rows>
+__device__ __forceinline__ void gemv_column(const Rows& x, const T* __restrict__ W, T* __restrict__ y, int rows, int64_t n,
+                                            int64_t N, int64_t K) {
   const int lane = threadIdx.x & 31;
-  const int64_t n = int64_t(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
-  if (n >= N) return;  // whole warps
   float acc[kGemvRows];
 #pragma unroll
   for (int r = 0; r < kGemvRows; ++r) acc[r] = 0.f;
@@ -166,9 +185,10 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 #pragma unroll
     for (int r = 0; r < kGemvRows; ++r) {
       if (r < rows) {
-        const Pack<T, E> xp = *reinterpret_cast<const Pack<T, E>*>(x + int64_t(r) * K + k);
+        float xv[E];
+        x.load(r, k, xv);
 #pragma unroll
-        for (int e = 0; e < E; ++e) acc[r] += wf[e] * load_f32(&xp.v[e]);
+        for (int e = 0; e < E; ++e) acc[r] += wf[e] * xv[e];
       }
     }
   }
@@ -188,6 +208,15 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
       }
     }
   }
+}
+
+// y = act(x·Wᵀ) for a few rows of x in global memory, one warp per output column.
+template <class T, int E, bool kReluSquare>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    linear_rows_kernel(const T* __restrict__ x, const T* __restrict__ W, T* __restrict__ y, int rows, int64_t N, int64_t K) {
+  const int64_t n = int64_t(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
+  if (n >= N) return;  // whole warps
+  gemv_column<T, E, kReluSquare>(GlobalRows<T, E>{x, K}, W, y, rows, n, N, K);
 }
 
 template <class T, bool kReluSquare>
@@ -223,42 +252,9 @@ __global__ void __launch_bounds__(kThreads) residual_norm_linear_kernel(Residual
   const int rows = int(p.rows), D = p.D;
   float* red = xs + int64_t(rows) * D;
   for (int r = 0; r < rows; ++r) residual_norm_row<T>(p, r, xs + int64_t(r) * D, red, blockIdx.x == 0);
-  constexpr int kWarps = kThreads / 32;
-  const int lane = threadIdx.x & 31;
-  const int64_t n = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  const int64_t n = int64_t(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
   if (n >= N) return;  // whole warps
-  float acc[kGemvRows];
-#pragma unroll
-  for (int r = 0; r < kGemvRows; ++r) acc[r] = 0.f;
-  const T* w = W + n * D;
-#pragma unroll 4
-  for (int k = lane * E; k < D; k += 32 * E) {
-    const Pack<T, E> wp = *reinterpret_cast<const Pack<T, E>*>(w + k);
-#pragma unroll
-    for (int r = 0; r < kGemvRows; ++r) {
-      if (r < rows) {
-        const float* xr = xs + int64_t(r) * D + k;
-#pragma unroll
-        for (int e = 0; e < E; ++e) acc[r] += load_f32(&wp.v[e]) * xr[e];
-      }
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < kGemvRows; ++r) {
-    if (r < rows) {
-      float a = acc[r];
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) a += __shfl_xor_sync(0xffffffffu, a, off);
-      if (lane == 0) {
-        if constexpr (kReluSquare) {
-          const float h = round_to<T>(a);
-          y[int64_t(r) * N + n] = from_f32<T>(h > 0.f ? h * h : 0.f);
-        } else {
-          y[int64_t(r) * N + n] = from_f32<T>(a);
-        }
-      }
-    }
-  }
+  gemv_column<T, E, kReluSquare>(SharedRows<E>{xs, D}, W, y, rows, n, N, D);
 }
 
 template <class T>

@@ -17,9 +17,13 @@ class FusedDecodeStream {
   virtual ~FusedDecodeStream() = default;
   // What sublayer `s` reads: modulate(norm(read(s))), with any deferred output added first.
   virtual at::Tensor fused_input(TensorMap& state, const Sublayer& s, const TensorMap& params) const = 0;
-  // The MLP's hidden rows relu(fused_input(s)·Wᵀ)² (W [N, d]); a stream may form them in the input's op.
-  virtual at::Tensor fused_mlp_hidden(TensorMap& state, const Sublayer& s, const TensorMap& params, const at::Tensor& W) const {
-    return linear_relu_square(fused_input(state, s, params), W);
+  // A GEMV of sublayer s's input, fused_input(s)·Wᵀ (W [N, d]; relu_square: relu(·)², the MLP's first
+  // half), and, when `normed` is given, that input itself; a stream may form them in the input's op.
+  virtual at::Tensor fused_input_linear(TensorMap& state, const Sublayer& s, const TensorMap& params, const at::Tensor& W,
+                                        bool relu_square, at::Tensor* normed = nullptr) const {
+    const at::Tensor x = fused_input(state, s, params);
+    if (normed) *normed = x;
+    return relu_square ? linear_relu_square(x, W) : linear_rows(x, W);
   }
   // Takes the sublayer's output y [B,T,d] (it may be deferred to the next fused_input or fused_finish).
   virtual void fused_write(TensorMap& state, const Sublayer& s, const at::Tensor& y, const TensorMap& params) const = 0;

@@ -50,6 +50,13 @@ void reset_cache(TensorMap& cache) {
   cache = TensorMap();
 }
 
+at::Tensor static_input_projection(const TensorMap& in, const TensorMap& cache) {
+  const at::Tensor& x = in.at("x");
+  const int64_t B = x.size(0);
+  if (in.has(kStaticInputProj)) return in.at(kStaticInputProj).view({B, -1});
+  return at::linear(x.view({B, x.size(2)}), cache.at(kStaticInput));
+}
+
 void cache_store(TensorMap& cache, const std::string& name, const at::Tensor& t) {
   if (cache_is_static(cache) && cache.has(name)) {
     const at::Tensor& buf = cache.at(name);

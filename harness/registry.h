@@ -255,6 +255,13 @@ void reset_cache(TensorMap& cache);
 // Stores a cache tensor: a static cache copies into the buffer it already holds under `name` (same
 // shape: the address a captured graph reads stays valid); otherwise (or the first time) sets it.
 void cache_store(TensorMap& cache, const std::string& name, const at::Tensor& t);
+// A static decode step's input projection [B, N]: x [B,1,d] times the weight its prefill joined and
+// stored as "w.in" (every projection the step applies to the layer's input, in one GEMM). In a fused
+// decode step the backbone may form it with the residual stream's update and norm in one launch and
+// pass it as in["static_proj"] [B,1,N] (harness/fused_stream.h); this returns that when given.
+inline constexpr const char* kStaticInput = "w.in";
+inline constexpr const char* kStaticInputProj = "static_proj";
+at::Tensor static_input_projection(const TensorMap& in, const TensorMap& cache);
 
 class Registry {
  public:

@@ -47,12 +47,15 @@ class NanochatStream final : public ResidualStream, public FusedDecodeStream {
   // A fused decode step: the previous sublayer's output (deferred by fused_write as "y"), the
   // resid / x0 mix before a mixer and the norm in one op, the same values as write + read + norm.
   at::Tensor fused_input(TensorMap& st, const Sublayer& s, const TensorMap& P) const override {
-    return modulate(st, s, fused_update(st, s, P, at::Tensor()).normed, P);
+    return modulate(st, s, fused_update(st, s, P, at::Tensor(), false, true).normed, P);
   }
 
-  // The same update with the MLP's first GEMM and relu² in its op (this stream does not modulate).
-  at::Tensor fused_mlp_hidden(TensorMap& st, const Sublayer& s, const TensorMap& P, const at::Tensor& W) const override {
-    return fused_update(st, s, P, W).out;
+  // The same update with the GEMV in its op (this stream does not modulate).
+  at::Tensor fused_input_linear(TensorMap& st, const Sublayer& s, const TensorMap& P, const at::Tensor& W, bool relu_square,
+                                at::Tensor* normed) const override {
+    ResidualNorm rn = fused_update(st, s, P, W, relu_square, normed != nullptr);
+    if (normed) *normed = rn.normed;
+    return rn.out;
   }
 
   void fused_write(TensorMap& st, const Sublayer& s, const at::Tensor& y, const TensorMap&) const override {
@@ -92,14 +95,15 @@ class NanochatStream final : public ResidualStream, public FusedDecodeStream {
     const int64_t keep = backout_step_ < 0 ? s.n_steps / 2 : backout_step_;
     return s.kind == Sublayer::Kind::Mlp && s.step == keep;
   }
-  // fused_input's update of the state; W defined: residual_norm_linear_relu_square with it (out), else
-  // residual_norm (normed).
-  ResidualNorm fused_update(TensorMap& st, const Sublayer& s, const TensorMap& P, const at::Tensor& W) const {
+  // fused_input's update of the state; W defined: residual_norm_linear with it (out, and normed when
+  // with_normed), else residual_norm (normed).
+  ResidualNorm fused_update(TensorMap& st, const Sublayer& s, const TensorMap& P, const at::Tensor& W, bool relu_square,
+                            bool with_normed) const {
     const bool mixer = s.kind == Sublayer::Kind::Mixer, keep = st.has("backout_pending");
     const at::Tensor y = st.get_or("y", at::Tensor()), a = mixer ? P.at("resid_lambdas")[s.step] : at::Tensor(),
                      b = mixer ? P.at("x0_lambdas")[s.step] : at::Tensor(), z = mixer ? st.at("x0") : at::Tensor();
     const ResidualMix mix = mixer ? ResidualMix::Scaled : ResidualMix::None;
-    ResidualNorm rn = W.defined() ? residual_norm_linear_relu_square(st.at("x"), y, mix, a, b, z, keep, W)
+    ResidualNorm rn = W.defined() ? residual_norm_linear(st.at("x"), y, mix, a, b, z, keep, W, relu_square, with_normed)
                                   : residual_norm(st.at("x"), y, mix, a, b, z, keep);
     if (keep) st.set("backout", rn.sum);
     st.erase("y");

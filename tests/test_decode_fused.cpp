@@ -65,12 +65,18 @@ TEST(DecodeFused, CpuStandInsAreTheUnfusedOpsBitForBit) {
         EXPECT_TRUE(at::equal(got.sum, want.sum)) << where;
         // with the MLP's first GEMM and relu² after it: the same update, then relu(normed·Wᵀ)²
         const at::Tensor W = at::randn({9, 37}, o);
-        const ResidualNorm gl = residual_norm_linear_relu_square(x, y, mix, scaled ? a : at::Tensor(), any ? b : at::Tensor(),
-                                                                 any ? z : at::Tensor(), true, W);
+        const ResidualNorm gl = residual_norm_linear(x, y, mix, scaled ? a : at::Tensor(), any ? b : at::Tensor(),
+                                                     any ? z : at::Tensor(), true, W, /*relu_square=*/true);
         EXPECT_TRUE(at::equal(gl.residual, want.residual)) << where << " (with the GEMM)";
         EXPECT_TRUE(at::equal(gl.sum, want.sum)) << where << " (with the GEMM)";
         EXPECT_TRUE(at::equal(gl.out, relu_square(at::linear(want.normed, W)))) << where << " (with the GEMM)";
         EXPECT_FALSE(gl.normed.defined()) << where;
+        // the plain GEMV, with the normed rows beside it
+        const ResidualNorm gp = residual_norm_linear(x, y, mix, scaled ? a : at::Tensor(), any ? b : at::Tensor(),
+                                                     any ? z : at::Tensor(), true, W, /*relu_square=*/false, /*with_normed=*/true);
+        EXPECT_TRUE(at::equal(gp.residual, want.residual)) << where << " (plain GEMV)";
+        EXPECT_TRUE(at::equal(gp.normed, want.normed)) << where << " (plain GEMV)";
+        EXPECT_TRUE(at::equal(gp.out, at::linear(want.normed, W))) << where << " (plain GEMV)";
       }
   // the embedding with its smear, and the previous embedding replaced in place
   for (auto dt : {at::kFloat, at::kBFloat16}) {
@@ -111,11 +117,11 @@ TEST(DecodeFused, RejectsAMixWithoutItsInputs) {
   EXPECT_THROW(embed_smear_step(at::randn({5, 8}), at::zeros({1, 2}, at::kLong), at::randn({1, 4}), at::ones({1}),
                                 at::zeros({1, 1, 8})),
                InputError);
-  EXPECT_THROW(residual_norm_linear_relu_square(x, at::Tensor(), ResidualMix::Scaled, at::Tensor(), at::ones({1}), x,
-                                                false, at::randn({4, 8})),
+  EXPECT_THROW(residual_norm_linear(x, at::Tensor(), ResidualMix::Scaled, at::Tensor(), at::ones({1}), x, false,
+                                    at::randn({4, 8}), true),
                std::invalid_argument);
   // a weight whose K is not x's
-  EXPECT_THROW(residual_norm_linear_relu_square(x, at::Tensor(), ResidualMix::None, {}, {}, {}, false, at::randn({4, 7})),
+  EXPECT_THROW(residual_norm_linear(x, at::Tensor(), ResidualMix::None, {}, {}, {}, false, at::randn({4, 7}), false),
                InputError);
   EXPECT_THROW(linear_rows(at::randn({1, 1, 8}), at::randn({4, 7})), InputError);
   EXPECT_THROW(linear_relu_square(at::randn({1, 1, 8}), at::randn({4, 7})), InputError);
@@ -171,43 +177,50 @@ TEST(DecodeFusedCuda, ResidualNormMatchesFp64AndTheUnfusedPath) {
   EXPECT_LE(rel_rms(residual_norm(f64(xv), at::Tensor(), ResidualMix::None, {}, {}, {}).normed, got.normed), 2e-6);
 }
 
-// residual_norm with the MLP's first GEMM and relu² in its launch against the two kernels one after
-// the other (residual_norm, then linear_relu_square on its normed rows): the same statistics and the
-// same per-warp products, so the same values bit for bit; the rows the fused kernel does not take
-// (more than 8, or more than 12000 numbers in all) go through those two ops.
-TEST(DecodeFusedCuda, ResidualNormWithTheMlpGemmIsTheTwoKernels) {
+// residual_norm with a GEMV of its normed rows in the same launch (relu² after it: the MLP's c_fc; none:
+// a mixer's input projection, with the normed rows written too) against the kernels one after the
+// other (residual_norm, then linear_relu_square or linear_rows on its normed rows): the same
+// statistics and the same per-warp products, so the same values bit for bit; the rows the fused
+// kernel does not take (more than 8, or more than 12000 numbers in all) go through those ops.
+TEST(DecodeFusedCuda, ResidualNormWithAGemvIsTheKernelsOneAfterTheOther) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   c10::NoGradGuard ng;
   at::manual_seed(37);
-  for (auto dt : {at::kFloat, at::kBFloat16, at::kHalf})
-    for (auto [D, N] : {std::pair<int64_t, int64_t>{7, 5}, {24, 40}, {768, 3072}, {1000, 97}, {1500, 33}, {2048, 64}})
-      for (int64_t rows : {1, 3, 8, 9})
-        for (ResidualMix mix : {ResidualMix::None, ResidualMix::Scaled, ResidualMix::Backout}) {
-          const bool with_y = rows != 3;
-          const at::Tensor x = cuda(at::randn({rows, 1, D}), dt), y = with_y ? cuda(at::randn({rows, 1, D}), dt) : at::Tensor(),
-                           z = cuda(at::randn({rows, 1, D}), dt), W = cuda(at::randn({N, D}) / std::sqrt(double(D)), dt);
-          const at::Tensor a = cuda(1.0 + 0.25 * at::randn({5}), dt)[2], b = cuda(0.5 + 0.25 * at::randn({1}), dt);
-          const bool scaled = mix == ResidualMix::Scaled, any = mix != ResidualMix::None;
-          const at::Tensor ua = scaled ? a : at::Tensor(), ub = any ? b : at::Tensor(), uz = any ? z : at::Tensor();
-          const ResidualNorm got = residual_norm_linear_relu_square(x, y, mix, ua, ub, uz, /*keep_sum=*/true, W);
-          const ResidualNorm two = residual_norm(x, y, mix, ua, ub, uz, true);
-          const at::Tensor h = linear_relu_square(two.normed, W);
-          const std::string where = fmt::format("{} D{} N{} rows{} {} y={}", c10::toString(dt), D, N, rows, mix_name(mix), with_y);
-          ASSERT_EQ(got.out.sizes(), (at::IntArrayRef{rows, 1, N})) << where;
-          EXPECT_TRUE(at::equal(got.residual, two.residual)) << where << " residual";
-          EXPECT_TRUE(at::equal(got.sum, two.sum)) << where << " sum";
-          EXPECT_TRUE(at::equal(got.out, h)) << where << " relu²(normed·Wᵀ): max diff "
-                                             << (f64(got.out) - f64(h)).abs().max().item<double>();
-          // and near float64 (a non-trivial case: some outputs positive)
-          const at::Tensor ref = at::relu(at::linear(residual_norm(f64(x), with_y ? f64(y) : at::Tensor(), mix,
-                                                                   scaled ? f64(a) : at::Tensor(), any ? f64(b) : at::Tensor(),
-                                                                   any ? f64(z) : at::Tensor())
-                                                         .normed,
-                                                     f64(W)))
-                                  .square();
-          EXPECT_LE(rel_rms(ref, got.out), dt == at::kFloat ? 1e-5 : dt == at::kHalf ? 5e-3 : 3e-2) << where;
-          EXPECT_GT(f64(got.out).gt(0).to(at::kDouble).mean().item<double>(), 0.1) << where;
-        }
+  for (const bool relu2 : {true, false})
+    for (auto dt : {at::kFloat, at::kBFloat16, at::kHalf})
+      for (auto [D, N] : {std::pair<int64_t, int64_t>{7, 5}, {24, 40}, {768, 3072}, {1000, 97}, {1500, 33}, {2048, 64}})
+        for (int64_t rows : {1, 3, 8, 9})
+          for (ResidualMix mix : {ResidualMix::None, ResidualMix::Scaled, ResidualMix::Backout}) {
+            const bool with_y = rows != 3;
+            const at::Tensor x = cuda(at::randn({rows, 1, D}), dt), y = with_y ? cuda(at::randn({rows, 1, D}), dt) : at::Tensor(),
+                             z = cuda(at::randn({rows, 1, D}), dt), W = cuda(at::randn({N, D}) / std::sqrt(double(D)), dt);
+            const at::Tensor a = cuda(1.0 + 0.25 * at::randn({5}), dt)[2], b = cuda(0.5 + 0.25 * at::randn({1}), dt);
+            const bool scaled = mix == ResidualMix::Scaled, any = mix != ResidualMix::None;
+            const at::Tensor ua = scaled ? a : at::Tensor(), ub = any ? b : at::Tensor(), uz = any ? z : at::Tensor();
+            const ResidualNorm got = residual_norm_linear(x, y, mix, ua, ub, uz, /*keep_sum=*/true, W, relu2, !relu2);
+            const ResidualNorm two = residual_norm(x, y, mix, ua, ub, uz, true);
+            const at::Tensor h = relu2 ? linear_relu_square(two.normed, W) : linear_rows(two.normed, W);
+            const std::string where = fmt::format("{} {} D{} N{} rows{} {} y={}", relu2 ? "relu²" : "plain", c10::toString(dt),
+                                                  D, N, rows, mix_name(mix), with_y);
+            ASSERT_EQ(got.out.sizes(), (at::IntArrayRef{rows, 1, N})) << where;
+            EXPECT_TRUE(at::equal(got.residual, two.residual)) << where << " residual";
+            EXPECT_TRUE(at::equal(got.sum, two.sum)) << where << " sum";
+            EXPECT_TRUE(at::equal(got.out, h)) << where << " the GEMV: max diff "
+                                               << (f64(got.out) - f64(h)).abs().max().item<double>();
+            if (relu2) {
+              EXPECT_FALSE(got.normed.defined()) << where;
+            } else {
+              ASSERT_TRUE(got.normed.defined()) << where;
+              EXPECT_TRUE(at::equal(got.normed, two.normed)) << where << " normed";
+            }
+            // and near float64 (a non-trivial case: some relu² outputs positive)
+            const at::Tensor n64 = residual_norm(f64(x), with_y ? f64(y) : at::Tensor(), mix, scaled ? f64(a) : at::Tensor(),
+                                                 any ? f64(b) : at::Tensor(), any ? f64(z) : at::Tensor())
+                                       .normed;
+            const at::Tensor p64 = at::linear(n64, f64(W)), ref = relu2 ? at::relu(p64).square() : p64;
+            EXPECT_LE(rel_rms(ref, got.out), dt == at::kFloat ? 1e-5 : dt == at::kHalf ? 5e-3 : 3e-2) << where;
+            if (relu2) EXPECT_GT(f64(got.out).gt(0).to(at::kDouble).mean().item<double>(), 0.1) << where;
+          }
 }
 
 TEST(DecodeFused, EmbedSmearRefusesAGateWiderThanTheModel) {
@@ -342,7 +355,7 @@ TEST(DecodeFusedCuda, GdnStepMatchesFp64) {
         c.set("pos_dev", at::zeros({1}, opts.dtype(at::kLong)));
         c.set("capacity", at::scalar_tensor(int64_t(64), at::TensorOptions().dtype(at::kLong)));
         c.set("state", S0.to(state_t).clone());
-        c.set("w.proj", w_proj.to(t));
+        c.set("w.in", w_proj.to(t));
         c.set("w.conv", w_conv.to(t));
         c.set("qkv_tail", tail.to(t).clone());
         c.set("w.neg_a", neg_a.to(state_t));
@@ -408,12 +421,13 @@ TEST(DecodeFusedCuda, SplitKvAttentionMergesInItsOneLaunch) {
 
 // The captured decode step of the gpu-d12 model (bf16, batch 1, a short prompt): its kernels per
 // token, printed by name and held to bounds, and its logits against the eager (unfused) step's.
-// Per step dense_full runs 25 cuBLAS GEMMs (q|k|v and out per layer, lm_head) and 65 other kernels
-// (the embedding; per layer the mixer's residual norm, the q/k/v step, the split-KV attention, the
-// MLP's residual norm with c_fc and relu² in one launch and c_proj's GEMV; the final norm, the
-// softcap, the greedy argmax and its copy); gdn 25 GEMMs (w.proj and o_proj per layer, lm_head) and
-// 65 others (the conv step and the gdn step in place of the q/k/v step and the attention). A GEMM
-// may take a second kernel (a split-K reduction): the bound on all kernels allows one per GEMM.
+// Per step dense_full runs 13 cuBLAS GEMMs (the output projection per layer, lm_head) and 65 other
+// kernels (the embedding; per layer the mixer's residual norm with its q|k|v GEMV in one launch, the
+// q/k/v step, the split-KV attention, the MLP's residual norm with c_fc and relu² in one launch and
+// c_proj's GEMV; the final norm, the softcap, the greedy argmax and its copy); gdn 13 GEMMs (o_proj per
+// layer, lm_head) and 65 others (its joint projection's GEMV with the norm, the conv step and the gdn
+// step in place of the q|k|v GEMV, the q/k/v step and the attention). A GEMM may take a second kernel
+// (a split-K reduction): the bound on all kernels allows one per GEMM.
 TEST(DecodeFusedCuda, CapturedD12StepLaunchesFewKernels) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   c10::NoGradGuard ng;
@@ -421,7 +435,7 @@ TEST(DecodeFusedCuda, CapturedD12StepLaunchesFewKernels) {
     std::string method;
     int64_t gemms, others;
   };
-  for (const Expect& e : {Expect{"dense_full", 25, 65}, Expect{"gdn", 25, 65}}) {
+  for (const Expect& e : {Expect{"dense_full", 13, 65}, Expect{"gdn", 13, 65}}) {
     const std::string& name = e.method;
     const MethodSpec& m = Registry::get().method(name);
     const Config cfg = m.config.parse("n_layer=12,seq_len=2048");

@@ -102,7 +102,7 @@ TEST(OpCount, StaticDecodeStepsStayFused) {
     std::string method;
     int64_t per_layer, total;
   };
-  for (const Bound& b : {Bound{"dense_full", 7, 88}, Bound{"gdn", 7, 88}, Bound{"mla", 19, 232}}) {
+  for (const Bound& b : {Bound{"dense_full", 6, 76}, Bound{"gdn", 6, 76}, Bound{"mla", 18, 220}}) {
     for (const bool unprepared : {true, false}) {
       const StepCount s = count_decode_step(b.method, unprepared);
       std::string per_layer;

@@ -280,8 +280,8 @@ TEST(MlaVariants, StaticCacheJoinsLatentAndRotaryKeyForTheSplitKvStep) {
     EXPECT_TRUE(at::equal(ckr.slice(1, T, cap), at::zeros({B, cap - T, 1, 64}, at::kDouble))) << n;
     // the step's folded weights: x → [c_Q | c_KV | k_R], c_Q → the H queries [W_UKᵀ q_C | q_R | 0] of P
     // each, the H outputs of P → y (zero columns past kvl)
-    ASSERT_TRUE(cache.has("w.x") && cache.has("w.q") && cache.has("w.o")) << n;
-    const at::Tensor &wx = cache.at("w.x"), &wq = cache.at("w.q"), &wo = cache.at("w.o");
+    ASSERT_TRUE(cache.has("w.in") && cache.has("w.q") && cache.has("w.o")) << n;
+    const at::Tensor &wx = cache.at("w.in"), &wq = cache.at("w.q"), &wo = cache.at("w.o");
     const int64_t ql = wq.size(1), H = wq.size(0) / 64;
     EXPECT_EQ(wq.size(0), H * 64) << n;
     EXPECT_EQ(wx.size(0), ql + 24 + dr) << n;

@@ -166,7 +166,7 @@ TensorMap prefill(const TensorMap& in, TensorMap& cache, const Config& c, const 
     // while decoding, so they are joined once here (cache_bytes does not count "w." entries)
     std::vector<at::Tensor> rows = {in.at("c_q"), in.at("c_k"), in.at("c_v")};
     if (in.has("ve")) rows.push_back(at::constant_pad_nd(in.at("ve_gate"), {0, d.m.d_model - in.at("ve_gate").size(1)}));
-    cache_store(cache, "w.qkv", at::cat(rows, 0));
+    cache_store(cache, kStaticInput, at::cat(rows, 0));
   } else {
     cache.set("k", keep_visible(p.k, w).contiguous());
     cache.set("v", keep_visible(p.v, w).contiguous());
@@ -184,9 +184,9 @@ TensorMap decode_static(const TensorMap& in, TensorMap& cache, const Config& c, 
   const at::Tensor& K = cache.at("k");
   const at::Tensor& V = cache.at("v");
   at::Tensor q;
-  if (cache.has("w.qkv") && !in.has("positions")) {
+  if (cache.has(kStaticInput) && !in.has("positions")) {
     // one GEMM for q|k|v (and the value-embedding gate), then one pass: RoPE, QK norm, the gate, k and v stored
-    const at::Tensor proj = at::linear(x.view({B, x.size(2)}), cache.at("w.qkv"));
+    const at::Tensor proj = static_input_projection(in, cache);
     const at::Tensor ve = in.has("ve") ? in.at("ve").view({B, -1}) : at::Tensor();
     q = attention_decode_qkv(proj, ve, pos, K, V, H, c.b("rope") ? c.f("rope_base") : 0.0);
   } else {

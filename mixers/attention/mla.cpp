@@ -208,7 +208,7 @@ at::Tensor joint_rows(const MlaDims& d, const Latents& l) {
 
 // The joint step's weights, formed once at prefill (weights do not change while decoding; cache_bytes
 // does not count "w." entries), so that a decoded token takes three GEMMs:
-//   "w.x" [ql + kvl + dr, D]: W_DQ | W_DKV | W_KR, the token's three projections in one;
+//   "w.in" [ql + kvl + dr, D]: W_DQ | W_DKV | W_KR, the token's three projections in one;
 //   "w.q" [H·P, ql]: per head the absorbed query W_UK,hᵀ W_UQ,h [kvl, ql], W_QR,h [dr, ql] and
 //         P − kvl − dr zero rows, so that c_Q·w.qᵀ is the attention's query [H, P] as it stands;
 //   "w.o" [D, H·P]: per head c_proj,h W_UV,h [D, kvl] and zero columns for the rest of the head's
@@ -220,7 +220,7 @@ void prepare_joint_step(const TensorMap& in, TensorMap& cache, const MlaDims& d)
   const at::ScalarType dt = in.at("w_dq").scalar_type(), acc = dt == at::kDouble ? at::kDouble : at::kFloat;
   std::vector<at::Tensor> xr = {in.at("w_dq"), in.at("w_dkv")};
   if (d.dr > 0) xr.push_back(in.at("w_kr"));
-  cache_store(cache, "w.x", at::cat(xr, 0).contiguous());
+  cache_store(cache, kStaticInput, at::cat(xr, 0).contiguous());
   const at::Tensor wuq = in.at("w_uq").to(acc).view({d.H, d.dh, d.ql}), wuk = in.at("w_uk").to(acc).view({d.H, d.dh, d.kvl}),
                    wuv = in.at("w_uv").to(acc).view({d.H, d.dh, d.kvl}), wo = in.at("c_proj").to(acc).view({d.D, d.H, d.dh});
   std::vector<at::Tensor> qr = {at::einsum("hdl,hdq->hlq", {wuk, wuq})};  // [H, kvl, ql]
@@ -278,9 +278,9 @@ TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const M
   const int64_t B = x.size(0), pos = cache_pos(cache);
   const bool is_static = cache_is_static(cache);
   const at::Tensor pos_dev = is_static ? cache_pos_dev(cache) : at::Tensor();
-  if (joint_cache(cache, d) && cache.has("w.x")) {
+  if (joint_cache(cache, d) && cache.has(kStaticInput)) {
     // the token's latents and rotary key from one GEMM, its cache row [c_KV | k_R | 0] in its slot
-    const at::Tensor proj = at::linear(x.view({B, d.D}), cache.at("w.x"));  // [B, ql + kvl + dr]
+    const at::Tensor proj = static_input_projection(in, cache);  // [B, ql + kvl + dr]
     Latents l;
     l.ckv = rms_gain(proj.narrow(1, d.ql, d.kvl), in.at("kv_norm")).view({B, 1, d.kvl});
     if (d.dr > 0)

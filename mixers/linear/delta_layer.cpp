@@ -206,7 +206,7 @@ DeltaQKV qkv_static_prefill(const TensorMap& in, const DeltaDims& d, TensorMap& 
   std::vector<at::Tensor> rows = {in.at("q_proj"), in.at("k_proj"), in.at("v_proj")};
   for (const auto& n : extra) rows.push_back(in.at(n));
   if (in.has("ve")) rows.push_back(at::constant_pad_nd(in.at("ve_gate"), {0, d.d - in.at("ve_gate").size(1)}));
-  cache_store(cache, "w.proj", at::cat(rows, 0));
+  cache_store(cache, kStaticInput, at::cat(rows, 0));
   cache_store(cache, "w.conv", at::cat({in.at("q_conv"), in.at("k_conv"), in.at("v_conv")}, 0).to(x.scalar_type()));
   DeltaQKV r{l2norm(short_conv_silu(xq, in.at("q_conv")).view({B, T, d.H, d.K})),
              l2norm(short_conv_silu(xk, in.at("k_conv")).view({B, T, d.H, d.K})),
@@ -220,7 +220,7 @@ DeltaQKV qkv_static_step(const TensorMap& in, const DeltaDims& d, TensorMap& cac
   const at::Tensor& x = in.at("x");
   if (x.size(1) != 1) throw InputError("delta decode takes x [B,1,d]");
   const int64_t B = x.size(0), HK = d.H * d.K, C = 2 * HK + d.H * d.V;
-  const at::Tensor proj = at::linear(x.view({B, x.size(2)}), cache.at("w.proj"));  // [B, C + extra (+ H)]
+  const at::Tensor proj = static_input_projection(in, cache);  // [B, C + extra (+ H)]
   const int64_t E = proj.size(1) - C - (in.has("ve") ? d.H : 0);
   const at::Tensor y = conv_cached(proj.narrow(1, 0, C).view({B, 1, C}), cache.at("w.conv"), cache, "qkv_tail", true);
   const at::Tensor qk = l2norm(y.narrow(2, 0, 2 * HK).view({B, 1, 2 * d.H, d.K}));
@@ -235,7 +235,7 @@ DeltaQKV qkv_static_step(const TensorMap& in, const DeltaDims& d, TensorMap& cac
 DeltaQKV delta_qkv_cached(const TensorMap& in, const DeltaDims& d, TensorMap& cache, bool decode,
                           const std::vector<std::string>& extra) {
   if (cache_is_static(cache) && !decode) return qkv_static_prefill(in, d, cache, extra);
-  if (cache_is_static(cache) && cache.has("w.proj")) return qkv_static_step(in, d, cache, extra);
+  if (cache_is_static(cache) && cache.has(kStaticInput)) return qkv_static_step(in, d, cache, extra);
   const at::Tensor& x = in.at("x");
   const int64_t B = x.size(0), T = x.size(1);
   at::Tensor q = conv_cached(at::linear(x, in.at("q_proj")), in.at("q_conv"), cache, "q_tail", decode).view({B, T, d.H, d.K});
@@ -324,7 +324,7 @@ at::Tensor gdn_static_step(const TensorMap& in, const DeltaDims& d, TensorMap& c
   if (x.dim() != 3 || x.size(1) != 1) throw InputError("delta decode takes x [B,1,d]");
   const int64_t B = x.size(0), H = d.H, HK = d.H * d.K, HV = d.H * d.V, C = 2 * HK + HV;
   const bool ve = in.has("ve");
-  const at::Tensor proj = at::linear(x.view({B, x.size(2)}), cache.at("w.proj"));  // [B, C + 2H + HV (+ H)]
+  const at::Tensor proj = static_input_projection(in, cache);  // [B, C + 2H + HV (+ H)]
   if (proj.size(1) != C + 2 * H + HV + (ve ? H : 0))
     throw InputError(fmt::format("gdn decode: the prepared projection has {} columns, {} expected", proj.size(1),
                                  C + 2 * H + HV + (ve ? H : 0)));

@@ -49,7 +49,7 @@ DeltaQKV delta_qkv(const TensorMap& in, const DeltaDims& d);
 // the conv reads and shifts the tails. `extra`: names of further projections of x in `in` (a
 // method's gates), returned in DeltaQKV::extra in that order.
 // A static cache keeps one tail "qkv_tail" [B,W−1,2HK+HV] and, prepared at prefill (weights do not
-// change while decoding; cache_bytes skips "w." entries), "w.proj" = q|k|v|extra projections (then
+// change while decoding; cache_bytes skips "w." entries), "w.in" = q|k|v|extra projections (then
 // the value-embedding gate's rows widened to d with zeros on VE layers) and "w.conv" = the three
 // convs' weights: its decode step is one GEMM, one conv step over q|k|v and one L2 norm over q|k.
 DeltaQKV delta_qkv_cached(const TensorMap& in, const DeltaDims& d, TensorMap& cache, bool decode,
@@ -67,7 +67,7 @@ at::Tensor delta_core_cached(const std::string& op, const DeltaQKV& qkv, const a
 at::Tensor gated_delta_static_step(const DeltaQKV& qkv, const at::Tensor& b_lin, const at::Tensor& a_lin,
                                    const at::Tensor& neg_a, const at::Tensor& dt_bias, Backend backend, TensorMap& cache);
 
-// Gated DeltaNet's whole decode step over a static cache prepared at prefill ("w.proj" holding
+// Gated DeltaNet's whole decode step over a static cache prepared at prefill ("w.in" holding
 // q|k|v|b|a|g projections, then the value-embedding gate's rows on VE layers; "w.neg_a",
 // "w.dt_bias"): the joint GEMM and the conv step, then the L2 norms of q and k, the value
 // embedding's gate, gated_delta_static_step and the output's gated RMSNorm (gain norm_w, eps

@@ -43,7 +43,7 @@ TensorMap run(const TensorMap& in, const Config& c, Backend backend, TensorMap* 
   // A static cache: β's, the decay's and the output gate's projections join q|k|v's in one GEMM
   // (one per decode step), and the decay's constants are prepared once at prefill (a decode step
   // takes this path when the prefill prepared it)
-  const bool joint = cache && cache_is_static(*cache) && (!decode || cache->has("w.proj"));
+  const bool joint = cache && cache_is_static(*cache) && (!decode || cache->has(kStaticInput));
   // its decode step: one GEMM, the conv step and one op for the rest (gdn_static_step), then o_proj
   if (joint && decode) {
     const at::Tensor o = gdn_static_step(in, d, *cache, in.at("o_norm"), d.eps, backend);
