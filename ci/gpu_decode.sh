@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# On a CUDA machine: build (tests included), the decode GPU tests (the split-KV kernel, captured
-# steps against eager ones), compute-sanitizer memcheck and racecheck on the decode kernels, and the
+# On a CUDA machine: build (tests included), the decode GPU tests (the split-KV kernel, the fused
+# backbone kernels, captured steps against eager ones), compute-sanitizer memcheck and racecheck on the decode kernels, and the
 # decode sweeps with the step captured (and the eager baseline), each sweep with its plot.
 # Usage: ci/gpu_decode.sh OUT_DIR [DEPS_DIR]   (DEPS_DIR from ci/gpu_stage.sh; default .deps if present)
 #   MIXBENCH_DECODE_LIMIT  seconds the sweeps may take in all (default 300); a sweep that would pass it
@@ -15,7 +15,8 @@ gpu_build_tests "$OUT/logs" "$DEPS" || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
 rc=0
 T=build-gpu/mixbench_tests
-$T --gtest_filter='DecodeCuda.*' --gtest_output="json:$OUT/gtests_decode_cuda.json" > "$OUT/logs/gtests.log" 2>&1 || rc=1
+$T --gtest_filter='DecodeCuda.*:DecodeFusedCuda.*:SparseDecodeCuda.*:StaticDecodeModels.*:MlaVariants.*:OpCount.*' \
+  --gtest_output="json:$OUT/gtests_decode_cuda.json" > "$OUT/logs/gtests.log" 2>&1 || rc=1
 tail -3 "$OUT/logs/gtests.log"
 # compute-sanitizer on the small cases (MIXBENCH_DECODE_SMALL) and one method per kernel family
 san() { # name tool test methods
@@ -28,6 +29,9 @@ san racecheck_splitkv racecheck 'DecodeCuda.SplitKv*' dense
 san memcheck_steps_dense memcheck 'DecodeCuda.CapturedSteps*' dense
 san memcheck_steps_gdn memcheck 'DecodeCuda.CapturedSteps*' gdn
 san racecheck_steps_gdn racecheck 'DecodeCuda.CapturedSteps*' gdn
+# the backbone's fused kernels (residual norms with their GEMVs, embedding, softcap, gdn step, split-KV merge)
+san memcheck_fused memcheck 'DecodeFusedCuda.*:-DecodeFusedCuda.CapturedD12*' dense
+san racecheck_fused racecheck 'DecodeFusedCuda.*:-DecodeFusedCuda.CapturedD12*' dense
 # the sweeps (d12, bf16)
 START=$(date +%s)
 LIMIT=${MIXBENCH_DECODE_LIMIT:-300}
