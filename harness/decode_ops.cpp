@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <optional>
 #include <stdexcept>
 #include <vector>
@@ -171,6 +173,16 @@ EmbedStep embed_smear_step(const at::Tensor& wte, const at::Tensor& idx, const a
   return out;
 }
 
+int64_t decode_gemv_max_rows() {
+  constexpr int64_t kMost = 8;  // decode_cuda_ops::kGemvRows
+  const char* env = std::getenv("MIXBENCH_DECODE_GEMV_ROWS");
+  if (!env) return kMost;
+  const std::string v(env);
+  if (v.empty() || v.size() > 1 || v[0] < '0' || v[0] > '0' + kMost)
+    throw InputError(fmt::format("MIXBENCH_DECODE_GEMV_ROWS must be a whole number of rows in 0..{}, not '{}'", kMost, v));
+  return v[0] - '0';
+}
+
 static void check_linear_inputs(const char* op, const at::Tensor& x, const at::Tensor& W) {
   if (W.dim() != 2 || x.dim() < 1 || x.size(-1) != W.size(1))
     throw InputError(fmt::format("{} takes x [..., K] and W [N, K] (got x {}, W {})", op, c10::str(x.sizes()),
@@ -183,7 +195,7 @@ using GemvKernel = void (*)(decode_cuda_ops::Dtype, const void*, const void*, vo
 static at::Tensor gemv_rows(const at::Tensor& x, const at::Tensor& W, GemvKernel kernel) {
   const int64_t rows = x.numel() / std::max<int64_t>(x.size(-1), 1);
   if (!(kernel_dtype_ok(x) && W.device() == x.device() && W.scalar_type() == x.scalar_type() && W.is_contiguous() &&
-        rows >= 1 && rows <= decode_cuda_ops::kGemvRows && x.size(-1) > 0 && W.size(0) > 0))
+        rows >= 1 && rows <= std::min<int64_t>(decode_cuda_ops::kGemvRows, decode_gemv_max_rows()) && x.size(-1) > 0 && W.size(0) > 0))
     return at::Tensor();
   const at::Tensor xc = x.contiguous();
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
@@ -221,7 +233,7 @@ ResidualNorm residual_norm_linear(const at::Tensor& x, const at::Tensor& y, Resi
 #if defined(MIXBENCH_WITH_CUDA)
   const int64_t D = x.size(-1), rows = x.numel() / std::max<int64_t>(D, 1);
   if (W.device() == x.device() && W.scalar_type() == x.scalar_type() && W.is_contiguous() && W.size(0) > 0 && rows >= 1 &&
-      rows <= decode_cuda_ops::kGemvRows && rows * D <= decode_cuda_ops::kFusedRowElems) {
+      rows <= std::min<int64_t>(decode_cuda_ops::kGemvRows, decode_gemv_max_rows()) && rows * D <= decode_cuda_ops::kFusedRowElems) {
     if (std::optional<RowArgs> r = row_args(x, y, mix, a, b, z, keep_sum, with_normed)) {
       std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
       shape.back() = W.size(0);

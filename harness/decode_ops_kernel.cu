@@ -77,6 +77,43 @@ __device__ __forceinline__ void residual_norm_row(const ResidualNormArgs& p, int
   __syncthreads();  // buf complete for every thread; red free again
 }
 
+// residual_norm_row by one warp into a row of T (every value the row holds is one a T stores: the
+// residual is rounded as stored, the normed value too), with the block's arithmetic: lane l keeps
+// the partial sums of the block's threads l, 32+l, …, (kThreads/32−1)·32+l, each is reduced as that
+// thread's warp reduces it, and the warps' sums are added in order, so the statistics, and hence the
+// values, are residual_norm_row's bit for bit.
+template <class T>
+__device__ __forceinline__ void residual_norm_row_warp(const ResidualNormArgs& p, int64_t row, T* buf, bool store) {
+  constexpr int kWarps = kThreads / 32;
+  const int lane = threadIdx.x & 31;
+  const float fa = p.a ? load_f32(static_cast<const T*>(p.a)) : 1.f;
+  const float fb = p.b ? load_f32(static_cast<const T*>(p.b)) : 0.f;
+  const int64_t base = row * p.D;
+  float part[kWarps];
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    float ss = 0.f;
+    for (int j = w * 32 + lane; j < p.D; j += kThreads) {
+      const float r = residual_of<T>(p, base + j, fa, fb, store);
+      buf[j] = from_f32<T>(r);
+      ss += r * r;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    part[w] = ss;
+  }
+  float s = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) s += part[w];
+  const float inv = rsqrtf(s / float(p.D) + p.eps);
+  T* normed = p.normed ? static_cast<T*>(p.normed) + base : nullptr;
+  for (int j = lane; j < p.D; j += 32) {
+    const T v = from_f32<T>(load_f32(&buf[j]) * inv);
+    buf[j] = v;
+    if (store && normed) normed[j] = v;
+  }
+}
+
 template <class T>
 __global__ void __launch_bounds__(kThreads) residual_norm_kernel(ResidualNormArgs p) {
   extern __shared__ float buf[];  // [D] the row's r, then kThreads/32 partial sums
@@ -145,24 +182,17 @@ struct alignas(E * sizeof(T)) Pack {
 
 constexpr int kGemvWarps = 4;
 
-// The rows a GEMV reads: E consecutive values of row r from column k, as fp32.
+// The rows a GEMV reads: E consecutive values of row r from column k, as fp32, from rows [rows, K]
+// of T (in global or shared memory; 16-byte packs when E > 1, so that a warp's 32 lanes read 512
+// consecutive bytes: coalesced in global memory, free of bank conflicts in shared memory).
 template <class T, int E>
-struct GlobalRows {  // rows [rows, K] of T in global memory (16-byte packs when E > 1)
+struct PackedRows {
   const T* x;
   int64_t K;
   __device__ __forceinline__ void load(int r, int64_t k, float (&v)[E]) const {
     const Pack<T, E> p = *reinterpret_cast<const Pack<T, E>*>(x + int64_t(r) * K + k);
 #pragma unroll
     for (int e = 0; e < E; ++e) v[e] = load_f32(&p.v[e]);
-  }
-};
-template <int E>
-struct SharedRows {  // fp32 rows [rows, K] in shared memory
-  const float* x;
-  int64_t K;
-  __device__ __forceinline__ void load(int r, int64_t k, float (&v)[E]) const {
-#pragma unroll
-    for (int e = 0; e < E; ++e) v[e] = x[int64_t(r) * K + k + e];
   }
 };
 
@@ -216,7 +246,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
     linear_rows_kernel(const T* __restrict__ x, const T* __restrict__ W, T* __restrict__ y, int rows, int64_t N, int64_t K) {
   const int64_t n = int64_t(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
   if (n >= N) return;  // whole warps
-  gemv_column<T, E, kReluSquare>(GlobalRows<T, E>{x, K}, W, y, rows, n, N, K);
+  gemv_column<T, E, kReluSquare>(PackedRows<T, E>{x, K}, W, y, rows, n, N, K);
 }
 
 template <class T, bool kReluSquare>
@@ -241,20 +271,23 @@ void linear_plain_t(const void* x, const void* W, void* y, int rows, int64_t N, 
 }
 
 // residual_norm's rows (≤ kGemvRows) and then y[r, n] = act(Σ_k normed[r,k]·W[n,k]): every block forms
-// the normed rows in shared memory itself (a few thousand numbers, read from L2), block 0 also writes
-// the residual (and sum, normed) rows, and each of the block's kThreads/32 warps takes one output
-// column, as linear_rows_kernel does. The rows' statistics are summed as residual_norm_kernel sums
-// them, so the values are those of the two kernels run one after the other.
+// the normed rows in shared memory itself (a few thousand numbers, read from L2; warp w takes rows w,
+// w + kThreads/32, …), block 0 also writes the residual (and sum, normed) rows, and each of the
+// block's kThreads/32 warps takes one output column, as linear_rows_kernel does. The rows are held
+// as T (the values the normed tensor stores), so the values are those of residual_norm_kernel and
+// then linear_rows_kernel.
 template <class T, int E, bool kReluSquare>
 __global__ void __launch_bounds__(kThreads) residual_norm_linear_kernel(ResidualNormArgs p, const T* __restrict__ W,
                                                                        T* __restrict__ y, int64_t N) {
-  extern __shared__ float xs[];  // [rows, D] the normed rows, then kThreads/32 partial sums
+  extern __shared__ __align__(16) unsigned char fused_rows[];  // [rows, D] of T: the normed rows
+  T* xs = reinterpret_cast<T*>(fused_rows);
   const int rows = int(p.rows), D = p.D;
-  float* red = xs + int64_t(rows) * D;
-  for (int r = 0; r < rows; ++r) residual_norm_row<T>(p, r, xs + int64_t(r) * D, red, blockIdx.x == 0);
+  for (int r = int(threadIdx.x >> 5); r < rows; r += kThreads / 32)
+    residual_norm_row_warp<T>(p, r, xs + int64_t(r) * D, blockIdx.x == 0);
+  __syncthreads();
   const int64_t n = int64_t(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
   if (n >= N) return;  // whole warps
-  gemv_column<T, E, kReluSquare>(SharedRows<E>{xs, D}, W, y, rows, n, N, D);
+  gemv_column<T, E, kReluSquare>(PackedRows<T, E>{xs, D}, W, y, rows, n, N, D);
 }
 
 template <class T>
@@ -262,7 +295,7 @@ void residual_norm_linear_t(const ResidualNormArgs& p, const void* W, void* y, i
   constexpr int E = int(16 / sizeof(T));
   const bool packed = p.D % E == 0 && reinterpret_cast<uintptr_t>(W) % 16 == 0;
   const unsigned blocks = unsigned((N + kThreads / 32 - 1) / (kThreads / 32));
-  const size_t smem = sizeof(float) * (size_t(p.rows) * size_t(p.D) + kThreads / 32);
+  const size_t smem = sizeof(T) * size_t(p.rows) * size_t(p.D);
   const T* w = static_cast<const T*>(W);
   T* out = static_cast<T*>(y);
   if (packed && relu_square) residual_norm_linear_kernel<T, E, true><<<blocks, kThreads, smem, s>>>(p, w, out, N);

@@ -67,8 +67,8 @@ void linear_relu_square(Dtype dt, const void* x, const void* W, void* y, int row
 // residual_norm (normed written only where p.normed is given) followed by the GEMV of its normed rows,
 // y[r, n] = act(Σ_k normed[r,k]·W[n,k]) with W [N, D] and act relu² or none, in one launch: the same
 // values as residual_norm and then linear_relu_square / linear_rows. 1 ≤ rows ≤ kGemvRows and
-// rows·D ≤ kFusedRowElems (the normed rows are kept in shared memory by every block).
-constexpr int64_t kFusedRowElems = 12000;  // 47 KB of fp32 rows: within the 48 KB a block takes without opting in
+// rows·D ≤ kFusedRowElems (the normed rows are kept in shared memory, as dt, by every block).
+constexpr int64_t kFusedRowElems = 12000;  // ≤ 47 KB of rows (fp32 at most): within the 48 KB a block takes without opting in
 void residual_norm_linear(Dtype dt, const ResidualNormArgs& p, const void* W, void* y, int64_t N, bool relu_square,
                           cudaStream_t stream);
 // The same GEMV without the activation: y[r, n] = Σ_k x[r,k]·W[n,k] in one launch (cuBLAS may

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 
+#include "harness/decode_ops.h"
 #include "harness/args.h"
 #include "harness/backbone.h"
 #include "harness/decode_graph.h"
@@ -258,7 +259,9 @@ Unit decode_unit(const MethodSpec& method, const SweepOptions& opt) {
                   {"static_capacity", capacity}, {"cuda_graph", true},
                   // what one step launches: the captured graph's kernel nodes (and all its nodes)
                   {"graph_kernels_per_step", cs->graph->nodes().kernels},
-                  {"graph_nodes_per_step", cs->graph->nodes().launches() + cs->graph->nodes().other}};
+                  {"graph_nodes_per_step", cs->graph->nodes().launches() + cs->graph->nodes().other},
+                  // the most rows the decode GEMV kernels took (MIXBENCH_DECODE_GEMV_ROWS)
+                  {"gemv_max_rows", decode_gemv_max_rows()}};
         };
         return pt;
       }

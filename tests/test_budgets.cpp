@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "tests/source_dir.h"
+#include "tests/test_util.h"
 #include "harness/cli/cli.h"
 #include "harness/errors.h"
 #include "harness/io.h"
@@ -31,6 +32,7 @@ using namespace mixbench;
 using Json = nlohmann::json;
 
 namespace {
+using mixbench_test::EnvGuard;
 
 fs::path budget_tmp() {
   static fs::path d = [] {
@@ -65,12 +67,6 @@ TrainOptions cpu_run(const std::string& preset, const std::string& data, const s
   return o;
 }
 
-// Sets an environment variable for the scope.
-struct EnvGuard {
-  std::string name;
-  explicit EnvGuard(const std::string& n, const std::string& v) : name(n) { ::setenv(n.c_str(), v.c_str(), 1); }
-  ~EnvGuard() { ::unsetenv(name.c_str()); }
-};
 
 }  // namespace
 

@@ -109,6 +109,34 @@ TEST(DecodeFused, CpuStandInsAreTheUnfusedOpsBitForBit) {
   EXPECT_EQ(pos.item<int64_t>(), 8);
 }
 
+// MIXBENCH_DECODE_GEMV_ROWS: the most rows the GEMV kernels take (8 when unset); anything but a whole
+// number 0..8 is refused with its value named.
+TEST(DecodeFused, GemvRowsFromTheEnvironment) {
+  {
+    mixbench_test::EnvGuard env("MIXBENCH_DECODE_GEMV_ROWS", "0");
+    EXPECT_EQ(decode_gemv_max_rows(), 0);
+  }
+  {
+    mixbench_test::EnvGuard env("MIXBENCH_DECODE_GEMV_ROWS", "2");
+    EXPECT_EQ(decode_gemv_max_rows(), 2);
+    // the CPU path is unchanged by it
+    const at::Tensor x = at::randn({1, 1, 8}), W = at::randn({4, 8});
+    EXPECT_TRUE(at::equal(linear_rows(x, W), at::linear(x, W)));
+  }
+  if (!std::getenv("MIXBENCH_DECODE_GEMV_ROWS")) EXPECT_EQ(decode_gemv_max_rows(), 8);
+  for (const char* bad : {"9", "-1", "2.5", "", "eight", "08"}) {
+    mixbench_test::EnvGuard env("MIXBENCH_DECODE_GEMV_ROWS", bad);
+    try {
+      decode_gemv_max_rows();
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(fmt::format("MIXBENCH_DECODE_GEMV_ROWS must be a whole number of rows in 0..8, not '{}'", bad)),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(DecodeFused, RejectsAMixWithoutItsInputs) {
   const at::Tensor x = at::randn({1, 1, 8});
   EXPECT_THROW(residual_norm(x, at::Tensor(), ResidualMix::Scaled, at::Tensor(), at::ones({1}), x), std::invalid_argument);
@@ -221,6 +249,26 @@ TEST(DecodeFusedCuda, ResidualNormWithAGemvIsTheKernelsOneAfterTheOther) {
             EXPECT_LE(rel_rms(ref, got.out), dt == at::kFloat ? 1e-5 : dt == at::kHalf ? 5e-3 : 3e-2) << where;
             if (relu2) EXPECT_GT(f64(got.out).gt(0).to(at::kDouble).mean().item<double>(), 0.1) << where;
           }
+}
+
+// MIXBENCH_DECODE_GEMV_ROWS=0: the ops take LibTorch's path (residual_norm, then the GEMM through
+// at::linear) on the GPU too, so their values are that path's bit for bit.
+TEST(DecodeFusedCuda, GemvRowsZeroTakesTheGemm) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  c10::NoGradGuard ng;
+  at::manual_seed(41);
+  mixbench_test::EnvGuard env("MIXBENCH_DECODE_GEMV_ROWS", "0");
+  for (auto dt : {at::kFloat, at::kBFloat16})
+    for (int64_t rows : {1, 8}) {
+      const at::Tensor x = cuda(at::randn({rows, 1, 768}), dt), y = cuda(at::randn({rows, 1, 768}), dt),
+                       W = cuda(at::randn({3072, 768}) / 28.0, dt), W2 = cuda(at::randn({768, 3072}) / 55.0, dt);
+      const ResidualNorm two = residual_norm(x, y, ResidualMix::None, {}, {}, {});
+      const at::Tensor gemm = at::linear(two.normed, W);
+      const std::string where = fmt::format("{} rows{}", c10::toString(dt), rows);
+      EXPECT_TRUE(at::equal(residual_norm_linear(x, y, ResidualMix::None, {}, {}, {}, false, W, false).out, gemm)) << where;
+      EXPECT_TRUE(at::equal(linear_relu_square(two.normed, W), relu_square(gemm))) << where;
+      EXPECT_TRUE(at::equal(linear_rows(gemm, W2), at::linear(gemm, W2))) << where;
+    }
 }
 
 TEST(DecodeFused, EmbedSmearRefusesAGateWiderThanTheModel) {

@@ -190,9 +190,9 @@ TEST(SparseDecodeCuda, CapturedLayerStepsMatchEagerSteps) {
 
 // The models: DecodeGraph's captured token step (embedding, every layer, head, greedy argmax)
 // against the eager model_decode_step, teacher-forced with the same tokens. A model with DSA layers
-// runs a second time with every key selected (dsa_topk past the sequence): its top-k then has no
-// near-tied choice that the captured step's bf16 roundings could flip, so a difference there is not a
-// selection's.
+// also runs with every key selected (dsa_topk past the sequence): its top-k then has no near-tied
+// choice that the captured step's bf16 roundings could flip, so a difference there is not a
+// selection's; at bf16 only that variant runs.
 TEST(SparseDecodeCuda, CapturedModelStepsMatchEagerSteps) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   c10::NoGradGuard ng;
@@ -207,8 +207,14 @@ TEST(SparseDecodeCuda, CapturedModelStepsMatchEagerSteps) {
           break;
         }
       std::vector<std::pair<Config, std::string>> cfgs = {{c0.cfg, ""}};
-      if (c0.cfg.has("dsa_topk") && c0.cfg.i("dsa_topk") < T)
+      if (c0.cfg.has("dsa_topk") && c0.cfg.i("dsa_topk") < T) {
+        // At bf16 the model's own top-k is left out: lt2_hybrid_gdn_dsa's captured and eager steps
+        // then differ at a few steps by 0.03–0.2 (rel. RMS) while the same model with every key
+        // selected agrees, i.e. the selection flips on near-tied indexer scores. The selection
+        // itself is checked tie-aware by the sparse layer tests.
+        if (dt != at::kFloat) cfgs.clear();
         cfgs.push_back({c0.cfg.with("dsa_topk", int64_t(T + 4)), " (every key selected)"});
+      }
       for (const auto& [cfg, variant] : cfgs) {
         const std::string where = name + variant + " " + c10::toString(dt);
         at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);

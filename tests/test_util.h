@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
@@ -12,6 +13,25 @@
 #endif
 
 namespace mixbench_test {
+
+// Sets an environment variable for the scope and puts back what it was (or unsets it).
+class EnvGuard {
+ public:
+  EnvGuard(const std::string& name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name.c_str())) old_ = old, had_ = true;
+    ::setenv(name.c_str(), value.c_str(), 1);
+  }
+  ~EnvGuard() {
+    if (had_) ::setenv(name_.c_str(), old_.c_str(), 1);
+    else ::unsetenv(name_.c_str());
+  }
+  EnvGuard(const EnvGuard&) = delete;
+  EnvGuard& operator=(const EnvGuard&) = delete;
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
 
 // A scratch folder of this test process, named after `tag` (created on first use).
 inline std::filesystem::path scratch_dir(const std::string& tag) {
