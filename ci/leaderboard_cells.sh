@@ -15,7 +15,8 @@
 #
 # Each cell is `mixbench leaderboard LEADERBOARD_ARGS --methods M --seed S --seeds 1
 # --out OUT_DIR/cells/M.sS.json` (its log in OUT_DIR/logs/M.sS.log); a cell whose file already
-# holds a finished cell is skipped, so a stopped run continues where it was. Then the cells are
+# holds a finished cell is skipped, so a stopped run continues where it was; a cell that ran out of
+# memory beside the others is tried once more after them, at half as many at a time. Then the cells are
 # combined, training nothing: `mixbench leaderboard LEADERBOARD_ARGS --methods ... --seed S --seeds N
 # --from <cell files> --no-train --out OUT_DIR/leaderboard.json` (and .md, .html); a cell without a
 # file is listed as missing there. Running this script again trains the missing cells.
@@ -113,11 +114,23 @@ PY
 export -f run_cell
 
 # shellcheck disable=SC2016  # $1, $2: run_cell's arguments in the child shell
+PASS1="$OUT/logs/cells.pass1.txt"
 for m in $names; do
   for ((k = 0; k < seeds; k++)); do
     printf '%s\0%s\0' "$m" $((seed + k))
   done
-done | xargs -0 -n 2 -P "$JOBS" bash -c 'run_cell "$1" "$2"' _
+done | xargs -0 -n 2 -P "$JOBS" bash -c 'run_cell "$1" "$2"' _ | tee "$PASS1"
+
+# cells that ran out of memory beside the others: once more, at half as many at a time
+retry=()
+while read -r m s; do
+  grep -qi "out of memory" "$OUT/logs/$m.s$s.log" 2> /dev/null && retry+=("$m" "$s")
+done < <(sed -n 's/^cell \(.*\) seed \([0-9]*\): failed.*/\1 \2/p' "$PASS1")
+rm -f "$PASS1"
+if [ ${#retry[@]} -gt 0 ]; then
+  echo "retrying $(( ${#retry[@]} / 2 )) cell(s) that ran out of memory, $(( (JOBS + 1) / 2 )) at a time"
+  printf '%s\0' "${retry[@]}" | xargs -0 -n 2 -P $(( (JOBS + 1) / 2 )) bash -c 'run_cell "$1" "$2"' _
+fi
 
 # the combine: the cell files there are, training nothing (the combined report is made afresh from them)
 files=()

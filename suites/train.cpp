@@ -448,6 +448,67 @@ TrainResult run_train(const TrainOptions& opt) {
   (void)step_dependent;
 #endif
 
+  // The validation bpb over n_batches of the validation stream (evaluate()'s arithmetic). On a GPU,
+  // unless graphs are off, the forward with its cross-entropy sums is captured once, at the first
+  // evaluation, on a compute-dtype copy of the masters that every evaluation refreshes in place, and
+  // replayed for every batch after the first; the sums (double, on the device, added in evaluate()'s
+  // order) are read back once per evaluation. A capture that fails leaves the evaluation eager.
+  r.eval_graph_reason = !dev.is_cuda() ? "not on a GPU" : opt.graph == "off" ? "--graph off" : "";
+#if defined(MIXBENCH_WITH_CUDA)
+  StepGraph eval_graph;
+  Model em;
+  at::Tensor ex, ey, e_nats, e_count;
+  auto eval_body = [&] {
+    const at::Tensor logits = forward_rows(em, ex, backend, MB);
+    const at::Tensor ce = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), ey.reshape({-1}), {},
+                                                 at::Reduction::None, -1).to(at::kDouble);
+    const at::Tensor w = corpus.byte_level ? (ey.reshape({-1}) != corpus.bos).to(at::kDouble) : at::ones_like(ce);
+    e_nats.add_((ce * w).sum());
+    e_count.add_(w.sum());
+  };
+#endif
+  auto validate = [&](int64_t n_batches) -> double {
+#if defined(MIXBENCH_WITH_CUDA)
+    if (r.eval_graph_reason.empty()) {
+      c10::NoGradGuard ng;
+      if (!ex.defined()) {  // the copy the graph reads: its own buffers, whatever the masters' storage does later
+        em = model;
+        em.params = TensorMap();
+        for (const auto& [n, p] : model.params) em.params.set(n, p.detach().to(compute, /*non_blocking=*/false, /*copy=*/true));
+        const auto lng = at::TensorOptions().dtype(at::kLong).device(dev);
+        ex = at::empty({B, T}, lng);
+        ey = at::empty({B, T}, lng);
+        e_nats = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(dev));
+        e_count = at::zeros_like(e_nats);
+      } else {
+        for (const auto& [n, p] : model.params) em.params.at(n).copy_(p.detach());
+      }
+      e_nats.zero_();
+      e_count.zero_();
+      for (int64_t k = 0; k < n_batches; ++k) {
+        at::Tensor x, y;
+        get_batch(corpus.val, k * B * (T + 1), B, T, x, y);
+        ex.copy_(x);
+        ey.copy_(y);
+        if (eval_graph.held()) {
+          eval_graph.replay();
+        } else if (!r.eval_graph && r.eval_graph_reason.empty()) {
+          eval_graph.warm_up(eval_body);  // this batch's sums, on the capture stream
+          const std::string failed = eval_graph.capture(eval_body, [] {});
+          if (failed.empty()) r.eval_graph = true;
+          else r.eval_graph_reason = "capture failed: " + failed;
+        } else {
+          eval_body();
+        }
+      }
+      const double nats = e_nats.item<double>(), count = e_count.item<double>();
+      r.val_tokens = int64_t(count);
+      return count > 0 ? nats / (std::log(2.0) * count) : 0.0;
+    }
+#endif
+    return evaluate(compute_model(), corpus, B, T, n_batches, backend, MB, &r.val_tokens);
+  };
+
   // The traced steps: after the process's first (warm-up) step and the graph's capture when there are.
   StepTrace tracer;
   const int64_t trace_from = opt.trace.empty() ? -1 : std::min(start + (graph_wanted ? 2 : 1), steps - 1);
@@ -550,7 +611,7 @@ TrainResult run_train(const TrainOptions& opt) {
     if (do_eval && rank0) {
       c10::NoGradGuard ng;
       const auto te = std::chrono::steady_clock::now();
-      r.val_curve.emplace_back(done, evaluate(compute_model(), corpus, B, T, eval_batches, backend, MB, &r.val_tokens));
+      r.val_curve.emplace_back(done, validate(eval_batches));
       r.phase_seconds.eval += since(te);
     }
     if (do_log && rank0) {
@@ -612,7 +673,7 @@ TrainResult run_train(const TrainOptions& opt) {
   if (done == steps && !(opt.snapshot_out && done == opt.snapshot_at) && final_batches != eval_batches && rank0) {
     c10::NoGradGuard ng;
     const auto te = std::chrono::steady_clock::now();
-    r.val_bpb = evaluate(compute_model(), corpus, B, T, final_batches, backend, MB, &r.val_tokens);
+    r.val_bpb = validate(final_batches);
     r.phase_seconds.eval += since(te);
   }
   const int64_t n_probe = opt.probe_sequences >= 0 ? opt.probe_sequences : P.probe_sequences;
@@ -664,6 +725,8 @@ Json train_result_json(const TrainResult& r) {
           {"cuda_graph", r.graph},
           {"cuda_graph_scope", r.graph_scope},
           {"cuda_graph_reason", r.graph_reason},
+          {"eval_cuda_graph", r.eval_graph},
+          {"eval_cuda_graph_reason", r.eval_graph_reason},
           {"train_flops_per_token_nanochat", r.cost.train_flops_nanochat},
           {"params", {{"total", r.cost.params.total()}, {"matmul", r.cost.params.matmul}}},
           {"loss_curve", r.losses},

@@ -105,6 +105,8 @@ struct TrainResult {
   std::string graph_scope = "none";  // what it holds: "step" (forward, backward and optimizer),
                                      // "forward_backward" (the optimizer eager) or "none" (no graph)
   std::string graph_reason;    // why the scope is less than "step" (empty when it is "step")
+  bool eval_graph = false;     // the validation forward replayed a CUDA graph (after its first batch)
+  std::string eval_graph_reason;  // why it did not (empty when it did)
   nlohmann::json trace;        // the traced steps' kernel-time summary (null without --trace)
   ModelCost cost;
   nlohmann::json probes;       // {probe: {accuracy, exact, chance, sequences, answers}} (byte-level data)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ci/leaderboard_cells.sh end to end on the CPU: two methods' cells in parallel processes and their
 # combined report; a rerun keeps the finished cells; past the deadline a removed cell stays missing
-# (exit 1); options the script sets itself are refused (exit 2).
+# (exit 1); a cell that ran out of memory is retried, another failure is not; options the script
+# sets itself are refused (exit 2).
 # Usage: tests/leaderboard_cells.sh MIXBENCH_BINARY
 set -uo pipefail
 export MIXBENCH_BIN=${1:?usage: tests/leaderboard_cells.sh MIXBENCH_BINARY}
@@ -34,6 +35,26 @@ MIXBENCH_CELLS_DEADLINE_S=0 "$SCRIPT" --methods dense_full,mqa "$OUT" 2 -- "${AR
 check "a missing cell exits 1" "[ $? -eq 1 ]"
 check "not started past the deadline" "grep -q 'cell mqa seed 0: not started' '$OUT/run3.txt'"
 check "listed missing" "[ \"\$(value '$OUT/leaderboard.json' 'r[\"summary\"][\"missing\"]')\" = \"[['mqa', 0]]\" ]"
+
+# a cell that runs out of memory is tried once more after the others; one that fails otherwise is not
+FAKE="$OUT/fails_once.sh"
+cat > "$FAKE" <<EOF
+#!/usr/bin/env bash
+# the mqa cell's first run fails with \$FAIL_WITH, later runs are the real binary's
+if [[ " \$* " == *" --methods mqa "* ]] && [ ! -f "$OUT/failed_once" ]; then
+  touch "$OUT/failed_once"; echo "mixbench: error: \$FAIL_WITH" >&2; exit 1
+fi
+exec "$MIXBENCH_BIN" "\$@"
+EOF
+chmod +x "$FAKE"
+rm -f "$OUT/cells/mqa.s0.json"
+FAIL_WITH="CUDA out of memory. Tried to allocate 24.00 MiB" MIXBENCH_BIN="$FAKE" "$SCRIPT" --methods dense_full,mqa "$OUT" 2 -- "${ARGS[@]}" > "$OUT/run6.txt" 2>&1
+check "an out-of-memory cell retried exits 0" "[ $? -eq 0 ]"
+check "retried once" "grep -q 'cell mqa seed 0: failed' '$OUT/run6.txt' && grep -q 'retrying 1 cell(s) that ran out of memory, 1 at a time' '$OUT/run6.txt' && grep -q 'cell mqa seed 0: trained in' '$OUT/run6.txt'"
+rm -f "$OUT/cells/mqa.s0.json" "$OUT/failed_once"
+FAIL_WITH="no such thing" MIXBENCH_BIN="$FAKE" "$SCRIPT" --methods dense_full,mqa "$OUT" 2 -- "${ARGS[@]}" > "$OUT/run7.txt" 2>&1
+check "another failure exits 1" "[ $? -eq 1 ]"
+check "and is not retried" "! grep -q retrying '$OUT/run7.txt' && [ \$(grep -c 'cell mqa seed 0' '$OUT/run7.txt') -eq 1 ]"
 
 "$SCRIPT" --methods dense_full "$OUT" 2 -- --out x.json > "$OUT/run4.txt" 2>&1
 check "--out among the leaderboard options exits 2" "[ $? -eq 2 ]"

@@ -381,6 +381,9 @@ TEST(TrainFast, ReportsTheCudaGraphScope) {
   const Json j = train_result_json(r);
   EXPECT_EQ(j["cuda_graph_scope"], "none");
   EXPECT_EQ(j["cuda_graph_reason"], "not on a GPU");
+  EXPECT_FALSE(r.eval_graph);
+  EXPECT_EQ(j["eval_cuda_graph"], false);
+  EXPECT_EQ(j["eval_cuda_graph_reason"], "not on a GPU");
   const fs::path dir = tmp_dir("scope");
   ASSERT_EQ(run_cli({"train", "--method", "dense", "--config", "n_layer=2,d_model=64,head_dim=32,seq_len=32", "--steps",
                      "2", "--batch", "2", "--eval-batches", "1", "--probes", "0", "--graph", "fwd-bwd", "--out",
@@ -459,6 +462,30 @@ TEST(TrainFast, CudaGraphOfTheWholeStepTrainsAsEager) {
   }
   EXPECT_LT(rw.losses.back(), rw.losses.front());  // it trains
   EXPECT_NEAR(rw.val_bpb, re.val_bpb, 1e-4 * re.val_bpb);
+  // the validation forward: eager with --graph off, captured otherwise; its curve and final value are
+  // the eager evaluation's (a graph reading stale weights would repeat the first point's value)
+  EXPECT_FALSE(re.eval_graph);
+  EXPECT_EQ(re.eval_graph_reason, "--graph off");
+  EXPECT_TRUE(rw.eval_graph) << rw.eval_graph_reason;
+  EXPECT_TRUE(rf.eval_graph) << rf.eval_graph_reason;
+  EXPECT_EQ(rw.val_tokens, re.val_tokens);
+  {
+    TrainOptions ce = o, cw = whole;
+    for (TrainOptions* t : {&ce, &cw}) {
+      t->eval_every = 2;
+      t->eval_batches = 3;
+    }
+    const TrainResult ve = run_train(ce), vw = run_train(cw);
+    ASSERT_TRUE(vw.eval_graph) << vw.eval_graph_reason;
+    ASSERT_EQ(ve.val_curve.size(), 4u);
+    ASSERT_EQ(vw.val_curve.size(), ve.val_curve.size());
+    for (size_t i = 0; i < ve.val_curve.size(); ++i) {
+      EXPECT_EQ(vw.val_curve[i].first, ve.val_curve[i].first);
+      EXPECT_NEAR(vw.val_curve[i].second, ve.val_curve[i].second, 1e-4 * ve.val_curve[i].second) << "curve point " << i;
+    }
+    EXPECT_GT(std::abs(ve.val_curve.front().second - ve.val_curve.back().second), 1e-3 * ve.val_curve.back().second);
+    EXPECT_NEAR(vw.val_bpb, ve.val_bpb, 1e-4 * ve.val_bpb);
+  }
   // a checkpoint after graph steps resumes: 8 steps stopped at 5 and resumed give the same losses
   const fs::path dir = tmp_dir("graph_resume");
   TrainOptions part = whole;
