@@ -389,7 +389,8 @@ at::Tensor run_model(const Model& m, const at::Tensor& idx, Backend backend, Pas
       if (last_only && h.size(1) > 1) h = h.slice(1, h.size(1) - 1);
       normed = rms_norm(h);
     }
-    at::Tensor logits = at::linear(normed, P.at("lm_head"));
+    // a fused step's few rows: one GEMV launch (at::linear where the kernel does not take them)
+    at::Tensor logits = fused_head ? linear_rows(normed, P.at("lm_head")) : at::linear(normed, P.at("lm_head"));
     if (fused_head) return softcap_logits(logits, 15.0, cache->pos_dev);
     // nanochat upcasts the logits to fp32 (from its bf16 compute dtype); an fp64 model stays fp64
     logits = logits.to(at::promote_types(logits.scalar_type(), at::kFloat));

@@ -183,6 +183,13 @@ int64_t decode_gemv_max_rows() {
   return v[0] - '0';
 }
 
+bool decode_pdl_enabled() {
+  const char* env = std::getenv("MIXBENCH_DECODE_PDL");
+  if (!env || std::string(env) == "1") return true;
+  if (std::string(env) == "0") return false;
+  throw InputError(fmt::format("MIXBENCH_DECODE_PDL must be 0 or 1, not '{}'", env));
+}
+
 static void check_linear_inputs(const char* op, const at::Tensor& x, const at::Tensor& W) {
   if (W.dim() != 2 || x.dim() < 1 || x.size(-1) != W.size(1))
     throw InputError(fmt::format("{} takes x [..., K] and W [N, K] (got x {}, W {})", op, c10::str(x.sizes()),

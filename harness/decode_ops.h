@@ -7,6 +7,8 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include "harness/decode_knobs.h"
+
 #include <vector>
 
 namespace mixbench {
@@ -60,11 +62,6 @@ at::Tensor linear_relu_square(const at::Tensor& x, const at::Tensor& W);
 ResidualNorm residual_norm_linear(const at::Tensor& x, const at::Tensor& y, ResidualMix mix, const at::Tensor& a,
                                   const at::Tensor& b, const at::Tensor& z, bool keep_sum, const at::Tensor& W,
                                   bool relu_square, bool with_normed = false);
-// The most rows the GEMV kernels (linear_relu_square, residual_norm_linear, linear_rows) take on a GPU:
-// 8, or MIXBENCH_DECODE_GEMV_ROWS (0..8; 0: every product through at::linear, after residual_norm
-// where the op is residual_norm_linear), to compare the two paths at a batch size. A value that is
-// not a whole number in 0..8 throws InputError naming it.
-int64_t decode_gemv_max_rows();
 // x [..., K] · W [N, K]ᵀ; for at most decode_cuda_ops::kGemvRows rows of a CUDA floating tensor one
 // GEMV launch (fp32 accumulation, rounded to x's dtype), otherwise at::linear.
 at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& W);

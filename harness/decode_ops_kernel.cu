@@ -5,6 +5,7 @@
 #include "harness/decode_ops_kernel.h"
 
 #include "harness/cuda_dtype.cuh"
+#include "harness/pdl.cuh"
 
 #include <cstdint>
 #include <stdexcept>
@@ -15,6 +16,8 @@ namespace {
 
 using layers::from_f32;
 using layers::load_f32;
+using cuda_launch::launch_dependent;
+using cuda_launch::pdl_wait;
 
 constexpr int kThreads = 256;
 
@@ -116,12 +119,14 @@ __device__ __forceinline__ void residual_norm_row_warp(const ResidualNormArgs& p
 
 template <class T>
 __global__ void __launch_bounds__(kThreads) residual_norm_kernel(ResidualNormArgs p) {
+  pdl_wait();
   extern __shared__ float buf[];  // [D] the row's r, then kThreads/32 partial sums
   residual_norm_row<T>(p, blockIdx.x, buf, buf + p.D, true);
 }
 
 template <class T>
 __global__ void __launch_bounds__(kThreads) embed_smear_kernel(EmbedSmearArgs p) {
+  pdl_wait();
   extern __shared__ float buf[];  // [D] the normalized embedding, then kThreads/32 partial sums
   float* red = buf + p.D;
   const int64_t row = blockIdx.x, base = row * p.D;
@@ -168,6 +173,7 @@ __global__ void __launch_bounds__(kThreads) embed_smear_kernel(EmbedSmearArgs p)
 template <class T>
 __global__ void __launch_bounds__(kThreads) softcap_kernel(const T* __restrict__ l, float* __restrict__ out, int64_t n,
                                                            float cap, int64_t* advance) {
+  pdl_wait();
   const float inv = 1.f / cap;  // LibTorch divides by a host scalar as a product with its reciprocal
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
     out[i] = cap * tanhf(load_f32(l + i) * inv);
@@ -244,6 +250,7 @@ __device__ __forceinline__ void gemv_column(const Rows& x, const T* __restrict__
 template <class T, int E, bool kReluSquare>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     linear_rows_kernel(const T* __restrict__ x, const T* __restrict__ W, T* __restrict__ y, int rows, int64_t N, int64_t K) {
+  pdl_wait();
   const int64_t n = int64_t(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
   if (n >= N) return;  // whole warps
   gemv_column<T, E, kReluSquare>(PackedRows<T, E>{x, K}, W, y, rows, n, N, K);
@@ -255,11 +262,11 @@ void linear_rows_t(const void* x, const void* W, void* y, int rows, int64_t N, i
   const bool packed = K % E == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(W) % 16 == 0;
   const unsigned blocks = unsigned((N + kGemvWarps - 1) / kGemvWarps);
   if (packed)
-    linear_rows_kernel<T, E, kReluSquare><<<blocks, kGemvWarps * 32, 0, s>>>(
-        static_cast<const T*>(x), static_cast<const T*>(W), static_cast<T*>(y), rows, N, K);
+    launch_dependent("linear rows", linear_rows_kernel<T, E, kReluSquare>, blocks, kGemvWarps * 32, 0, s,
+                     static_cast<const T*>(x), static_cast<const T*>(W), static_cast<T*>(y), rows, N, K);
   else
-    linear_rows_kernel<T, 1, kReluSquare><<<blocks, kGemvWarps * 32, 0, s>>>(
-        static_cast<const T*>(x), static_cast<const T*>(W), static_cast<T*>(y), rows, N, K);
+    launch_dependent("linear rows", linear_rows_kernel<T, 1, kReluSquare>, blocks, kGemvWarps * 32, 0, s,
+                     static_cast<const T*>(x), static_cast<const T*>(W), static_cast<T*>(y), rows, N, K);
 }
 template <class T>
 void linear_relu_square_t(const void* x, const void* W, void* y, int rows, int64_t N, int64_t K, cudaStream_t s) {
@@ -279,6 +286,7 @@ void linear_plain_t(const void* x, const void* W, void* y, int rows, int64_t N, 
 template <class T, int E, bool kReluSquare>
 __global__ void __launch_bounds__(kThreads) residual_norm_linear_kernel(ResidualNormArgs p, const T* __restrict__ W,
                                                                        T* __restrict__ y, int64_t N) {
+  pdl_wait();
   extern __shared__ __align__(16) unsigned char fused_rows[];  // [rows, D] of T: the normed rows
   T* xs = reinterpret_cast<T*>(fused_rows);
   const int rows = int(p.rows), D = p.D;
@@ -298,10 +306,9 @@ void residual_norm_linear_t(const ResidualNormArgs& p, const void* W, void* y, i
   const size_t smem = sizeof(T) * size_t(p.rows) * size_t(p.D);
   const T* w = static_cast<const T*>(W);
   T* out = static_cast<T*>(y);
-  if (packed && relu_square) residual_norm_linear_kernel<T, E, true><<<blocks, kThreads, smem, s>>>(p, w, out, N);
-  else if (packed) residual_norm_linear_kernel<T, E, false><<<blocks, kThreads, smem, s>>>(p, w, out, N);
-  else if (relu_square) residual_norm_linear_kernel<T, 1, true><<<blocks, kThreads, smem, s>>>(p, w, out, N);
-  else residual_norm_linear_kernel<T, 1, false><<<blocks, kThreads, smem, s>>>(p, w, out, N);
+  auto* kernel = packed ? (relu_square ? residual_norm_linear_kernel<T, E, true> : residual_norm_linear_kernel<T, E, false>)
+                        : (relu_square ? residual_norm_linear_kernel<T, 1, true> : residual_norm_linear_kernel<T, 1, false>);
+  launch_dependent("residual norm linear", kernel, blocks, kThreads, smem, s, p, w, out, N);
 }
 
 void check(const char* what) {
@@ -319,17 +326,18 @@ size_t row_smem(int D) { return sizeof(float) * (size_t(D) + kThreads / 32); }
 
 template <class T>
 void residual_norm_t(const ResidualNormArgs& p, cudaStream_t s) {
-  residual_norm_kernel<T><<<unsigned(p.rows), kThreads, row_smem(p.D), s>>>(p);
+  launch_dependent("residual norm", residual_norm_kernel<T>, unsigned(p.rows), kThreads, row_smem(p.D), s, p);
 }
 template <class T>
 void embed_smear_t(const EmbedSmearArgs& p, cudaStream_t s) {
-  embed_smear_kernel<T><<<dim3(unsigned(p.rows), unsigned(1 + p.n_gather)), kThreads, row_smem(p.D), s>>>(p);
+  launch_dependent("embed smear", embed_smear_kernel<T>, dim3(unsigned(p.rows), unsigned(1 + p.n_gather)), kThreads,
+                   row_smem(p.D), s, p);
 }
 template <class T>
 void softcap_t(const void* l, float* out, int64_t n, float cap, int64_t* advance, cudaStream_t s) {
   const int64_t blocks = (n + kThreads - 1) / kThreads;
-  softcap_kernel<T><<<unsigned(blocks < 1 ? 1 : blocks > 132 * 8 ? 132 * 8 : blocks), kThreads, 0, s>>>(
-      static_cast<const T*>(l), out, n, cap, advance);
+  launch_dependent("softcap", softcap_kernel<T>, unsigned(blocks < 1 ? 1 : blocks > 132 * 8 ? 132 * 8 : blocks), kThreads,
+                   0, s, static_cast<const T*>(l), out, n, cap, advance);
 }
 }  // namespace
 

@@ -261,7 +261,9 @@ Unit decode_unit(const MethodSpec& method, const SweepOptions& opt) {
                   {"graph_kernels_per_step", cs->graph->nodes().kernels},
                   {"graph_nodes_per_step", cs->graph->nodes().launches() + cs->graph->nodes().other},
                   // the most rows the decode GEMV kernels took (MIXBENCH_DECODE_GEMV_ROWS)
-                  {"gemv_max_rows", decode_gemv_max_rows()}};
+                  {"gemv_max_rows", decode_gemv_max_rows()},
+                  // the step's own kernels as programmatic dependent launches (MIXBENCH_DECODE_PDL)
+                  {"programmatic_launches", decode_pdl_enabled()}};
         };
         return pt;
       }

@@ -110,8 +110,26 @@ TEST(DecodeFused, CpuStandInsAreTheUnfusedOpsBitForBit) {
 }
 
 // MIXBENCH_DECODE_GEMV_ROWS: the most rows the GEMV kernels take (8 when unset); anything but a whole
-// number 0..8 is refused with its value named.
-TEST(DecodeFused, GemvRowsFromTheEnvironment) {
+// number 0..8 is refused with its value named. MIXBENCH_DECODE_PDL: 1 or unset on, 0 off, else refused.
+TEST(DecodeFused, KnobsFromTheEnvironment) {
+  {
+    mixbench_test::EnvGuard env("MIXBENCH_DECODE_PDL", "0");
+    EXPECT_FALSE(decode_pdl_enabled());
+  }
+  {
+    mixbench_test::EnvGuard env("MIXBENCH_DECODE_PDL", "1");
+    EXPECT_TRUE(decode_pdl_enabled());
+  }
+  for (const char* bad : {"yes", "", "2"}) {
+    mixbench_test::EnvGuard env("MIXBENCH_DECODE_PDL", bad);
+    try {
+      decode_pdl_enabled();
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(fmt::format("MIXBENCH_DECODE_PDL must be 0 or 1, not '{}'", bad)), std::string::npos)
+          << e.what();
+    }
+  }
   {
     mixbench_test::EnvGuard env("MIXBENCH_DECODE_GEMV_ROWS", "0");
     EXPECT_EQ(decode_gemv_max_rows(), 0);
@@ -269,6 +287,43 @@ TEST(DecodeFusedCuda, GemvRowsZeroTakesTheGemm) {
       EXPECT_TRUE(at::equal(linear_relu_square(two.normed, W), relu_square(gemm))) << where;
       EXPECT_TRUE(at::equal(linear_rows(gemm, W2), at::linear(gemm, W2))) << where;
     }
+}
+
+// The captured step's own kernels as programmatic dependent launches (each waits for the kernel
+// before it to complete, then lets the next one be scheduled) against ordinary launches: the same
+// kernels on the same inputs, so the same logits bit for bit at every step; a kernel reading its
+// predecessor's output before that output is complete would not reproduce them.
+TEST(DecodeFusedCuda, ProgrammaticLaunchesChangeNoValue) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  c10::NoGradGuard ng;
+  for (const std::string name : {"dense_full", "gqa", "gdn", "mla"}) {
+    const MethodSpec& m = Registry::get().method(name);
+    const Config cfg = m.config.parse("n_layer=4,seq_len=256");
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(6);
+    Model model = build_model(m, cfg, gen, at::TensorOptions().dtype(at::kFloat), true);
+    TensorMap moved;
+    for (const auto& [n, p] : model.params) moved.set(n, p.to(at::kCUDA, at::kBFloat16));
+    model.params = moved;
+    const int64_t V = model.dims.vocab, Tp = 40, T = 72, B = 2;
+    const at::Tensor idx = at::randint(V, {B, T}, gen, at::TensorOptions().dtype(at::kLong)).to(at::kCUDA);
+    std::vector<std::vector<at::Tensor>> logits(2);
+    for (int pdl = 0; pdl < 2; ++pdl) {
+      mixbench_test::EnvGuard env("MIXBENCH_DECODE_PDL", pdl ? "1" : "0");
+      ModelCache cache;
+      model_prefill(model, idx.slice(1, 0, Tp), Backend::CUDA, &cache, T + 4);
+      DecodeGraph g(model, cache, idx.slice(1, Tp, Tp + 1).contiguous());
+      logits[pdl].push_back(g.logits().clone());
+      for (int64_t t = Tp + 1; t < T; ++t) {
+        g.input().copy_(idx.slice(1, t, t + 1));
+        g.step();
+        logits[pdl].push_back(g.logits().clone());
+      }
+    }
+    ASSERT_EQ(logits[0].size(), logits[1].size());
+    for (size_t i = 0; i < logits[0].size(); ++i)
+      EXPECT_TRUE(at::equal(logits[0][i], logits[1][i])) << name << " step " << i << ": max diff "
+                                                         << (logits[0][i] - logits[1][i]).abs().max().item<double>();
+  }
 }
 
 TEST(DecodeFused, EmbedSmearRefusesAGateWiderThanTheModel) {

@@ -8,6 +8,7 @@
 #include "mixers/attention/decode_attention_kernel.h"
 
 #include "harness/cuda_dtype.cuh"
+#include "harness/pdl.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -68,6 +69,7 @@ __global__ void __launch_bounds__(kWarps * 32) split_kernel(const T* __restrict_
                                                           int H, int Hkv, int cap, float scale, double logit_a,
                                                           float* __restrict__ ws, int splits, T* __restrict__ o,
                                                           unsigned* __restrict__ counters) {
+  cuda_launch::pdl_wait();
   constexpr int EPL = D / 32;
   const int split = blockIdx.x, bk = blockIdx.y, b = bk / Hkv, hk = bk % Hkv;
   const int G = H / Hkv, g0 = blockIdx.z * kMaxGroup, ng = min(kMaxGroup, G - g0);
@@ -231,9 +233,9 @@ void launch_split(const void* q, const void* K, const void* V, void* o, const in
                   int cap, float scale, double logit_a, float* ws, int splits, unsigned* counters, cudaStream_t stream) {
   const int G = H / Hkv;
   dim3 grid(unsigned(splits), unsigned(B * Hkv), unsigned((G + GM - 1) / GM));
-  split_kernel<T, D, GM><<<grid, kWarps * 32, 0, stream>>>(static_cast<const T*>(q), static_cast<const T*>(K),
-                                                           static_cast<const T*>(V), pos_dev, H, Hkv, cap, scale, logit_a,
-                                                           ws, splits, static_cast<T*>(o), counters);
+  cuda_launch::launch_dependent("split-KV attention", split_kernel<T, D, GM>, grid, kWarps * 32, 0, stream,
+                                static_cast<const T*>(q), static_cast<const T*>(K), static_cast<const T*>(V), pos_dev, H,
+                                Hkv, cap, scale, logit_a, ws, splits, static_cast<T*>(o), counters);
 }
 
 template <class T, int D>

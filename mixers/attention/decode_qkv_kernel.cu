@@ -3,6 +3,7 @@
 #include "mixers/attention/decode_qkv_kernel.h"
 
 #include "harness/cuda_dtype.cuh"
+#include "harness/pdl.cuh"
 
 #include <algorithm>
 #include <stdexcept>
@@ -30,6 +31,7 @@ template <class T>
 __global__ void qkv_step_kernel(QkvStep s, const T* __restrict__ p, const T* __restrict__ ve,
                                 const double* __restrict__ inv, const int64_t* __restrict__ pos, T* __restrict__ q_out,
                                 T* __restrict__ K, T* __restrict__ V) {
+  cuda_launch::pdl_wait();
   __shared__ float shared[32];
   const int head = blockIdx.x, b = blockIdx.y, half = s.D / 2, j = threadIdx.x;
   const int64_t t = *pos, slot = t % s.cap;
@@ -76,8 +78,9 @@ void launch(const QkvStep& s, const void* p, const void* ve, const double* inv, 
   if (s.B == 0) return;
   const int threads = std::max(32, ((s.D / 2 + 31) / 32) * 32);
   const dim3 grid(unsigned(s.H + 2 * s.Hkv), unsigned(s.B));
-  qkv_step_kernel<T><<<grid, threads, 0, stream>>>(s, static_cast<const T*>(p), static_cast<const T*>(ve), inv, pos,
-                                                   static_cast<T*>(q), static_cast<T*>(K), static_cast<T*>(V));
+  cuda_launch::launch_dependent("qkv step", qkv_step_kernel<T>, grid, threads, 0, stream, s, static_cast<const T*>(p),
+                                static_cast<const T*>(ve), inv, pos, static_cast<T*>(q), static_cast<T*>(K),
+                                static_cast<T*>(V));
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include "harness/decode_ops.h"
 #include "harness/backbone.h"
 #include "harness/errors.h"
 #include "harness/registry.h"
@@ -197,6 +198,8 @@ TensorMap decode_static(const TensorMap& in, TensorMap& cache, const Config& c, 
     q = p.q.reshape({B, H, dh});
   }
   at::Tensor o = attention_decode_static(q, K, V, pos, 1.0 / std::sqrt(double(dh)), logit_scale_in_effect(c, ctx));
+  if (!c.b("out_gate") && !at::GradMode::is_enabled())  // c_proj for the step's few rows as one GEMV launch
+    return {{"y", linear_rows(o.view({B, 1, H * dh}), in.at("c_proj"))}};
   return {{"y", out_proj(o.view({B, 1, H, dh}), in, c, d)}};
 }
 

@@ -24,6 +24,7 @@
 
 #include <limits>
 
+#include "harness/decode_ops.h"
 #include "harness/backbone.h"
 #include "harness/errors.h"
 #include "harness/registry.h"
@@ -291,13 +292,16 @@ TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const M
     // the H absorbed queries [W_UKᵀ q_C | q_R | 0] from one GEMM, RoPE on their rotary parts
     const int64_t P = buf.size(3);
     const at::Tensor cq = rms_gain(proj.narrow(1, 0, d.ql), in.at("q_norm"));
-    const at::Tensor q = at::linear(cq, cache.at("w.q")).view({B, d.H, P});
+    // the step's few rows: GEMV launches where no gradient is taken
+    const bool gemv = !at::GradMode::is_enabled();
+    const at::Tensor q = (gemv ? linear_rows(cq, cache.at("w.q")) : at::linear(cq, cache.at("w.q"))).view({B, d.H, P});
     if (d.dr > 0) {
       at::Tensor q_r = q.narrow(2, d.kvl, d.dr);
       q_r.copy_(layers::rope_pos_dev(q_r.reshape({B, 1, d.H, d.dr}), rope_base(c, d), pos_dev).view({B, d.H, d.dr}));
     }
     const at::Tensor mix = attention_decode_static(q, buf, buf, pos_dev, scale_of(d), 0.0);  // [B, H, P]
-    return {{"y", at::linear(mix.reshape({B, 1, d.H * P}).to(x.scalar_type()), cache.at("w.o"))}};
+    const at::Tensor mo = mix.reshape({B, 1, d.H * P}).to(x.scalar_type());
+    return {{"y", gemv ? linear_rows(mo, cache.at("w.o")) : at::linear(mo, cache.at("w.o"))}};
   }
   Latents l = latents(in, c, d, pos, pos_dev);
   auto [qc, qr] = queries(l, in, c, d, pos, pos_dev);

@@ -2,6 +2,7 @@
 #include "mixers/linear/decode_step_kernel.h"
 
 #include "harness/cuda_dtype.cuh"
+#include "harness/pdl.cuh"
 
 #include <algorithm>
 #include <stdexcept>
@@ -17,6 +18,7 @@ using layers::load_f32;
 template <class T>
 __global__ void conv_step_kernel(const T* __restrict__ x, T* __restrict__ tail, const T* __restrict__ w, T* __restrict__ y,
                                  int64_t B, int64_t C, int W) {
+  cuda_launch::pdl_wait();
   const int64_t n = B * C;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t b = i / C, c = i % C;
@@ -35,6 +37,7 @@ template <class T>
 __global__ void delta_step_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                   const float* __restrict__ beta, const float* __restrict__ g, Decay decay, float scale,
                                   float* __restrict__ S, T* __restrict__ o, int K, int V, RawGates raw, int H) {
+  cuda_launch::pdl_wait();
   extern __shared__ float sm[];  // q[K], k[K], decay[K]
   float* qs = sm;
   float* ks = sm + K;
@@ -96,6 +99,7 @@ __device__ __forceinline__ float round_to(float v) {
 // One block per (b, h); thread j owns columns j, j + blockDim, ... of S (as delta_step_kernel).
 template <class T>
 __global__ void gdn_step_kernel(GdnStep p) {
+  cuda_launch::pdl_wait();
   extern __shared__ float sm[];  // q[K], k[K], o[V], 32 partial sums
   float* qs = sm;
   float* ks = sm + p.K;
@@ -162,7 +166,8 @@ template <class T>
 void gdn_launch(const GdnStep& p, cudaStream_t stream) {
   if (p.B * p.H == 0) return;
   const int threads = int(std::min<int64_t>(256, ((std::max(p.K, p.V) + 31) / 32) * 32));
-  gdn_step_kernel<T><<<unsigned(p.B * p.H), threads, size_t(2 * p.K + p.V + 32) * sizeof(float), stream>>>(p);
+  cuda_launch::launch_dependent("gdn step", gdn_step_kernel<T>, unsigned(p.B * p.H), threads,
+                                size_t(2 * p.K + p.V + 32) * sizeof(float), stream, p);
 }
 
 template <class T>
@@ -171,8 +176,9 @@ void conv_launch(const void* x, void* tail, const void* w, void* y, int64_t B, i
   if (n == 0) return;
   const int threads = 256;
   const int64_t blocks = std::min<int64_t>((n + threads - 1) / threads, 65535);
-  conv_step_kernel<T><<<unsigned(blocks), threads, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(tail),
-                                                               static_cast<const T*>(w), static_cast<T*>(y), B, C, W);
+  cuda_launch::launch_dependent("conv step", conv_step_kernel<T>, unsigned(blocks), threads, 0, stream,
+                                static_cast<const T*>(x), static_cast<T*>(tail), static_cast<const T*>(w),
+                                static_cast<T*>(y), B, C, W);
 }
 
 template <class T>
@@ -181,9 +187,10 @@ void delta_launch(const void* q, const void* k, const void* v, const float* beta
                   const RawGates& raw = {}) {
   if (B * H == 0) return;
   const int threads = int(std::min<int64_t>(256, ((V + 31) / 32) * 32));
-  delta_step_kernel<T><<<unsigned(B * H), threads, size_t(3 * K) * sizeof(float), stream>>>(
-      static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), beta, g, decay, scale, S,
-      static_cast<T*>(o), int(K), int(V), raw, int(H));
+  cuda_launch::launch_dependent("delta step", delta_step_kernel<T>, unsigned(B * H), threads,
+                                size_t(3 * K) * sizeof(float), stream, static_cast<const T*>(q), static_cast<const T*>(k),
+                                static_cast<const T*>(v), beta, g, decay, scale, S, static_cast<T*>(o), int(K), int(V),
+                                raw, int(H));
 }
 
 void check(const char* what) {

@@ -1,0 +1,18 @@
+// The decode kernels' environment settings, read when a kernel is launched (a captured step keeps
+// what it was captured with). A value outside the accepted ones throws InputError naming it.
+#pragma once
+#include <cstdint>
+
+namespace mixbench {
+
+// MIXBENCH_DECODE_GEMV_ROWS: the most rows the GEMV kernels (linear_relu_square,
+// residual_norm_linear, linear_rows) take on a GPU: 8 when unset, 0..8 (0: every product through
+// at::linear, after residual_norm where the op is residual_norm_linear), to compare the two paths
+// at a batch size.
+int64_t decode_gemv_max_rows();
+
+// MIXBENCH_DECODE_PDL: whether the decode step's own kernels are launched as programmatic dependent
+// launches (harness/pdl.cuh): unset or 1 yes, 0 no.
+bool decode_pdl_enabled();
+
+}  // namespace mixbench
