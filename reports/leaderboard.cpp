@@ -248,10 +248,16 @@ std::string ranking_section(const Json& results, const Json& summary) {
 std::string leaderboard_html(const Json& results, const std::string& title, const Json& summary) {
   // With several budgets (--budgets) every row carries its budget: one section per budget, in the
   // order they appear, then Kendall's τ between them.
+  // A method that failed has no budget of its own: it is listed as failed under every budget.
   std::vector<std::pair<std::string, Json>> parts;
+  std::vector<Json> unbudgeted_failures;
   for (const auto& r : results) {
     const Json b = r.value("budget", Json());
     const std::string label = b.is_object() ? b.value("budget", std::string()) : std::string();
+    if (label.empty() && r.value("status", std::string("ok")) != "ok") {
+      unbudgeted_failures.push_back(r);
+      continue;
+    }
     auto it = std::find_if(parts.begin(), parts.end(), [&](const auto& p) { return p.first == label; });
     if (it == parts.end()) {
       parts.emplace_back(label, Json::array());
@@ -259,9 +265,12 @@ std::string leaderboard_html(const Json& results, const std::string& title, cons
     }
     it->second.push_back(r);
   }
+  if (parts.empty()) parts.emplace_back(std::string(), Json::array());
+  for (auto& [label, rows] : parts)
+    for (const Json& r : unbudgeted_failures) rows.push_back(r);
   std::string body;
   if (parts.size() <= 1) {
-    body = ranking_section(results, summary);
+    body = ranking_section(parts.front().second, summary);
   } else {
     for (const auto& [label, rows] : parts) {
       std::string heading = label.empty() ? std::string("without a budget") : "budget " + label;

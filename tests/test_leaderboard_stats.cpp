@@ -433,6 +433,23 @@ TEST(LeaderboardStats, PageHasASectionPerBudget) {
   const std::string p1 = leaderboard_html(one, "board", {{"baseline", "best"}});
   EXPECT_EQ(p1.find("<h2>budget"), std::string::npos);
   EXPECT_EQ(count_of(p1, "<svg"), 3u);
+  // a method that failed (no budget of its own) is listed as failed in the budget's page, not in a
+  // section of its own; with two budgets, under each
+  const Json failed = {{"method", "broken"}, {"status", "error"}, {"message", "seed 2: CUDA out of memory"}, {"seeds", {1, 2}}};
+  Json one_failed = one;
+  one_failed.push_back(failed);
+  const std::string p2 = leaderboard_html(one_failed, "board", {{"baseline", "best"}});
+  EXPECT_EQ(p2.find("without a budget"), std::string::npos);
+  EXPECT_EQ(p2.find("<h2>budget"), std::string::npos);
+  EXPECT_EQ(count_of(p2, "<svg"), 3u);
+  EXPECT_EQ(count_of(p2, "<h2>Failed</h2>"), 1u);
+  EXPECT_NE(p2.find("seed 2: CUDA out of memory"), std::string::npos);
+  Json two_failed = rows;
+  two_failed.push_back(failed);
+  const std::string p3 = leaderboard_html(two_failed, "board", summary);
+  EXPECT_EQ(p3.find("without a budget"), std::string::npos);
+  EXPECT_EQ(count_of(p3, "<h2>budget "), 2u);
+  EXPECT_EQ(count_of(p3, "<h2>Failed</h2>"), 2u);
 }
 
 // ------------------------------------------------------------------ interrupted and resumed
