@@ -27,7 +27,8 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent launch when enabled.
+// kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent launch when enabled and
+// the stream is capturing a graph.
 // The kernel must call pdl_wait() before anything else. Throws std::runtime_error naming `what`.
 template <class... KArgs, class... Args>
 void launch_dependent(const char* what, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
@@ -41,7 +42,12 @@ void launch_dependent(const char* what, void (*kernel)(KArgs...), dim3 grid, dim
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = &attr;
-  cfg.numAttrs = decode_pdl_enabled() ? 1 : 0;
+  // programmatic only into a CUDA graph being captured (the decode step's replays): an eager launch
+  // is bound by the host anyway and stays an ordinary one
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess)
+    throw std::runtime_error(std::string(what) + ": cannot query the stream's capture state");
+  cfg.numAttrs = capture == cudaStreamCaptureStatusActive && decode_pdl_enabled() ? 1 : 0;
   const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
   if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
 }
