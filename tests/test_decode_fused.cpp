@@ -177,6 +177,16 @@ TEST(DecodeFused, RejectsAMixWithoutItsInputs) {
 // ------------------------------------------------------------------------------------------- GPU
 
 at::Tensor cuda(const at::Tensor& t, at::ScalarType dt) { return t.to(at::kCUDA, dt); }
+// `name` built at `config` (seed `seed`, fp32 init) with its parameters moved to the GPU in bf16.
+Model bf16_cuda_model(const std::string& name, const std::string& config, uint64_t seed, at::Generator& gen) {
+  const MethodSpec& m = Registry::get().method(name);
+  gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  Model model = build_model(m, m.config.parse(config), gen, at::TensorOptions().dtype(at::kFloat), true);
+  TensorMap moved;
+  for (const auto& [n, p] : model.params) moved.set(n, p.to(at::kCUDA, at::kBFloat16));
+  model.params = moved;
+  return model;
+}
 at::Tensor f64(const at::Tensor& t) { return t.detach().to(at::kCPU, at::kDouble); }
 at::Tensor d64(const at::Tensor& t) { return t.to(at::kDouble); }
 
@@ -297,13 +307,8 @@ TEST(DecodeFusedCuda, ProgrammaticLaunchesChangeNoValue) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   c10::NoGradGuard ng;
   for (const std::string name : {"dense_full", "gqa", "gdn", "mla"}) {
-    const MethodSpec& m = Registry::get().method(name);
-    const Config cfg = m.config.parse("n_layer=4,seq_len=256");
-    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(6);
-    Model model = build_model(m, cfg, gen, at::TensorOptions().dtype(at::kFloat), true);
-    TensorMap moved;
-    for (const auto& [n, p] : model.params) moved.set(n, p.to(at::kCUDA, at::kBFloat16));
-    model.params = moved;
+    at::Generator gen;
+    const Model model = bf16_cuda_model(name, "n_layer=4,seq_len=256", 6, gen);
     const int64_t V = model.dims.vocab, Tp = 40, T = 72, B = 2;
     const at::Tensor idx = at::randint(V, {B, T}, gen, at::TensorOptions().dtype(at::kLong)).to(at::kCUDA);
     std::vector<std::vector<at::Tensor>> logits(2);
@@ -540,13 +545,8 @@ TEST(DecodeFusedCuda, CapturedD12StepLaunchesFewKernels) {
   };
   for (const Expect& e : {Expect{"dense_full", 13, 65}, Expect{"gdn", 13, 65}}) {
     const std::string& name = e.method;
-    const MethodSpec& m = Registry::get().method(name);
-    const Config cfg = m.config.parse("n_layer=12,seq_len=2048");
-    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(4);
-    Model model = build_model(m, cfg, gen, at::TensorOptions().dtype(at::kFloat), true);
-    TensorMap moved;
-    for (const auto& [n, p] : model.params) moved.set(n, p.to(at::kCUDA, at::kBFloat16));
-    model.params = moved;
+    at::Generator gen;
+    const Model model = bf16_cuda_model(name, "n_layer=12,seq_len=2048", 4, gen);
     const int64_t V = model.dims.vocab, Tp = 16, T = 24;
     const at::Tensor idx = at::randint(V, {1, T}, gen, at::TensorOptions().dtype(at::kLong)).to(at::kCUDA);
     ModelCache eager;
