@@ -450,7 +450,7 @@ TrainResult run_train(const TrainOptions& opt) {
 
   // The validation bpb over n_batches of the validation stream (evaluate()'s arithmetic). On a GPU,
   // unless graphs are off, the forward with its cross-entropy sums is captured once, at the first
-  // evaluation, on a compute-dtype copy of the masters that every evaluation refreshes in place, and
+  // evaluation whose forward no longer depends on the step, on a compute-dtype copy of the masters that every evaluation refreshes in place, and
   // replayed for every batch after the first; the sums (double, on the device, added in evaluate()'s
   // order) are read back once per evaluation. A capture that fails leaves the evaluation eager.
   r.eval_graph_reason = !dev.is_cuda() ? "not on a GPU" : opt.graph == "off" ? "--graph off" : "";
@@ -469,7 +469,9 @@ TrainResult run_train(const TrainOptions& opt) {
 #endif
   auto validate = [&](int64_t n_batches) -> double {
 #if defined(MIXBENCH_WITH_CUDA)
-    if (r.eval_graph_reason.empty()) {
+    // a forward that depends on the step (the sparse methods' full-attention warm-up, a loop depth
+    // sampled per step) is evaluated eagerly at that step; once it no longer does, it is captured
+    if (r.eval_graph_reason.empty() && mixbench::step_dependence(model, model.step).empty()) {
       c10::NoGradGuard ng;
       if (!ex.defined()) {  // the copy the graph reads: its own buffers, whatever the masters' storage does later
         em = model;
@@ -483,6 +485,7 @@ TrainResult run_train(const TrainOptions& opt) {
       } else {
         for (const auto& [n, p] : model.params) em.params.at(n).copy_(p.detach());
       }
+      em.step = model.step;
       e_nats.zero_();
       e_count.zero_();
       for (int64_t k = 0; k < n_batches; ++k) {

@@ -486,6 +486,26 @@ TEST(TrainFast, CudaGraphOfTheWholeStepTrainsAsEager) {
     EXPECT_GT(std::abs(ve.val_curve.front().second - ve.val_curve.back().second), 1e-3 * ve.val_curve.back().second);
     EXPECT_NEAR(vw.val_bpb, ve.val_bpb, 1e-4 * ve.val_bpb);
   }
+  // a forward that depends on the step (dsa's full-attention warm-up, steps 0..3 here): the curve's
+  // points inside the warm-up are eager, the graph is captured after it; every point as eager (to
+  // 1e-3: the two runs' fp32 differences of ~1e-7 could flip a near-tied top-k choice; a graph kept
+  // from the warm-up would attend to all 32 keys instead of 8, off by far more)
+  {
+    TrainOptions se = tiny_run("dsa", 8);
+    se.config += ",dsa_topk=8,idx_heads=2,idx_dim=8,idx_rope_dim=4,full_attention_warmup_steps=4";
+    se.device = "cuda";
+    se.dtype = "fp32";
+    se.eval_every = 2;
+    se.eval_batches = 2;
+    TrainOptions sw = se;
+    se.graph = "off";
+    const TrainResult de = run_train(se), dw = run_train(sw);
+    EXPECT_TRUE(dw.eval_graph) << dw.eval_graph_reason;
+    ASSERT_EQ(de.val_curve.size(), 4u);
+    ASSERT_EQ(dw.val_curve.size(), de.val_curve.size());
+    for (size_t i = 0; i < de.val_curve.size(); ++i)
+      EXPECT_NEAR(dw.val_curve[i].second, de.val_curve[i].second, 1e-3 * de.val_curve[i].second) << "dsa curve point " << i;
+  }
   // a checkpoint after graph steps resumes: 8 steps stopped at 5 and resumed give the same losses
   const fs::path dir = tmp_dir("graph_resume");
   TrainOptions part = whole;
