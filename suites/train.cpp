@@ -453,7 +453,10 @@ TrainResult run_train(const TrainOptions& opt) {
   // evaluation whose forward no longer depends on the step, on a compute-dtype copy of the masters that every evaluation refreshes in place, and
   // replayed for every batch after the first; the sums (double, on the device, added in evaluate()'s
   // order) are read back once per evaluation. A capture that fails leaves the evaluation eager.
-  r.eval_graph_reason = !dev.is_cuda() ? "not on a GPU" : opt.graph == "off" ? "--graph off" : "";
+  r.eval_graph_reason = !dev.is_cuda()     ? "not on a GPU"
+                        : opt.graph == "off" ? "--graph off"
+                        : dp                 ? "data parallel: the other ranks' collectives run while rank 0 evaluates"
+                                             : "";
 #if defined(MIXBENCH_WITH_CUDA)
   StepGraph eval_graph;
   Model em;
