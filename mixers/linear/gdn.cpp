@@ -13,6 +13,7 @@
 // (nanochat's c_proj); other projections nanochat's uniform ±√3/√d.
 #include <ATen/ATen.h>
 
+#include "harness/decode_ops.h"
 #include "harness/fused_ops.h"
 #include "harness/registry.h"
 #include "mixers/common/layers.h"
@@ -46,8 +47,9 @@ TensorMap run(const TensorMap& in, const Config& c, Backend backend, TensorMap* 
   const bool joint = cache && cache_is_static(*cache) && (!decode || cache->has(kStaticInput));
   // its decode step: one GEMM, the conv step and one op for the rest (gdn_static_step), then o_proj
   if (joint && decode) {
-    const at::Tensor o = gdn_static_step(in, d, *cache, in.at("o_norm"), d.eps, backend);
-    return {{"y", at::linear(o.reshape({B, T, d.H * d.V}), in.at("o_proj"))}};
+    const at::Tensor o = gdn_static_step(in, d, *cache, in.at("o_norm"), d.eps, backend).reshape({B, T, d.H * d.V});
+    // o_proj for the step's few rows as one GEMV launch where no gradient is taken
+    return {{"y", at::GradMode::is_enabled() ? at::linear(o, in.at("o_proj")) : linear_rows(o, in.at("o_proj"))}};
   }
   DeltaQKV qkv = !cache ? delta_qkv(in, d)
                  : joint ? delta_qkv_cached(in, d, *cache, decode, {"b_proj", "a_proj", "g_proj"})
