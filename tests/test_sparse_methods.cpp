@@ -3,6 +3,8 @@
 // only the indexer, bad block indices, MoBA's accountant against what its layer and decode step compute.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
@@ -12,6 +14,7 @@
 #include "harness/errors.h"
 #include "harness/flop_counter.h"
 #include "harness/registry.h"
+#include "mixers/sparse/sparse.h"
 #include "mixers/sparse/sparse_method.h"
 #include "suites/conformance.h"
 
@@ -67,6 +70,43 @@ TEST(SparseMethods, ConformanceFp64AndFp32) {
 // (indexer_precision, mixers/sparse/sparse_method.h) they are at most 7.6e-3 over seeds 1–8 and
 // 1234; with the indexers' projections and RoPE in bf16, ReLU'd scores flipping at bf16 rounding put
 // them at 0.04–0.33 on these three seeds (dsa 0.040, 0.33, 0.099; qsa 0.17, 0.083, 0.12).
+// DSA's KL target by query blocks (down to one query per block) against the direct form: the
+// selected keys gathered per query, the scores, the softmax over the selection and the mean over the
+// heads; GQA heads, empty slots and a fully visible selection included.
+TEST(SparseMethods, DsaTargetByQueryBlocksIsTheGatheredForm) {
+  c10::NoGradGuard ng;
+  at::manual_seed(5);
+  const int64_t B = 2, T = 19, H = 4, Hkv = 2, G = H / Hkv, dh = 8, K = 6;
+  for (auto dt : {at::kDouble, at::kBFloat16}) {
+    const at::Tensor q = at::randn({B, T, H, dh}).to(dt), k = at::randn({B, T, Hkv, dh}).to(dt);
+    // each query's selection: up to K visible keys in a random order, the rest of the slots empty
+    at::Tensor idx = at::full({B, T, K}, -1, at::kLong);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t) {
+        const at::Tensor perm = at::randperm(t + 1, at::kLong);
+        const int64_t n = std::min<int64_t>(K, t + 1);
+        idx[b][t].slice(0, 0, n).copy_(perm.slice(0, 0, n));
+      }
+    const double scale = 0.3;
+    // the direct form
+    const at::Tensor valid = idx >= 0;
+    const at::Tensor flat = (idx.clamp_min(0) + at::arange(B, at::kLong).view({B, 1, 1}) * T).reshape({-1});
+    const at::Tensor kg = k.reshape({B * T, Hkv, dh}).index_select(0, flat).view({B, T, K, Hkv, dh});
+    at::Tensor lg = at::matmul(q.reshape({B, T, Hkv, G, dh}), kg.permute({0, 1, 3, 4, 2})) * scale;
+    lg = lg.masked_fill(valid.logical_not().view({B, T, 1, 1, K}), -std::numeric_limits<double>::infinity());
+    const at::Tensor want = at::softmax(lg.to(at::kDouble), -1).sum({2, 3}) / double(H);
+    for (int64_t budget : {int64_t(1), int64_t(3000), int64_t(1) << 20}) {
+      const at::Tensor got = dsa_selected_attention_mean(q, k, idx, scale, budget);
+      ASSERT_EQ(got.sizes(), (at::IntArrayRef{B, T, K}));
+      EXPECT_EQ(got.scalar_type(), dt == at::kDouble ? at::kDouble : at::kFloat);
+      const double tol = dt == at::kDouble ? 1e-12 : 1e-2;
+      EXPECT_LE((got.to(at::kDouble) - want).abs().max().item<double>(), tol) << c10::toString(dt) << " budget " << budget;
+      EXPECT_TRUE(at::all(got.masked_select(valid.logical_not()) == 0).item<bool>());
+      EXPECT_LE((got.sum(-1) - 1).abs().max().item<double>(), dt == at::kDouble ? 1e-12 : 1e-5);
+    }
+  }
+}
+
 TEST(SparseMethods, IndexerKlGradientsBf16) {
   int indexer_grads = 0;
   for (uint64_t seed : {1234, 3, 4}) {

@@ -130,7 +130,7 @@ IndexerIn indexer_inputs(const TensorMap& in, const Config& c, const at::Tensor&
 TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Backend) {
   Dims d = dims(c);
   const at::Tensor& x = in.at("x");
-  const int64_t B = x.size(0), T = x.size(1), G = d.H / d.Hkv;
+  const int64_t B = x.size(0), T = x.size(1);
   const auto [HI, DI, R] = indexer_dims(c);
   const double scale = 1.0 / std::sqrt(double(d.dh));
   QKV a = qkv(in, c);
@@ -156,15 +156,7 @@ TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Bac
   // Auxiliary KL over the selected keys.
   at::Tensor valid = idx >= 0;  // [B,T,K]; every row holds at least key t
   at::Tensor flat = (idx.clamp_min(0) + at::arange(B, idx.options()).view({B, 1, 1}) * T).reshape({-1});
-  at::Tensor p;
-  {
-    c10::NoGradGuard ng;
-    at::Tensor kg = a.k.detach().reshape({B * T, d.Hkv, d.dh}).index_select(0, flat).view({B, T, K, d.Hkv, d.dh});
-    at::Tensor lg = at::matmul(a.q.detach().reshape({B, T, d.Hkv, G, d.dh}), kg.permute({0, 1, 3, 4, 2})) * scale;
-    lg = lg.masked_fill(valid.logical_not().view({B, T, 1, 1, K}), -std::numeric_limits<double>::infinity());
-    at::Tensor ph = at::softmax(layers::is_half(lg) ? lg.to(at::kFloat) : lg, -1);  // fp32 for half inputs
-    p = ph.sum({2, 3}) / double(d.H);  // [B,T,K], 0 on empty slots
-  }
+  const at::Tensor p = dsa_selected_attention_mean(a.q, a.k, idx, scale);  // [B,T,K], 0 on empty slots
   at::Tensor kig = ki.reshape({B * T, DI}).index_select(0, flat).view({B, T, K, DI});
   at::Tensor sim = at::relu(at::matmul(qi, kig.transpose(-1, -2)));          // [B,T,HI,K]
   at::Tensor I = at::matmul(wi.unsqueeze(-2), sim).squeeze(-2);              // [B,T,K], fp32 for half inputs
@@ -336,4 +328,31 @@ MIXBENCH_REGISTER(make_spec());
 MIXBENCH_REGISTER_COST_PART("dsa", "indexer", indexer_train_flops);
 
 }  // namespace
+
+// The selected keys are never copied out per query: that copy, [B,T,K,Hkv,dh], is 6.4 GB per layer
+// at T = K = 2K in bf16; a block's scores are [B,H,n,q1].
+at::Tensor dsa_selected_attention_mean(const at::Tensor& q, const at::Tensor& k, const at::Tensor& idx, double scale,
+                                       int64_t budget_bytes) {
+  c10::NoGradGuard ng;
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), dh = q.size(3), Hkv = k.size(2), G = H / Hkv, K = idx.size(2);
+  const at::Tensor qh = q.detach().permute({0, 2, 1, 3}).reshape({B, Hkv, G, T, dh});  // [B,Hkv,G,T,dh]
+  const at::Tensor kh = k.detach().permute({0, 2, 3, 1});                               // [B,Hkv,dh,T]
+  at::Tensor out = at::empty({B, T, K}, qh.options().dtype(layers::is_half(qh) ? at::kFloat : qh.scalar_type()));
+  const int64_t per_row = std::max<int64_t>(1, B * H * T * int64_t(qh.element_size()));
+  const int64_t block = std::clamp<int64_t>(budget_bytes / per_row, 1, T);
+  for (int64_t q0 = 0; q0 < T; q0 += block) {
+    const int64_t q1 = std::min(T, q0 + block), n = q1 - q0;
+    // [B,Hkv,G·n,dh] @ [B,Hkv,dh,q1] -> [B,Hkv,G,n,q1]
+    const at::Tensor s = at::matmul(qh.slice(3, q0, q1).reshape({B, Hkv, G * n, dh}), kh.slice(3, 0, q1))
+                             .view({B, Hkv, G, n, q1})
+                             .mul_(scale);
+    const at::Tensor sel = idx.slice(1, q0, q1);  // [B,n,K], keys < q1
+    at::Tensor lg = at::gather(s, 4, sel.clamp_min(0).view({B, 1, 1, n, K}).expand({B, Hkv, G, n, K}))
+                        .masked_fill_((sel < 0).view({B, 1, 1, n, K}), -std::numeric_limits<double>::infinity());
+    if (layers::is_half(lg)) lg = lg.to(at::kFloat);  // the softmax in fp32 for half inputs
+    out.slice(1, q0, q1).copy_(at::softmax(lg, -1).sum({1, 2}).div_(double(H)));
+  }
+  return out;
+}
+
 }  // namespace mixbench

@@ -85,6 +85,13 @@ at::Tensor dsa_indexer_topk(const at::Tensor& q_idx, const at::Tensor& k_idx, co
 // [B,n,H_I,T] fp32, scores, int64 keys and the top-k's work space, about B·n·T·(4·H_I + 40) bytes —
 // fit in budget_bytes.
 int64_t dsa_indexer_block(int64_t B, int64_t T, int64_t HI, int64_t budget_bytes);
+// DSA's KL target: per query, the attention's probabilities over its selected keys averaged over the
+// heads. q [B,T,H,dh], k [B,T,Hkv,dh] (H a multiple of Hkv), idx [B,T,K] (−1: an empty slot; keys ≤
+// the query's position) -> [B,T,K] (fp32 for half inputs), 0 on empty slots; no gradient. Formed by
+// query blocks whose scores against every visible key (one GEMM per block, in the inputs' dtype)
+// stay within about `budget_bytes`, gathered at the selection; the softmax in fp32 for half inputs.
+at::Tensor dsa_selected_attention_mean(const at::Tensor& q, const at::Tensor& k, const at::Tensor& idx, double scale,
+                                       int64_t budget_bytes = int64_t(256) << 20);
 // block_topk_cpu's contract through topk_lowest_index (fp32 scores; others: block_topk_cpu).
 at::Tensor block_topk_keys(const at::Tensor& scores, int64_t block_size, int64_t topk, bool counted);
 
