@@ -70,7 +70,7 @@ TEST(SparseMethods, ConformanceFp64AndFp32) {
 // (indexer_precision, mixers/sparse/sparse_method.h) they are at most 7.6e-3 over seeds 1–8 and
 // 1234; with the indexers' projections and RoPE in bf16, ReLU'd scores flipping at bf16 rounding put
 // them at 0.04–0.33 on these three seeds (dsa 0.040, 0.33, 0.099; qsa 0.17, 0.083, 0.12).
-// DSA's KL target by query blocks (down to one query per block) against the direct form: the
+// DSA's KL target by blocks of queries (down to one query per block) against the direct form: the
 // selected keys gathered per query, the scores, the softmax over the selection and the mean over the
 // heads; GQA heads, empty slots and a fully visible selection included.
 TEST(SparseMethods, DsaTargetByQueryBlocksIsTheGatheredForm) {

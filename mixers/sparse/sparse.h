@@ -88,8 +88,8 @@ int64_t dsa_indexer_block(int64_t B, int64_t T, int64_t HI, int64_t budget_bytes
 // DSA's KL target: per query, the attention's probabilities over its selected keys averaged over the
 // heads. q [B,T,H,dh], k [B,T,Hkv,dh] (H a multiple of Hkv), idx [B,T,K] (−1: an empty slot; keys ≤
 // the query's position) -> [B,T,K] (fp32 for half inputs), 0 on empty slots; no gradient. Formed by
-// query blocks whose scores against every visible key (one GEMM per block, in the inputs' dtype)
-// stay within about `budget_bytes`, gathered at the selection; the softmax in fp32 for half inputs.
+// blocks of queries whose gathered keys and scores stay within about `budget_bytes`: the scores in
+// the inputs' dtype, the softmax in fp32 for half inputs.
 at::Tensor dsa_selected_attention_mean(const at::Tensor& q, const at::Tensor& k, const at::Tensor& idx, double scale,
                                        int64_t budget_bytes = int64_t(256) << 20);
 // block_topk_cpu's contract through topk_lowest_index (fp32 scores; others: block_topk_cpu).
