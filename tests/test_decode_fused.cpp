@@ -527,7 +527,7 @@ TEST(DecodeFusedCuda, SplitKvAttentionMergesInItsOneLaunch) {
   EXPECT_TRUE(at::equal(eager, out));
 }
 
-// The captured decode step of the gpu-d12 model (bf16, batch 1, a short prompt): its kernels per
+// The captured decode step of the gpu-d12 model (bf16, batch 1 and 8, a short prompt): its kernels per
 // token, printed by name and held to bounds, and its logits against the eager (unfused) step's.
 // Per step dense_full runs no cuBLAS GEMM and 77 kernels (the embedding; per layer the mixer's residual
 // norm with its q|k|v GEMV in one launch, the q/k/v step, the split-KV attention, the output
@@ -543,51 +543,52 @@ TEST(DecodeFusedCuda, CapturedD12StepLaunchesFewKernels) {
     std::string method;
     int64_t gemms, others;
   };
-  for (const Expect& e : {Expect{"dense_full", 0, 77}, Expect{"gdn", 0, 77}}) {
-    const std::string& name = e.method;
-    at::Generator gen;
-    const Model model = bf16_cuda_model(name, "n_layer=12,seq_len=2048", 4, gen);
-    const int64_t V = model.dims.vocab, Tp = 16, T = 24;
-    const at::Tensor idx = at::randint(V, {1, T}, gen, at::TensorOptions().dtype(at::kLong)).to(at::kCUDA);
-    ModelCache eager;
-    model_prefill(model, idx.slice(1, 0, Tp), Backend::CUDA, &eager);
-    std::vector<at::Tensor> want;
-    for (int64_t t = Tp; t < T; ++t) want.push_back(model_decode_step(model, idx.slice(1, t, t + 1), eager, Backend::CUDA));
-    ModelCache cache;
-    model_prefill(model, idx.slice(1, 0, Tp), Backend::CUDA, &cache, 1024);
-    DecodeGraph g(model, cache, idx.slice(1, Tp, Tp + 1).contiguous());
-    const GraphNodes n = g.nodes();
-    std::map<std::string, int> by_name;
-    int64_t unnamed = 0, gemm_like = 0;
-    for (const std::string& k : n.kernel_names) {
-      ++by_name[k.empty() ? "(unnamed)" : k];
-      std::string low = k;
-      for (char& c : low) c = char(std::tolower(static_cast<unsigned char>(c)));
-      if (k.empty()) ++unnamed;
-      else if (low.find("gemm") != std::string::npos || low.find("gemv") != std::string::npos ||
-               low.find("cutlass") != std::string::npos || low.find("xmma") != std::string::npos ||
-               low.find("splitk") != std::string::npos || low.find("cublas") != std::string::npos)
-        ++gemm_like;
+  for (const Expect& e : {Expect{"dense_full", 0, 77}, Expect{"gdn", 0, 77}})
+    for (const int64_t B : {1, 8}) {  // up to 8 rows take the same GEMV kernels: the same launches
+      const std::string name = fmt::format("{} B{}", e.method, B);
+      at::Generator gen;
+      const Model model = bf16_cuda_model(e.method, "n_layer=12,seq_len=2048", 4, gen);
+      const int64_t V = model.dims.vocab, Tp = 16, T = 24;
+      const at::Tensor idx = at::randint(V, {B, T}, gen, at::TensorOptions().dtype(at::kLong)).to(at::kCUDA);
+      ModelCache eager;
+      model_prefill(model, idx.slice(1, 0, Tp), Backend::CUDA, &eager);
+      std::vector<at::Tensor> want;
+      for (int64_t t = Tp; t < T; ++t) want.push_back(model_decode_step(model, idx.slice(1, t, t + 1), eager, Backend::CUDA));
+      ModelCache cache;
+      model_prefill(model, idx.slice(1, 0, Tp), Backend::CUDA, &cache, 1024);
+      DecodeGraph g(model, cache, idx.slice(1, Tp, Tp + 1).contiguous());
+      const GraphNodes n = g.nodes();
+      std::map<std::string, int> by_name;
+      int64_t unnamed = 0, gemm_like = 0;
+      for (const std::string& k : n.kernel_names) {
+        ++by_name[k.empty() ? "(unnamed)" : k];
+        std::string low = k;
+        for (char& c : low) c = char(std::tolower(static_cast<unsigned char>(c)));
+        if (k.empty()) ++unnamed;
+        else if (low.find("gemm") != std::string::npos || low.find("gemv") != std::string::npos ||
+                 low.find("cutlass") != std::string::npos || low.find("xmma") != std::string::npos ||
+                 low.find("splitk") != std::string::npos || low.find("cublas") != std::string::npos)
+          ++gemm_like;
+      }
+      std::cout << fmt::format("{} d12 bf16: captured step of {} kernels ({} GEMM-like, {} unnamed), {} memsets, {} memcpys, "
+                               "{} other nodes; expected {} GEMMs + {} others\n",
+                               name, n.kernels, gemm_like, unnamed, n.memsets, n.memcpys, n.other, e.gemms, e.others);
+      for (const auto& [k, c] : by_name) std::cout << fmt::format("  {:>4} × {}\n", c, k.substr(0, 160));
+      EXPECT_GT(n.kernels, 12) << name << ": at least one kernel per layer";
+      EXPECT_LE(n.launches(), e.gemms * 2 + e.others) << name;
+      if (unnamed == 0) EXPECT_LE(n.kernels - gemm_like, e.others) << name << ": kernels other than the GEMMs";
+      EXPECT_LE(gemm_like + unnamed, 2 * e.gemms) << name << ": GEMM launches (cuBLAS kernels are unnamed)";
+      // twelve bf16 layers of roundings that differ between the fused and unfused steps (the four-layer
+      // check in DecodeCuda.CapturedStepsMatchEagerSteps holds 3e-2)
+      const double tol = 5e-2;
+      EXPECT_LE(rel_rms(want[0], g.logits()), tol) << name << " warm-up step";
+      for (int64_t t = Tp + 1; t < T; ++t) {
+        g.input().copy_(idx.slice(1, t, t + 1));
+        g.step();
+        EXPECT_LE(rel_rms(want[size_t(t - Tp)], g.logits()), tol) << name << " t=" << t;
+      }
+      EXPECT_EQ(cache.pos_dev.item<int64_t>(), T) << name << ": the softcap's launch advances the position once per step";
     }
-    std::cout << fmt::format("{} d12 bf16 B1: captured step of {} kernels ({} GEMM-like, {} unnamed), {} memsets, {} memcpys, "
-                             "{} other nodes; expected {} GEMMs + {} others\n",
-                             name, n.kernels, gemm_like, unnamed, n.memsets, n.memcpys, n.other, e.gemms, e.others);
-    for (const auto& [k, c] : by_name) std::cout << fmt::format("  {:>4} × {}\n", c, k.substr(0, 160));
-    EXPECT_GT(n.kernels, 12) << name << ": at least one kernel per layer";
-    EXPECT_LE(n.launches(), e.gemms * 2 + e.others) << name;
-    if (unnamed == 0) EXPECT_LE(n.kernels - gemm_like, e.others) << name << ": kernels other than the GEMMs";
-    EXPECT_LE(gemm_like + unnamed, 2 * e.gemms) << name << ": GEMM launches (cuBLAS kernels are unnamed)";
-    // twelve bf16 layers of roundings that differ between the fused and unfused steps (the four-layer
-    // check in DecodeCuda.CapturedStepsMatchEagerSteps holds 3e-2)
-    const double tol = 5e-2;
-    EXPECT_LE(rel_rms(want[0], g.logits()), tol) << name << " warm-up step";
-    for (int64_t t = Tp + 1; t < T; ++t) {
-      g.input().copy_(idx.slice(1, t, t + 1));
-      g.step();
-      EXPECT_LE(rel_rms(want[size_t(t - Tp)], g.logits()), tol) << name << " t=" << t;
-    }
-    EXPECT_EQ(cache.pos_dev.item<int64_t>(), T) << name << ": the softcap's launch advances the position once per step";
-  }
 }
 
 // Models of other depths through the fused step on the CPU: one layer (the backout is the last
