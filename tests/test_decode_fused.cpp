@@ -529,14 +529,13 @@ TEST(DecodeFusedCuda, SplitKvAttentionMergesInItsOneLaunch) {
 
 // The captured decode step of the gpu-d12 model (bf16, batch 1 and 8, a short prompt): its kernels per
 // token, printed by name and held to bounds, and its logits against the eager (unfused) step's.
-// Per step dense_full runs no cuBLAS GEMM and 78 other launches: 77 kernels (the embedding; per layer the mixer's residual
-// norm with its q|k|v GEMV in one launch, the q/k/v step, the split-KV attention, the output
-// projection's GEMV, the MLP's residual norm with c_fc and relu² in one launch and c_proj's GEMV; the
-// final norm, the head's GEMV, the softcap and the greedy argmax) and the argmax's copy into the
-// input; gdn the same count (its
-// joint projection's GEMV with the norm, the conv step and the gdn step in place of the q|k|v GEMV,
-// the q/k/v step and the attention; o_proj's GEMV). A GEMM may take a second kernel (a split-K
-// reduction): the bound on all kernels allows one per GEMM.
+// Per step dense_full runs no cuBLAS GEMM and 78 other launches: 77 kernels (the embedding; per layer
+// the mixer's residual norm with its q|k|v GEMV in one launch, the q/k/v step, the split-KV
+// attention, the output projection's GEMV, the MLP's residual norm with c_fc and relu² in one launch
+// and c_proj's GEMV; the final norm, the head's GEMV, the softcap and the greedy argmax) and the
+// argmax's copy into the input; gdn as many (its joint projection's GEMV with the norm, the conv step
+// and the gdn step in place of the q|k|v GEMV, the q/k/v step and the attention; o_proj's GEMV). A
+// GEMM may take a second kernel (a split-K reduction): the bound on all kernels allows one per GEMM.
 TEST(DecodeFusedCuda, CapturedD12StepLaunchesFewKernels) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   c10::NoGradGuard ng;
