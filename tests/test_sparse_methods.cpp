@@ -3,6 +3,7 @@
 // only the indexer, bad block indices, MoBA's accountant against what its layer and decode step compute.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <limits>
 
 #include <ATen/ATen.h>
@@ -104,6 +105,52 @@ TEST(SparseMethods, DsaTargetByQueryBlocksIsTheGatheredForm) {
       EXPECT_TRUE(at::all(got.masked_select(valid.logical_not()) == 0).item<bool>());
       EXPECT_LE((got.sum(-1) - 1).abs().max().item<double>(), dt == at::kDouble ? 1e-12 : 1e-5);
     }
+  }
+}
+
+// DSA's KL student side by blocks of queries (its own backward, recomputing each block) against the
+// autograd form that gathers every query's keys at once: values and the gradients of qi, ki and wi
+// in fp64, one query per block and one block for all.
+TEST(SparseMethods, DsaStudentKlByBlocksIsTheAutogradForm) {
+  at::manual_seed(9);
+  const int64_t B = 2, T = 13, HI = 3, DI = 5, K = 4;
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  at::Tensor idx = at::full({B, T, K}, -1, at::kLong);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t n = std::min<int64_t>(K, t + 1);
+      idx[b][t].slice(0, 0, n).copy_(at::randperm(t + 1, at::kLong).slice(0, 0, n));
+    }
+  const at::Tensor valid = idx >= 0;
+  const at::Tensor p = at::softmax(at::randn({B, T, K}, f64).masked_fill(valid.logical_not(), -1e300), -1)
+                           .masked_fill(valid.logical_not(), 0.0);
+  const at::Tensor q0 = at::randn({B, T, HI, DI}, f64), k0 = at::randn({B, T, DI}, f64), w0 = at::randn({B, T, HI}, f64);
+  const at::Tensor g = at::randn({B, T}, f64);  // weights on the tokens' KL, so that every token's gradient counts
+  auto grads = [&](const std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>& kl) {
+    const at::Tensor qi = q0.clone().requires_grad_(), ki = k0.clone().requires_grad_(), wi = w0.clone().requires_grad_();
+    const at::Tensor v = kl(qi, ki, wi);
+    const auto d = torch::autograd::grad({(v * g).sum()}, {qi, ki, wi});
+    return std::vector<at::Tensor>{v.detach(), d[0], d[1], d[2]};
+  };
+  const auto want = grads([&](const at::Tensor& qi, const at::Tensor& ki, const at::Tensor& wi) {
+    const at::Tensor flat = (idx.clamp_min(0) + at::arange(B, at::kLong).view({B, 1, 1}) * T).reshape({-1});
+    const at::Tensor kig = ki.reshape({B * T, DI}).index_select(0, flat).view({B, T, K, DI});
+    at::Tensor I = at::matmul(wi.unsqueeze(-2), at::relu(at::matmul(qi, kig.transpose(-1, -2)))).squeeze(-2);
+    I = I.masked_fill(valid.logical_not(), -std::numeric_limits<double>::infinity());
+    const at::Tensor logq = at::log_softmax(I, -1).masked_fill(valid.logical_not(), 0.0);
+    return (at::xlogy(p, p) - p * logq).sum(-1);
+  });
+  for (int64_t budget : {int64_t(1), int64_t(1) << 20}) {
+    const auto got = grads([&](const at::Tensor& qi, const at::Tensor& ki, const at::Tensor& wi) {
+      return dsa_student_kl(qi, ki, wi, idx, p, budget);
+    });
+    const char* names[] = {"kl", "d qi", "d ki", "d wi"};
+    for (size_t i = 0; i < 4; ++i) {
+      ASSERT_EQ(got[i].sizes(), want[i].sizes()) << names[i];
+      EXPECT_LE((got[i] - want[i]).abs().max().item<double>(), 1e-12 * (1.0 + want[i].abs().max().item<double>()))
+          << names[i] << " budget " << budget;
+    }
+    EXPECT_GT(want[2].abs().max().item<double>(), 1e-3);  // the keys' gradient is not trivially zero
   }
 }
 

@@ -26,6 +26,7 @@
 // accountant reports the indexer's share of the layer's training FLOPs (cost part "indexer").
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <fmt/format.h>
 
 #include <limits>
@@ -126,12 +127,80 @@ IndexerIn indexer_inputs(const TensorMap& in, const Config& c, const at::Tensor&
   return o;
 }
 
+// The KL's student side, KL(p_t ‖ softmax over S_t of I_{t,·}) per token [B,T], one block of queries
+// at a time in the forward and again in the backward: the selected indexer keys [B,n,K,d_I] and the
+// scores [B,n,H_I,K] of one block exist at a time, and nothing per key is kept for the backward (the
+// autograd form keeps [B,T,K,d_I]: 8.6 GB per layer at gpu-d12's 32 rows × 2048 tokens, K = 256, in
+// fp32). The products are the autograd form's. qi [B,T,H_I,d_I], ki [B,T,d_I], wi [B,T,H_I] (with
+// gradients), idx [B,T,K] (−1: an empty slot), p [B,T,K] (no gradient, 0 on empty slots).
+struct StudentKl : public torch::autograd::Function<StudentKl> {
+  struct Block {
+    at::Tensor sel, valid, flat, kig, s, I;  // the block's selection, keys, scores, student logits
+  };
+  static int64_t rows_per_block(const at::Tensor& qi, int64_t K, int64_t budget_bytes) {
+    const int64_t B = qi.size(0), HI = qi.size(2), DI = qi.size(3);
+    const int64_t per_row = std::max<int64_t>(1, B * K * (DI + 4 * HI) * int64_t(qi.element_size()));
+    return std::clamp<int64_t>(budget_bytes / per_row, 1, qi.size(1));
+  }
+  static Block block(const at::Tensor& qi, const at::Tensor& ki, const at::Tensor& wi, const at::Tensor& idx, int64_t q0,
+                     int64_t q1) {
+    const int64_t B = qi.size(0), T = qi.size(1), DI = qi.size(3), K = idx.size(2), n = q1 - q0;
+    Block b;
+    b.sel = idx.slice(1, q0, q1);
+    b.valid = b.sel >= 0;
+    b.flat = (b.sel.clamp_min(0) + at::arange(B, idx.options()).view({B, 1, 1}) * T).reshape({-1});
+    b.kig = ki.reshape({B * T, DI}).index_select(0, b.flat).view({B, n, K, DI});
+    b.s = at::matmul(qi.slice(1, q0, q1), b.kig.transpose(-1, -2));  // [B,n,HI,K]
+    b.I = at::matmul(wi.slice(1, q0, q1).unsqueeze(-2), at::relu(b.s)).squeeze(-2)
+              .masked_fill(b.valid.logical_not(), -std::numeric_limits<double>::infinity());  // [B,n,K]
+    return b;
+  }
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& qi, const at::Tensor& ki,
+                            const at::Tensor& wi, const at::Tensor& idx, const at::Tensor& p, int64_t budget_bytes) {
+    c10::NoGradGuard ng;
+    const int64_t T = qi.size(1), K = idx.size(2), step = rows_per_block(qi, K, budget_bytes);
+    ctx->saved_data["budget"] = budget_bytes;
+    at::Tensor kl = at::empty({qi.size(0), T}, qi.options());
+    for (int64_t q0 = 0; q0 < T; q0 += step) {
+      const int64_t q1 = std::min(T, q0 + step);
+      const Block b = block(qi, ki, wi, idx, q0, q1);
+      const at::Tensor logq = at::log_softmax(b.I, -1).masked_fill(b.valid.logical_not(), 0.0);
+      const at::Tensor pl = p.slice(1, q0, q1);
+      kl.slice(1, q0, q1).copy_((at::xlogy(pl, pl) - pl * logq).sum(-1));
+    }
+    ctx->save_for_backward({qi, ki, wi, idx, p});
+    return kl;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list g) {
+    c10::NoGradGuard ng;
+    const auto v = ctx->get_saved_variables();
+    const at::Tensor &qi = v[0], &ki = v[1], &wi = v[2], &idx = v[3], &p = v[4];
+    const int64_t B = qi.size(0), T = qi.size(1), DI = qi.size(3), K = idx.size(2),
+                  step = rows_per_block(qi, K, ctx->saved_data["budget"].toInt());
+    at::Tensor dqi = at::empty_like(qi), dwi = at::empty_like(wi), dki = at::zeros({B * T, DI}, ki.options());
+    for (int64_t q0 = 0; q0 < T; q0 += step) {
+      const int64_t q1 = std::min(T, q0 + step);
+      const Block b = block(qi, ki, wi, idx, q0, q1);
+      const at::Tensor pl = p.slice(1, q0, q1);
+      // d kl_t / d I_tj = softmax(I_t)_j · Σ_i p_ti − p_tj on the selected slots, 0 on the empty ones
+      const at::Tensor gI = (at::softmax(b.I, -1) * pl.sum(-1, true) - pl)
+                                .masked_fill_(b.valid.logical_not(), 0.0)
+                                .mul_(g[0].slice(1, q0, q1).unsqueeze(-1));  // [B,n,K]
+      const at::Tensor wb = wi.slice(1, q0, q1), qb = qi.slice(1, q0, q1);
+      dwi.slice(1, q0, q1).copy_(at::matmul(at::relu(b.s), gI.unsqueeze(-1)).squeeze(-1));        // [B,n,HI]
+      const at::Tensor ds = (wb.unsqueeze(-1) * gI.unsqueeze(-2)).masked_fill_(b.s <= 0, 0.0);  // [B,n,HI,K]
+      dqi.slice(1, q0, q1).copy_(at::matmul(ds, b.kig));                                           // [B,n,HI,DI]
+      dki.index_add_(0, b.flat, at::matmul(ds.transpose(-1, -2), qb).reshape({-1, DI}));          // [B·n·K, DI]
+    }
+    return {dqi, dki.view_as(ki), dwi, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 // The same code on every backend: the *_fast entry points pick the device's kernels.
 TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Backend) {
   Dims d = dims(c);
   const at::Tensor& x = in.at("x");
   const int64_t B = x.size(0), T = x.size(1);
-  const auto [HI, DI, R] = indexer_dims(c);
   const double scale = 1.0 / std::sqrt(double(d.dh));
   QKV a = qkv(in, c);
   // Lightning indexer on the detached input, in fp32 for half inputs (indexer_precision).
@@ -154,16 +223,8 @@ TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Bac
   at::Tensor y = at::linear(o.reshape({B, T, d.H * d.dh}), in.at("c_proj"));
 
   // Auxiliary KL over the selected keys.
-  at::Tensor valid = idx >= 0;  // [B,T,K]; every row holds at least key t
-  at::Tensor flat = (idx.clamp_min(0) + at::arange(B, idx.options()).view({B, 1, 1}) * T).reshape({-1});
   const at::Tensor p = dsa_selected_attention_mean(a.q, a.k, idx, scale);  // [B,T,K], 0 on empty slots
-  at::Tensor kig = ki.reshape({B * T, DI}).index_select(0, flat).view({B, T, K, DI});
-  at::Tensor sim = at::relu(at::matmul(qi, kig.transpose(-1, -2)));          // [B,T,HI,K]
-  at::Tensor I = at::matmul(wi.unsqueeze(-2), sim).squeeze(-2);              // [B,T,K], fp32 for half inputs
-  I = I.masked_fill(valid.logical_not(), -std::numeric_limits<double>::infinity());
-  at::Tensor logq = at::log_softmax(I, -1).masked_fill(valid.logical_not(), 0.0);
-  at::Tensor pl = p.to(logq.scalar_type());
-  at::Tensor kl = (at::xlogy(pl, pl) - pl * logq).sum(-1);                    // [B,T]
+  const at::Tensor kl = dsa_student_kl(qi, ki, wi, idx, p.to(qi.scalar_type()));  // [B,T], fp32 for half inputs
   return {{"y", y}, {"aux_loss", kl.mean().to(y.scalar_type())}, {"selection", idx}};
 }
 
@@ -351,6 +412,12 @@ at::Tensor dsa_selected_attention_mean(const at::Tensor& q, const at::Tensor& k,
     out.slice(1, q0, q1).copy_(at::softmax(half ? lg.to(at::kFloat) : lg, -1).sum({2, 3}).div_(double(H)));
   }
   return out;
+}
+
+
+at::Tensor dsa_student_kl(const at::Tensor& qi, const at::Tensor& ki, const at::Tensor& wi, const at::Tensor& idx,
+                          const at::Tensor& p, int64_t budget_bytes) {
+  return StudentKl::apply(qi, ki, wi, idx, p, budget_bytes);
 }
 
 }  // namespace mixbench

@@ -92,6 +92,13 @@ int64_t dsa_indexer_block(int64_t B, int64_t T, int64_t HI, int64_t budget_bytes
 // the inputs' dtype, the softmax in fp32 for half inputs.
 at::Tensor dsa_selected_attention_mean(const at::Tensor& q, const at::Tensor& k, const at::Tensor& idx, double scale,
                                        int64_t budget_bytes = int64_t(256) << 20);
+// DSA's KL student side per token, KL(p_t ‖ softmax over the selection of I_{t,·}) [B,T], with
+// I_{t,j} = Σ_h wi_{t,h}·ReLU(qi_{t,h}·ki_{idx_{t,j}}): qi [B,T,H_I,d_I], ki [B,T,d_I], wi [B,T,H_I] (their
+// gradients flow), idx [B,T,K] (−1: an empty slot), p [B,T,K] (the target, no gradient, 0 on empty
+// slots), all one floating dtype. Blocks of queries whose gathered keys and scores stay within about
+// `budget_bytes`, in the forward and again in the backward: nothing per key is kept between them.
+at::Tensor dsa_student_kl(const at::Tensor& qi, const at::Tensor& ki, const at::Tensor& wi, const at::Tensor& idx,
+                          const at::Tensor& p, int64_t budget_bytes = int64_t(256) << 20);
 // block_topk_cpu's contract through topk_lowest_index (fp32 scores; others: block_topk_cpu).
 at::Tensor block_topk_keys(const at::Tensor& scores, int64_t block_size, int64_t topk, bool counted);
 
