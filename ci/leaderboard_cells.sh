@@ -12,6 +12,9 @@
 #   MIXBENCH_BIN               the mixbench binary (default build/mixbench)
 #   MIXBENCH_CELLS_DEADLINE_S  launch no cell later than this many seconds after the start (default: no limit);
 #                              running cells finish, the rest stay missing until the next run
+#   MIXBENCH_CELLS_STOP_S      launch no cell whose estimated time would end it later than this many seconds
+#                              after the start (the estimate: the longest finished cell of its method in
+#                              OUT_DIR, else the median of the others'); cells start longest first
 #
 # Each cell is `mixbench leaderboard LEADERBOARD_ARGS --methods M --seed S --seeds 1
 # --out OUT_DIR/cells/M.sS.json` (its log in OUT_DIR/logs/M.sS.log); a cell whose file already
@@ -60,6 +63,8 @@ fail() { echo "leaderboard_cells.sh: $*" >&2; exit 2; }
 [ -n "$methods" ] || fail "no methods: give --methods a,b (or all) or MIXBENCH_CELLS_METHODS"
 deadline=${MIXBENCH_CELLS_DEADLINE_S:-}
 [ -z "$deadline" ] || [[ "$deadline" =~ ^[0-9]+$ ]] || fail "MIXBENCH_CELLS_DEADLINE_S must be whole seconds, not '$deadline'"
+stop=${MIXBENCH_CELLS_STOP_S:-}
+[ -z "$stop" ] || [[ "$stop" =~ ^[0-9]+$ ]] || fail "MIXBENCH_CELLS_STOP_S must be whole seconds, not '$stop'"
 for a in "${LB_ARGS[@]}"; do
   case "$a" in
     --methods|--methods=*|--seed|--seed=*|--seeds|--seeds=*|--out|--out=*|--from|--from=*|--no-train)
@@ -78,7 +83,7 @@ else
 fi
 mkdir -p "$OUT/cells" "$OUT/logs" || exit 2
 START=$(date +%s)
-export BIN OUT START deadline
+export BIN OUT START deadline stop
 LB_ARGS_Q=""
 [ ${#LB_ARGS[@]} -eq 0 ] || LB_ARGS_Q=$(printf '%q ' "${LB_ARGS[@]}")
 export LB_ARGS_Q
@@ -86,7 +91,7 @@ export LB_ARGS_Q
 # shellcheck disable=SC2317  # run by xargs
 # One cell: skipped when its file holds a finished cell, not started past the deadline.
 run_cell() {
-  local m=$1 s=$2 file="$OUT/cells/$1.s$2.json" log="$OUT/logs/$1.s$2.log"
+  local m=$1 s=$2 est=${3:-0} file="$OUT/cells/$1.s$2.json" log="$OUT/logs/$1.s$2.log"
   if [ -f "$file" ] && python3 - "$file" <<'PY' 2>/dev/null; then
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -98,6 +103,10 @@ PY
   fi
   if [ -n "$deadline" ] && [ $(( $(date +%s) - START )) -ge "$deadline" ]; then
     echo "cell $m seed $s: not started (past MIXBENCH_CELLS_DEADLINE_S=$deadline)"
+    return 0
+  fi
+  if [ -n "$stop" ] && [ $(( $(date +%s) - START + est )) -gt "$stop" ]; then
+    echo "cell $m seed $s: not started (its estimated ${est} s would pass MIXBENCH_CELLS_STOP_S=$stop)"
     return 0
   fi
   local t0 rc
@@ -115,11 +124,33 @@ export -f run_cell
 
 # shellcheck disable=SC2016  # $1, $2: run_cell's arguments in the child shell
 PASS1="$OUT/logs/cells.pass1.txt"
-for m in $names; do
-  for ((k = 0; k < seeds; k++)); do
-    printf '%s\0%s\0' "$m" $((seed + k))
-  done
-done | xargs -0 -n 2 -P "$JOBS" bash -c 'run_cell "$1" "$2"' _ | tee "$PASS1"
+# the cells, the longest first: a method's estimate is the longest of its finished cells here
+# (phase_seconds.total, or the training seconds + 25 s of reports before they were recorded); a
+# method without one takes the median of the others' (60 s when there are none)
+python3 - "$OUT/cells" "$seed" "$seeds" $names <<'PY' > "$OUT/logs/cells.order.txt" || exit 2
+import glob, json, os, statistics, sys
+cells, first, n, names = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+est = {}
+for f in glob.glob(os.path.join(cells, "*.json")):
+    try:
+        r = json.load(open(f))["results"][0]
+    except Exception:
+        continue
+    if r.get("status") != "ok":
+        continue
+    for run in r.get("runs") or [r]:
+        ps = run.get("phase_seconds") or {}
+        t = ps.get("total") or (run.get("seconds", 0) + 25 if run.get("seconds") else None)
+        if t:
+            est[r["method"]] = max(est.get(r["method"], 0), t)
+default = statistics.median(est.values()) if est else 60
+order = sorted(((est.get(m, default), i, m) for i, m in enumerate(names)), key=lambda x: (-x[0], x[1]))
+for e, _, m in order:
+    for k in range(n):
+        print(m, first + k, int(e + 0.5))
+PY
+while read -r m s e; do printf '%s\0%s\0%s\0' "$m" "$s" "$e"; done < "$OUT/logs/cells.order.txt" |
+  xargs -0 -n 3 -P "$JOBS" bash -c 'run_cell "$1" "$2" "$3"' _ | tee "$PASS1"
 
 # cells that ran out of memory beside the others: once more, at half as many at a time
 retry=()

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # ci/leaderboard_cells.sh end to end on the CPU: two methods' cells in parallel processes and their
 # combined report; a rerun keeps the finished cells; past the deadline a removed cell stays missing
-# (exit 1); a cell that ran out of memory is retried, another failure is not; options the script
-# sets itself are refused (exit 2).
+# (exit 1); a cell that ran out of memory is retried, another failure is not; the longest cells start
+# first and none that would pass MIXBENCH_CELLS_STOP_S; options the script sets itself are refused
+# (exit 2).
 # Usage: tests/leaderboard_cells.sh MIXBENCH_BINARY
 set -uo pipefail
 export MIXBENCH_BIN=${1:?usage: tests/leaderboard_cells.sh MIXBENCH_BINARY}
@@ -55,6 +56,28 @@ rm -f "$OUT/cells/mqa.s0.json" "$OUT/failed_once"
 FAIL_WITH="no such thing" MIXBENCH_BIN="$FAKE" "$SCRIPT" --methods dense_full,mqa "$OUT" 2 -- "${ARGS[@]}" > "$OUT/run7.txt" 2>&1
 check "another failure exits 1" "[ $? -eq 1 ]"
 check "and is not retried" "! grep -q retrying '$OUT/run7.txt' && [ \$(grep -c 'cell mqa seed 0' '$OUT/run7.txt') -eq 1 ]"
+
+# the longest cells first, by the finished cells' times; none started that would pass MIXBENCH_CELLS_STOP_S
+O2="$OUT/order"
+mkdir -p "$O2/cells"
+cp "$OUT/cells/dense_full.s0.json" "$O2/cells/"
+python3 - "$OUT/cells/dense_full.s0.json" "$O2/cells/mqa.s0.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+for x in [r["results"][0]] + r["results"][0].get("runs", []):
+    x["method"] = "mqa"
+    x["phase_seconds"] = {"setup": 1, "steps": 990, "eval": 9, "checkpoint": 0, "total": 1000}
+json.dump(r, open(sys.argv[2], "w"))
+PY
+"$SCRIPT" --methods dense_full,mqa --seeds 2 "$O2" 1 -- "${ARGS[@]}" > "$OUT/run8.txt" 2>&1
+check "the longer method's cell first" "[ \"\$(grep -o 'cell [a-z_]* seed 1: trained' '$OUT/run8.txt' | head -1)\" = 'cell mqa seed 1: trained' ]"
+check "the order file" "[ \"\$(head -1 '$O2/logs/cells.order.txt')\" = 'mqa 0 1000' ]"
+rm -f "$O2/cells/mqa.s1.json" "$O2/cells/dense_full.s1.json"
+MIXBENCH_CELLS_STOP_S=500 "$SCRIPT" --methods dense_full,mqa --seeds 2 "$O2" 1 -- "${ARGS[@]}" > "$OUT/run9.txt" 2>&1
+check "a cell that would pass the stop is not started" "grep -q 'cell mqa seed 1: not started (its estimated 1000 s would pass MIXBENCH_CELLS_STOP_S=500)' '$OUT/run9.txt'"
+check "a shorter one is" "grep -q 'cell dense_full seed 1: trained' '$OUT/run9.txt'"
+MIXBENCH_CELLS_STOP_S=soon "$SCRIPT" --methods dense_full "$O2" 1 -- "${ARGS[@]}" > "$OUT/run10.txt" 2>&1
+check "a bad MIXBENCH_CELLS_STOP_S exits 2" "[ $? -eq 2 ]"
 
 "$SCRIPT" --methods dense_full "$OUT" 2 -- --out x.json > "$OUT/run4.txt" 2>&1
 check "--out among the leaderboard options exits 2" "[ $? -eq 2 ]"
