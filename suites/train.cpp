@@ -11,6 +11,7 @@
 #include <cmath>
 #include <filesystem>
 #include <memory>
+#include <utility>
 #include <set>
 #include <tuple>
 #include <iostream>
@@ -44,6 +45,17 @@ at::Tensor forward_rows(const Model& m, const at::Tensor& idx, Backend backend, 
   return at::cat(parts, 0);
 }
 
+// One validation batch's cross-entropy sum (nats) and scored-token count, fp64 on the device (a
+// byte-level corpus scores every target but BOS).
+std::pair<at::Tensor, at::Tensor> batch_sums(const Model& m, const Corpus& c, const at::Tensor& x, const at::Tensor& y,
+                                             Backend backend, int64_t micro) {
+  const at::Tensor logits = forward_rows(m, x, backend, micro);
+  const at::Tensor ce = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}), {},
+                                               at::Reduction::None, -1).to(at::kDouble);
+  const at::Tensor w = c.byte_level ? (y.reshape({-1}) != c.bos).to(at::kDouble) : at::ones_like(ce);
+  return {(ce * w).sum(), w.sum()};
+}
+
 double evaluate(const Model& m, const Corpus& c, int64_t B, int64_t T, int64_t n_batches, Backend backend,
                 int64_t micro, int64_t* scored = nullptr) {
   c10::NoGradGuard ng;
@@ -52,14 +64,9 @@ double evaluate(const Model& m, const Corpus& c, int64_t B, int64_t T, int64_t n
   for (int64_t k = 0; k < n_batches; ++k) {
     at::Tensor x, y;
     get_batch(c.val, k * B * (T + 1), B, T, x, y);
-    x = x.to(dev);
-    y = y.to(dev);
-    at::Tensor logits = forward_rows(m, x, backend, micro);
-    at::Tensor ce = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}), {},
-                                           at::Reduction::None, -1).to(at::kDouble);
-    at::Tensor w = c.byte_level ? (y.reshape({-1}) != c.bos).to(at::kDouble) : at::ones_like(ce);
-    nats += (ce * w).sum().item<double>();
-    count += w.sum().item<double>();
+    const auto [n, w] = batch_sums(m, c, x.to(dev), y.to(dev), backend, micro);
+    nats += n.item<double>();
+    count += w.item<double>();
   }
   if (scored) *scored = int64_t(count);
   return count > 0 ? nats / (std::log(2.0) * count) : 0.0;
@@ -462,12 +469,9 @@ TrainResult run_train(const TrainOptions& opt) {
   Model em;
   at::Tensor ex, ey, e_nats, e_count;
   auto eval_body = [&] {
-    const at::Tensor logits = forward_rows(em, ex, backend, MB);
-    const at::Tensor ce = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), ey.reshape({-1}), {},
-                                                 at::Reduction::None, -1).to(at::kDouble);
-    const at::Tensor w = corpus.byte_level ? (ey.reshape({-1}) != corpus.bos).to(at::kDouble) : at::ones_like(ce);
-    e_nats.add_((ce * w).sum());
-    e_count.add_(w.sum());
+    const auto [n, w] = batch_sums(em, corpus, ex, ey, backend, MB);
+    e_nats.add_(n);
+    e_count.add_(w);
   };
 #endif
   auto validate = [&](int64_t n_batches) -> double {

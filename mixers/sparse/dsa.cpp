@@ -127,6 +127,12 @@ IndexerIn indexer_inputs(const TensorMap& in, const Config& c, const at::Tensor&
   return o;
 }
 
+// The rows of a [B·T, ...] view that a selection sel [B,n,K] of keys 0..T−1 names (an empty slot, −1,
+// names its batch's row 0).
+at::Tensor selected_rows(const at::Tensor& sel, int64_t T) {
+  return (sel.clamp_min(0) + at::arange(sel.size(0), sel.options()).view({-1, 1, 1}) * T).reshape({-1});
+}
+
 // The KL's student side, KL(p_t ‖ softmax over S_t of I_{t,·}) per token [B,T], one block of queries
 // at a time in the forward and again in the backward: the selected indexer keys [B,n,K,d_I] and the
 // scores [B,n,H_I,K] of one block exist at a time, and nothing per key is kept for the backward (the
@@ -148,7 +154,7 @@ struct StudentKl : public torch::autograd::Function<StudentKl> {
     Block b;
     b.sel = idx.slice(1, q0, q1);
     b.valid = b.sel >= 0;
-    b.flat = (b.sel.clamp_min(0) + at::arange(B, idx.options()).view({B, 1, 1}) * T).reshape({-1});
+    b.flat = selected_rows(b.sel, T);
     b.kig = ki.reshape({B * T, DI}).index_select(0, b.flat).view({B, n, K, DI});
     b.s = at::matmul(qi.slice(1, q0, q1), b.kig.transpose(-1, -2));  // [B,n,HI,K]
     b.I = at::matmul(wi.slice(1, q0, q1).unsqueeze(-2), at::relu(b.s)).squeeze(-2)
@@ -402,11 +408,10 @@ at::Tensor dsa_selected_attention_mean(const at::Tensor& q, const at::Tensor& k,
   // per query: its keys and the scores (also in fp32 for half inputs)
   const int64_t per_row = std::max<int64_t>(1, B * K * (Hkv * dh * int64_t(k.element_size()) + H * 8));
   const int64_t block = std::clamp<int64_t>(budget_bytes / per_row, 1, T);
-  const at::Tensor row0 = at::arange(B, idx.options()).view({B, 1, 1}) * T;
   for (int64_t q0 = 0; q0 < T; q0 += block) {
     const int64_t q1 = std::min(T, q0 + block), n = q1 - q0;
     const at::Tensor sel = idx.slice(1, q0, q1);  // [B,n,K]
-    const at::Tensor kg = kf.index_select(0, (sel.clamp_min(0) + row0).reshape({-1})).view({B, n, K, Hkv, dh});
+    const at::Tensor kg = kf.index_select(0, selected_rows(sel, T)).view({B, n, K, Hkv, dh});
     at::Tensor lg = at::matmul(qd.slice(1, q0, q1).reshape({B, n, Hkv, G, dh}), kg.permute({0, 1, 3, 4, 2})) * scale;
     lg = lg.masked_fill((sel < 0).view({B, n, 1, 1, K}), -std::numeric_limits<double>::infinity());
     out.slice(1, q0, q1).copy_(at::softmax(half ? lg.to(at::kFloat) : lg, -1).sum({2, 3}).div_(double(H)));
