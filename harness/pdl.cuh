@@ -16,7 +16,6 @@
 
 namespace mixbench::cuda_launch {
 
-
 // The first statement of every kernel launched through launch_dependent(): waits for the kernels
 // before it, then releases the ones after it (which wait in turn for this one to complete).
 __device__ __forceinline__ void pdl_wait() {
