@@ -15,4 +15,9 @@ int64_t decode_gemv_max_rows();
 // launches (harness/pdl.cuh): unset or 1 yes, 0 no.
 bool decode_pdl_enabled();
 
+// MIXBENCH_DECODE_SPLIT_MIN: the fewest cache slots one split of the split-KV attention kernel
+// takes (mixers/attention/decode_attention_kernel.h, choose_splits): 64 when unset; 16, 32, 64, 128
+// or 256. Fewer slots per split: more blocks in flight over a short cache, more partials to merge.
+int64_t decode_split_min_slots();
+
 }  // namespace mixbench

@@ -190,6 +190,14 @@ bool decode_pdl_enabled() {
   throw InputError(fmt::format("MIXBENCH_DECODE_PDL must be 0 or 1, not '{}'", env));
 }
 
+int64_t decode_split_min_slots() {
+  const char* env = std::getenv("MIXBENCH_DECODE_SPLIT_MIN");
+  if (!env) return 64;
+  for (int64_t v : {16, 32, 64, 128, 256})
+    if (std::string(env) == std::to_string(v)) return v;
+  throw InputError(fmt::format("MIXBENCH_DECODE_SPLIT_MIN must be 16, 32, 64, 128 or 256 cache slots, not '{}'", env));
+}
+
 static void check_linear_inputs(const char* op, const at::Tensor& x, const at::Tensor& W) {
   if (W.dim() != 2 || x.dim() < 1 || x.size(-1) != W.size(1))
     throw InputError(fmt::format("{} takes x [..., K] and W [N, K] (got x {}, W {})", op, c10::str(x.sizes()),

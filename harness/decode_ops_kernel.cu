@@ -80,40 +80,58 @@ __device__ __forceinline__ void residual_norm_row(const ResidualNormArgs& p, int
   __syncthreads();  // buf complete for every thread; red free again
 }
 
-// residual_norm_row by one warp into a row of T (every value the row holds is one a T stores: the
-// residual is rounded as stored, the normed value too), with the block's arithmetic: lane l keeps
-// the partial sums of the block's threads l, 32+l, …, (kThreads/32−1)·32+l, each is reduced as that
-// thread's warp reduces it, and the warps' sums are added in order, so the statistics, and hence the
-// values, are residual_norm_row's bit for bit.
+// Bytes of the fused kernel's rows [rows, D] of a type of `size` bytes, rounded up to 16.
+__host__ __device__ constexpr size_t fused_rows_bytes(int rows, int D, size_t size) {
+  return (size_t(rows) * size_t(D) * size + 15) / 16 * 16;
+}
+
+// residual_norm_row for every row (≤ kGemvRows) by the whole block, into rows [rows, D] of T (every
+// value they hold is one a T stores: the residual is rounded as stored, the normed value too), with
+// residual_norm_row's arithmetic: thread t sums its elements t, t + kThreads, … of each row, each warp
+// reduces as block_sum does and the warps' sums are added in order, so the statistics, and hence the
+// values, are residual_norm_row's bit for bit. Every row's loads are issued before any reduction.
+// red holds kGemvRows·kThreads/32 floats. `store`: the residual (and sum, normed) rows written too,
+// recomputed in the second pass (so the first pass reads only).
 template <class T>
-__device__ __forceinline__ void residual_norm_row_warp(const ResidualNormArgs& p, int64_t row, T* buf, bool store) {
+__device__ __forceinline__ void residual_norm_rows_block(const ResidualNormArgs& p, T* xs, float* red, bool store) {
   constexpr int kWarps = kThreads / 32;
-  const int lane = threadIdx.x & 31;
+  const int rows = int(p.rows), D = p.D, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float fa = p.a ? load_f32(static_cast<const T*>(p.a)) : 1.f;
   const float fb = p.b ? load_f32(static_cast<const T*>(p.b)) : 0.f;
-  const int64_t base = row * p.D;
-  float part[kWarps];
+  float ss[kGemvRows];
 #pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-    float ss = 0.f;
-    for (int j = w * 32 + lane; j < p.D; j += kThreads) {
-      const float r = residual_of<T>(p, base + j, fa, fb, store);
-      buf[j] = from_f32<T>(r);
-      ss += r * r;
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-    part[w] = ss;
+  for (int r = 0; r < kGemvRows; ++r) {
+    ss[r] = 0.f;
+    if (r < rows)
+      for (int j = threadIdx.x; j < D; j += kThreads) {
+        const float v = residual_of<T>(p, int64_t(r) * D + j, fa, fb, false);
+        xs[int64_t(r) * D + j] = from_f32<T>(v);
+        ss[r] += v * v;
+      }
   }
-  float s = 0.f;
 #pragma unroll
-  for (int w = 0; w < kWarps; ++w) s += part[w];
-  const float inv = rsqrtf(s / float(p.D) + p.eps);
-  T* normed = p.normed ? static_cast<T*>(p.normed) + base : nullptr;
-  for (int j = lane; j < p.D; j += 32) {
-    const T v = from_f32<T>(load_f32(&buf[j]) * inv);
-    buf[j] = v;
-    if (store && normed) normed[j] = v;
+  for (int r = 0; r < kGemvRows; ++r) {
+    if (r < rows) {
+      float v = ss[r];
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+      if (lane == 0) red[r * kWarps + warp] = v;
+    }
+  }
+  __syncthreads();
+  for (int r = 0; r < rows; ++r) {
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) s += red[r * kWarps + w];
+    const float inv = rsqrtf(s / float(D) + p.eps);
+    const int64_t base = int64_t(r) * D;
+    T* normed = store && p.normed ? static_cast<T*>(p.normed) + base : nullptr;
+    for (int j = threadIdx.x; j < D; j += kThreads) {
+      const T v = from_f32<T>(load_f32(&xs[base + j]) * inv);
+      xs[base + j] = v;
+      if (normed) normed[j] = v;
+      if (store) residual_of<T>(p, base + j, fa, fb, true);
+    }
   }
 }
 
@@ -202,19 +220,40 @@ struct PackedRows {
   }
 };
 
+// W's packs lane l reads first: packs k = l·E + i·32·E for i < NP (the whole row for K ≤ NP·32·E).
+// A GEMV kernel loads them before pdl_wait(): W is a weight no kernel of the step writes, so it
+// streams in while the kernel before is finishing. linear_rows_kernel holds 12 (3072 values of a
+// 16-bit type: the MLP's down projection), the fused kernel 6 (a model width of 1536), within their
+// registers.
+constexpr int kPrefetchRows = 12, kPrefetchFused = 6;
+
+template <class T, int E, int NP>
+struct WHead {
+  Pack<T, E> p[NP];
+};
+
+template <class T, int E, int NP>
+__device__ __forceinline__ void prefetch_w(const T* __restrict__ W, int64_t n, int64_t K, WHead<T, E, NP>& h) {
+  const int lane = threadIdx.x & 31;
+  const T* w = W + n * K;
+#pragma unroll
+  for (int i = 0; i < NP; ++i) {
+    const int64_t k = int64_t(lane) * E + int64_t(i) * 32 * E;
+    if (k < K) h.p[i] = *reinterpret_cast<const Pack<T, E>*>(w + k);
+  }
+}
+
 // One warp's output column n of y[r, n] = act(Σ_k x[r,k]·W[n,k]) for the rows: W's row read once for
-// every row of x, fp32 accumulation, the product rounded to T before the activation.
-template <class T, int E, bool kReluSquare, class Rows>
-__device__ __forceinline__ void gemv_column(const Rows& x, const T* __restrict__ W, T* __restrict__ y, int rows, int64_t n,
-                                            int64_t N, int64_t K) {
+// every row of x (its head from h, the rest loaded here), fp32 accumulation over each lane's k in
+// ascending order, the product rounded to T before the activation.
+template <class T, int E, bool kReluSquare, class Rows, int NP>
+__device__ __forceinline__ void gemv_column(const Rows& x, const WHead<T, E, NP>& h, const T* __restrict__ W, T* __restrict__ y,
+                                            int rows, int64_t n, int64_t N, int64_t K) {
   const int lane = threadIdx.x & 31;
   float acc[kGemvRows];
 #pragma unroll
   for (int r = 0; r < kGemvRows; ++r) acc[r] = 0.f;
-  const T* w = W + n * K;
-#pragma unroll 4
-  for (int64_t k = int64_t(lane) * E; k < K; k += 32 * E) {  // unrolled: the row's loads in flight together
-    const Pack<T, E> wp = *reinterpret_cast<const Pack<T, E>*>(w + k);
+  auto fma_pack = [&](const Pack<T, E>& wp, int64_t k) {
     float wf[E];
 #pragma unroll
     for (int e = 0; e < E; ++e) wf[e] = load_f32(&wp.v[e]);
@@ -227,7 +266,16 @@ __device__ __forceinline__ void gemv_column(const Rows& x, const T* __restrict__
         for (int e = 0; e < E; ++e) acc[r] += wf[e] * xv[e];
       }
     }
+  };
+#pragma unroll
+  for (int i = 0; i < NP; ++i) {
+    const int64_t k = int64_t(lane) * E + int64_t(i) * 32 * E;
+    if (k < K) fma_pack(h.p[i], k);
   }
+  const T* w = W + n * K;
+#pragma unroll 4
+  for (int64_t k = int64_t(lane) * E + int64_t(NP) * 32 * E; k < K; k += 32 * E)  // the rest of a long row
+    fma_pack(*reinterpret_cast<const Pack<T, E>*>(w + k), k);
 #pragma unroll
   for (int r = 0; r < kGemvRows; ++r) {
     if (r < rows) {
@@ -236,8 +284,8 @@ __device__ __forceinline__ void gemv_column(const Rows& x, const T* __restrict__
       for (int off = 16; off > 0; off >>= 1) a += __shfl_xor_sync(0xffffffffu, a, off);
       if (lane == 0) {
         if constexpr (kReluSquare) {
-          const float h = round_to<T>(a);
-          y[int64_t(r) * N + n] = from_f32<T>(h > 0.f ? h * h : 0.f);
+          const float hv = round_to<T>(a);
+          y[int64_t(r) * N + n] = from_f32<T>(hv > 0.f ? hv * hv : 0.f);
         } else {
           y[int64_t(r) * N + n] = from_f32<T>(a);
         }
@@ -246,14 +294,17 @@ __device__ __forceinline__ void gemv_column(const Rows& x, const T* __restrict__
   }
 }
 
-// y = act(x·Wᵀ) for a few rows of x in global memory, one warp per output column.
+// y = act(x·Wᵀ) for a few rows of x in global memory, one warp per output column; W's head loaded
+// before the wait for the kernel before.
 template <class T, int E, bool kReluSquare>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     linear_rows_kernel(const T* __restrict__ x, const T* __restrict__ W, T* __restrict__ y, int rows, int64_t N, int64_t K) {
-  pdl_wait();
   const int64_t n = int64_t(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
+  WHead<T, E, kPrefetchRows> h;
+  if (n < N) prefetch_w(W, n, K, h);
+  pdl_wait();
   if (n >= N) return;  // whole warps
-  gemv_column<T, E, kReluSquare>(PackedRows<T, E>{x, K}, W, y, rows, n, N, K);
+  gemv_column<T, E, kReluSquare>(PackedRows<T, E>{x, K}, h, W, y, rows, n, N, K);
 }
 
 template <class T, bool kReluSquare>
@@ -277,25 +328,26 @@ void linear_plain_t(const void* x, const void* W, void* y, int rows, int64_t N, 
   linear_rows_t<T, false>(x, W, y, rows, N, K, s);
 }
 
-// residual_norm's rows (≤ kGemvRows) and then y[r, n] = act(Σ_k normed[r,k]·W[n,k]): every block forms
-// the normed rows in shared memory itself (a few thousand numbers, read from L2; warp w takes rows w,
-// w + kThreads/32, …), block 0 also writes the residual (and sum, normed) rows, and each of the
-// block's kThreads/32 warps takes one output column, as linear_rows_kernel does. The rows are held
-// as T (the values the normed tensor stores), so the values are those of residual_norm_kernel and
-// then linear_rows_kernel.
+// residual_norm's rows (≤ kGemvRows) and then y[r, n] = act(Σ_k normed[r,k]·W[n,k]): each warp loads
+// the head of its output column's W row, waits for the kernel before, then every block forms the
+// normed rows in shared memory itself (a few thousand numbers, read from L2, by the whole block),
+// block 0 also writes the residual (and sum, normed) rows, and each of the block's kThreads/32 warps
+// takes its output column, as linear_rows_kernel does. The rows are held as T (the values the normed
+// tensor stores), so the values are those of residual_norm_kernel and then linear_rows_kernel.
 template <class T, int E, bool kReluSquare>
 __global__ void __launch_bounds__(kThreads) residual_norm_linear_kernel(ResidualNormArgs p, const T* __restrict__ W,
                                                                        T* __restrict__ y, int64_t N) {
-  pdl_wait();
-  extern __shared__ __align__(16) unsigned char fused_rows[];  // [rows, D] of T: the normed rows
-  T* xs = reinterpret_cast<T*>(fused_rows);
-  const int rows = int(p.rows), D = p.D;
-  for (int r = int(threadIdx.x >> 5); r < rows; r += kThreads / 32)
-    residual_norm_row_warp<T>(p, r, xs + int64_t(r) * D, blockIdx.x == 0);
-  __syncthreads();
   const int64_t n = int64_t(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
+  WHead<T, E, kPrefetchFused> h;
+  if (n < N) prefetch_w(W, n, p.D, h);
+  pdl_wait();
+  extern __shared__ __align__(16) unsigned char fused_rows[];  // [rows, D] of T: the normed rows; then red
+  T* xs = reinterpret_cast<T*>(fused_rows);
+  float* red = reinterpret_cast<float*>(fused_rows + fused_rows_bytes(int(p.rows), p.D, sizeof(T)));
+  residual_norm_rows_block<T>(p, xs, red, blockIdx.x == 0);
+  __syncthreads();
   if (n >= N) return;  // whole warps
-  gemv_column<T, E, kReluSquare>(PackedRows<T, E>{xs, D}, W, y, rows, n, N, D);
+  gemv_column<T, E, kReluSquare>(PackedRows<T, E>{xs, p.D}, h, W, y, int(p.rows), n, N, p.D);
 }
 
 template <class T>
@@ -303,7 +355,7 @@ void residual_norm_linear_t(const ResidualNormArgs& p, const void* W, void* y, i
   constexpr int E = int(16 / sizeof(T));
   const bool packed = p.D % E == 0 && reinterpret_cast<uintptr_t>(W) % 16 == 0;
   const unsigned blocks = unsigned((N + kThreads / 32 - 1) / (kThreads / 32));
-  const size_t smem = sizeof(T) * size_t(p.rows) * size_t(p.D);
+  const size_t smem = fused_rows_bytes(int(p.rows), p.D, sizeof(T)) + sizeof(float) * kGemvRows * (kThreads / 32);
   const T* w = static_cast<const T*>(W);
   T* out = static_cast<T*>(y);
   auto* kernel = packed ? (relu_square ? residual_norm_linear_kernel<T, E, true> : residual_norm_linear_kernel<T, E, false>)

@@ -263,7 +263,9 @@ Unit decode_unit(const MethodSpec& method, const SweepOptions& opt) {
                   // the most rows the decode GEMV kernels took (MIXBENCH_DECODE_GEMV_ROWS)
                   {"gemv_max_rows", decode_gemv_max_rows()},
                   // the step's own kernels as programmatic dependent launches (MIXBENCH_DECODE_PDL)
-                  {"programmatic_launches", decode_pdl_enabled()}};
+                  {"programmatic_launches", decode_pdl_enabled()},
+                  // the split-KV attention's shortest split (MIXBENCH_DECODE_SPLIT_MIN)
+                  {"split_min_slots", decode_split_min_slots()}};
         };
         return pt;
       }

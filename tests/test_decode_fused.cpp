@@ -24,6 +24,9 @@
 #include "harness/fused_ops.h"
 #include "harness/registry.h"
 #include "mixers/attention/attention.h"
+#if defined(MIXBENCH_WITH_CUDA)
+#include "mixers/attention/decode_attention_kernel.h"
+#endif
 #include "mixers/linear/delta_layer.h"
 #include "tests/test_util.h"
 
@@ -142,6 +145,22 @@ TEST(DecodeFused, KnobsFromTheEnvironment) {
     EXPECT_TRUE(at::equal(linear_rows(x, W), at::linear(x, W)));
   }
   if (!std::getenv("MIXBENCH_DECODE_GEMV_ROWS")) EXPECT_EQ(decode_gemv_max_rows(), 8);
+  if (!std::getenv("MIXBENCH_DECODE_SPLIT_MIN")) EXPECT_EQ(decode_split_min_slots(), 64);
+  {
+    mixbench_test::EnvGuard env("MIXBENCH_DECODE_SPLIT_MIN", "16");
+    EXPECT_EQ(decode_split_min_slots(), 16);
+  }
+  for (const char* bad : {"0", "8", "48", "512", "", "sixteen"}) {
+    mixbench_test::EnvGuard env("MIXBENCH_DECODE_SPLIT_MIN", bad);
+    try {
+      decode_split_min_slots();
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(fmt::format("MIXBENCH_DECODE_SPLIT_MIN must be 16, 32, 64, 128 or 256 cache slots, not '{}'", bad)),
+                std::string::npos)
+          << e.what();
+    }
+  }
   for (const char* bad : {"9", "-1", "2.5", "", "eight", "08"}) {
     mixbench_test::EnvGuard env("MIXBENCH_DECODE_GEMV_ROWS", bad);
     try {
@@ -154,6 +173,21 @@ TEST(DecodeFused, KnobsFromTheEnvironment) {
     }
   }
 }
+
+#if defined(MIXBENCH_WITH_CUDA)
+TEST(DecodeFused, SplitsFillTheGpuAndKeepTheShortestSplit) {
+  // d12 at batch 1 (6 KV heads, 132 multiprocessors): a 1K cache in 16 splits of 64 slots, or 64 of 16
+  EXPECT_EQ(attn_decode_cuda::choose_splits(1, 6, 1024, 132), 16);
+  EXPECT_EQ(attn_decode_cuda::choose_splits(1, 6, 1024, 132, 16), 64);
+  EXPECT_EQ(attn_decode_cuda::choose_splits(1, 6, 1024, 132, 256), 4);
+  // a long cache: about eight blocks per multiprocessor whatever the shortest split
+  EXPECT_EQ(attn_decode_cuda::choose_splits(1, 6, 32768, 132, 16), 176);
+  EXPECT_EQ(attn_decode_cuda::choose_splits(8, 6, 32768, 132), 22);
+  // never fewer than one, never more than 1024
+  EXPECT_EQ(attn_decode_cuda::choose_splits(64, 64, 8, 132, 16), 1);
+  EXPECT_EQ(attn_decode_cuda::choose_splits(1, 1, 1 << 20, 4096, 16), 1024);
+}
+#endif
 
 TEST(DecodeFused, RejectsAMixWithoutItsInputs) {
   const at::Tensor x = at::randn({1, 1, 8});
@@ -410,7 +444,7 @@ TEST(DecodeFusedCuda, GemvKernelsMatchFp64AndTheUnfusedPath) {
   for (const bool relu2 : {true, false})  // linear_relu_square, and linear_rows: the same GEMV without the activation
     for (auto dt : {at::kFloat, at::kBFloat16, at::kHalf})
       for (int64_t rows : {1, 3, 8, 9})  // 9: more rows than the kernel takes (the GEMM and relu²)
-        for (auto [N, K] : {std::pair<int64_t, int64_t>{1, 7}, {5, 64}, {97, 1001}, {3072, 768}, {768, 3072}, {40, 24}}) {
+        for (auto [N, K] : {std::pair<int64_t, int64_t>{1, 7}, {5, 64}, {97, 1001}, {3072, 768}, {768, 3072}, {40, 24}, {33, 5000}}) {
           // x [rows, 1, K] as the MLP sees it; W scaled so that h is O(1)
           const at::Tensor x = cuda(at::randn({rows, 1, K}), dt), W = cuda(at::randn({N, K}) / std::sqrt(double(K)), dt);
           const at::Tensor got = relu2 ? linear_relu_square(x, W) : linear_rows(x, W);

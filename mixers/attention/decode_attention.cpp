@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "harness/decode_knobs.h"
 #include "harness/errors.h"
 #include "harness/fused_ops.h"
 #include "harness/op_scope.h"
@@ -63,7 +64,7 @@ at::Tensor attention_decode_static(const at::Tensor& q, const at::Tensor& K, con
     const at::Tensor qc = q.contiguous();
     at::Tensor o = at::empty_like(qc);
     const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-    const int splits = attn_decode_cuda::choose_splits(B, Hkv, cap, sms);
+    const int splits = attn_decode_cuda::choose_splits(B, Hkv, cap, sms, int(decode_split_min_slots()));
     at::Tensor ws = at::empty({attn_decode_cuda::workspace_floats(B, H, D, splits)}, q.options().dtype(at::kFloat));
     const auto dt = q.scalar_type() == at::kFloat      ? attn_decode_cuda::Dtype::F32
                     : q.scalar_type() == at::kBFloat16 ? attn_decode_cuda::Dtype::BF16

@@ -264,12 +264,12 @@ void dispatch_d(int D, const void* q, const void* K, const void* V, void* o, con
 
 bool supported_head_dim(int D) { return D == 64 || D == 128 || D == 256; }
 
-int choose_splits(int B, int Hkv, int cap, int sms) {
+int choose_splits(int B, int Hkv, int cap, int sms, int min_slots) {
   // about eight blocks (32 warps) per multiprocessor, enough loads in flight to stream the cache, and
-  // no split shorter than 64 slots at full capacity
+  // no split shorter than min_slots slots at full capacity
   const int rows = std::max(1, B * Hkv);
   int s = (8 * sms + rows - 1) / rows;
-  s = std::min(s, std::max(1, cap / 64));
+  s = std::min(s, std::max(1, cap / std::max(1, min_slots)));
   return std::max(1, std::min(s, kMaxSplits));
 }
 

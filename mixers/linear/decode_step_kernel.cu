@@ -16,18 +16,19 @@ using layers::from_f32;
 using layers::load_f32;
 
 template <class T>
-__global__ void conv_step_kernel(const T* __restrict__ x, T* __restrict__ tail, const T* __restrict__ w, T* __restrict__ y,
-                                 int64_t B, int64_t C, int W) {
+__global__ void conv_step_kernel(const T* __restrict__ x, int64_t x_stride, T* __restrict__ tail, const T* __restrict__ w,
+                                 T* __restrict__ y, int64_t B, int64_t C, int W) {
   cuda_launch::pdl_wait();
   const int64_t n = B * C;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t b = i / C, c = i % C;
     T* t = tail + b * (W - 1) * C + c;
-    const float xv = load_f32(x + i);
+    const T* xi = x + b * x_stride + c;
+    const float xv = load_f32(xi);
     float acc = load_f32(w + c * W + (W - 1)) * xv;
     for (int j = 0; j < W - 1; ++j) acc += load_f32(w + c * W + j) * load_f32(t + j * C);
     for (int j = 0; j + 1 < W - 1; ++j) t[j * C] = t[(j + 1) * C];
-    if (W > 1) t[(W - 2) * C] = x[i];
+    if (W > 1) t[(W - 2) * C] = *xi;
     y[i] = from_f32<T>(acc / (1.f + __expf(-acc)));
   }
 }
@@ -171,13 +172,13 @@ void gdn_launch(const GdnStep& p, cudaStream_t stream) {
 }
 
 template <class T>
-void conv_launch(const void* x, void* tail, const void* w, void* y, int64_t B, int64_t C, int W, cudaStream_t stream) {
+void conv_launch(const void* x, int64_t x_stride, void* tail, const void* w, void* y, int64_t B, int64_t C, int W, cudaStream_t stream) {
   const int64_t n = B * C;
   if (n == 0) return;
   const int threads = 256;
   const int64_t blocks = std::min<int64_t>((n + threads - 1) / threads, 65535);
   cuda_launch::launch_dependent("conv step", conv_step_kernel<T>, unsigned(blocks), threads, 0, stream,
-                                static_cast<const T*>(x), static_cast<T*>(tail), static_cast<const T*>(w),
+                                static_cast<const T*>(x), x_stride, static_cast<T*>(tail), static_cast<const T*>(w),
                                 static_cast<T*>(y), B, C, W);
 }
 
@@ -200,12 +201,14 @@ void check(const char* what) {
 
 }  // namespace
 
-void conv_step(Dtype dt, const void* x, void* tail, const void* w, void* y, int64_t B, int64_t C, int W, cudaStream_t stream) {
+void conv_step(Dtype dt, const void* x, int64_t x_stride, void* tail, const void* w, void* y, int64_t B, int64_t C, int W,
+               cudaStream_t stream) {
   if (W < 1 || W > 8) throw std::invalid_argument("conv_step: the width must be 1..8");
+  if (x_stride < C) throw std::invalid_argument("conv_step: x's rows overlap (stride below C)");
   switch (dt) {
-    case Dtype::F32: conv_launch<float>(x, tail, w, y, B, C, W, stream); break;
-    case Dtype::BF16: conv_launch<__nv_bfloat16>(x, tail, w, y, B, C, W, stream); break;
-    case Dtype::F16: conv_launch<__half>(x, tail, w, y, B, C, W, stream); break;
+    case Dtype::F32: conv_launch<float>(x, x_stride, tail, w, y, B, C, W, stream); break;
+    case Dtype::BF16: conv_launch<__nv_bfloat16>(x, x_stride, tail, w, y, B, C, W, stream); break;
+    case Dtype::F16: conv_launch<__half>(x, x_stride, tail, w, y, B, C, W, stream); break;
   }
   check("conv_step kernel");
 }

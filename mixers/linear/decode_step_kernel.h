@@ -13,8 +13,10 @@ namespace mixbench::linear::decode_cuda {
 using Dtype = layers::rope_cuda::Dtype;
 // y[b,c] = silu(Σ_{i<W−1} w[c,i]·tail[b,i,c] + w[c,W−1]·x[b,c]) in fp32, rounded once; then the tail
 // shifts by one in place (tail[b,i] = tail[b,i+1], tail[b,W−2] = x[b]). x, y [B,C]; tail [B,W−1,C];
-// w [C,W]; all of type dt, contiguous; 1 ≤ W ≤ 8.
-void conv_step(Dtype dt, const void* x, void* tail, const void* w, void* y, int64_t B, int64_t C, int W, cudaStream_t stream);
+// w [C,W]; all of type dt; x's rows x_stride (≥ C) elements apart (a slice of a wider projection),
+// the rest contiguous; 1 ≤ W ≤ 8.
+void conv_step(Dtype dt, const void* x, int64_t x_stride, void* tail, const void* w, void* y, int64_t B, int64_t C, int W,
+               cudaStream_t stream);
 // The delta rule's step per (b, h), in fp32: S ← S·exp(g) (g: none, [B,H] per head or [B,H,K] per
 // key), u = β (v − Sᵀk), S ← S + k uᵀ, o = scale · Sᵀq. q, k [B,H,K], v [B,H,V] of dt; beta [B,H], g fp32;
 // S [B,H,K,V] fp32 updated in place; o [B,H,V] of dt. K ≤ 256.

@@ -169,10 +169,13 @@ at::Tensor conv_cached(const at::Tensor& xp, const at::Tensor& w, TensorMap& cac
   // a static cache on a GPU: one kernel for the step and the tail's shift in place
   if (cache_is_static(cache) && cache.has(name) && W <= 8 && fused_step_dtype(xp) && w.scalar_type() == xp.scalar_type() &&
       cache.at(name).scalar_type() == xp.scalar_type()) {
-    const at::Tensor xc = xp.contiguous(), wc = w.contiguous();
-    at::Tensor y = at::empty_like(xc);
+    // x may be a slice of the joint projection (rows apart by its width): read in place, not copied
+    const int64_t B = xp.size(0), C = xp.size(2);
+    const at::Tensor xc = xp.stride(2) == 1 && (B == 1 || xp.stride(0) >= C) ? xp : xp.contiguous(), wc = w.contiguous();
+    const int64_t x_stride = B == 1 ? C : xc.stride(0);  // a single row's stride is immaterial
+    at::Tensor y = at::empty({B, 1, C}, xp.options());
     OpScope scope("mixbench::conv_step");
-    decode_cuda::conv_step(conv_dtype(xc), xc.data_ptr(), cache.at(name).data_ptr(), wc.data_ptr(), y.data_ptr(), xp.size(0), xp.size(2),
+    decode_cuda::conv_step(conv_dtype(xc), xc.data_ptr(), x_stride, cache.at(name).data_ptr(), wc.data_ptr(), y.data_ptr(), B, C,
                            int(W), c10::cuda::getCurrentCUDAStream(xp.device().index()).stream());
     return y;
   }
