@@ -308,10 +308,8 @@ Json leaderboard_rows(const std::vector<std::string>& methods, const std::vector
     row["runs"] = runs_json;
     results.push_back(row);
   }
-  // Ranks: shared where the intervals overlap when every ranked method has one, else by the means.
-  const bool intervals = !cis.empty() && std::all_of(cis.begin(), cis.end(), [](const auto& c) { return c.has_value(); });
-  if (!intervals)
-    for (auto& c : cis) c.reset();
+  // Ranks: shared where the intervals overlap (a method with a single seed among methods with more
+  // shares every rank: its interval is unknown), by the means when no method has an interval.
   const std::vector<RankRange> ranks = shared_ranks(means, cis);
   for (size_t k = 0; k < ok_rows.size(); ++k) results[ok_rows[k]]["rank"] = ranks[k].str();
   md = leaderboard_markdown(results, baseline);
@@ -334,14 +332,19 @@ LeaderboardTables leaderboard_tables(const Json& results, const std::string& bas
   auto num = [](const Json& j, const std::string& k, const char* f) {
     return j.contains(k) && j[k].is_number() ? fmt::format(fmt::runtime(f), j[k].get<double>()) : std::string("-");
   };
-  const bool intervals = !rows.empty() && std::all_of(rows.begin(), rows.end(), [&](const Json& r) {
-    return r.contains(key + "_ci95") && !r[key + "_ci95"].is_null();
-  });
+  auto has_ci = [&](const Json& r) { return r.contains(key + "_ci95") && !r[key + "_ci95"].is_null(); };
+  const size_t n_ci = size_t(std::count_if(rows.begin(), rows.end(), has_ci));
+  const bool intervals = n_ci > 0;
   LeaderboardTables t;
-  const size_t n_seeds = rows.empty() ? 0 : rows[0].value(key + "_seeds", Json::array()).size();
+  size_t n_seeds = 0;
+  for (const Json& r : rows) n_seeds = std::max(n_seeds, r.value(key + "_seeds", Json::array()).size());
   t.note = intervals ? fmt::format("{} seeds per method: mean ± sample sd, 95% t-intervals, Δ paired by seed; ranks shared "
-                                   "where the intervals overlap",
-                                   n_seeds)
+                                   "where the intervals overlap{}",
+                                   n_seeds,
+                                   n_ci < rows.size() ? fmt::format("; {} method(s) with a single seed have no interval and "
+                                                                    "share every rank",
+                                                                    rows.size() - n_ci)
+                                                      : std::string())
                      : std::string("single seed: no intervals, ranks by the value");
   const bool bpb = key == "val_bpb";
   const bool mfu = std::any_of(rows.begin(), rows.end(), [](const Json& r) { return r.contains("mfu"); });

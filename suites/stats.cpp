@@ -57,7 +57,6 @@ std::vector<RankRange> shared_ranks(const std::vector<double>& means, const std:
     throw InputError(fmt::format("ranks need one interval per mean ({} means, {} intervals)", means.size(), ci.size()));
   const size_t n = means.size();
   const size_t with = size_t(std::count_if(ci.begin(), ci.end(), [](const auto& c) { return c.has_value(); }));
-  if (with != 0 && with != n) throw InputError("ranks need an interval for every entry or for none");
   std::vector<RankRange> r(n);
   if (with == 0) {
     std::vector<size_t> order(n);
@@ -66,11 +65,14 @@ std::vector<RankRange> shared_ranks(const std::vector<double>& means, const std:
     for (size_t k = 0; k < n; ++k) r[order[k]] = {int64_t(k + 1), int64_t(k + 1)};
     return r;
   }
+  // an entry without an interval: one of unknown extent
+  auto lo = [&](size_t i) { return ci[i] ? ci[i]->lo : -INFINITY; };
+  auto hi = [&](size_t i) { return ci[i] ? ci[i]->hi : INFINITY; };
   for (size_t i = 0; i < n; ++i) {
     int64_t below = 0, not_above = 0;
     for (size_t j = 0; j < n; ++j) {
-      below += j != i && ci[j]->hi < ci[i]->lo;
-      not_above += !(ci[j]->lo > ci[i]->hi);
+      below += j != i && hi(j) < lo(i);
+      not_above += !(lo(j) > hi(i));
     }
     r[i] = {1 + below, not_above};
   }

@@ -39,9 +39,10 @@ struct RankRange {
 };
 // Lower is better. With intervals for every entry: lo = 1 + #entries whose interval lies strictly
 // below this one's (their hi < this lo), hi = #entries whose interval does not lie strictly above
-// it (their lo ≤ this hi, itself included). Without intervals (single runs): the distinct ranks of
-// the means in order, equal means in input order. InputError when the lengths differ or only some
-// entries have an interval.
+// it (their lo ≤ this hi, itself included); an entry without an interval (a single run among
+// entries with several) counts as one of unknown extent, (−∞, +∞): it shares every rank, and every
+// other range includes it. Without any interval (single runs only): the distinct ranks of the means
+// in order, equal means in input order. InputError when the lengths differ.
 std::vector<RankRange> shared_ranks(const std::vector<double>& means, const std::vector<std::optional<Interval>>& ci);
 
 }  // namespace mixbench

@@ -122,7 +122,11 @@ TEST(LeaderboardStats, RanksSharedWhereIntervalsOverlap) {
   EXPECT_EQ(p[1].str(), "1");
   EXPECT_EQ(p[2].str(), "3");
   EXPECT_EQ(p[3].str(), "2");
-  EXPECT_THROW(shared_ranks({1, 2}, {Interval{0, 1}, std::nullopt}), InputError);
+  // a single run among entries with intervals: unknown extent, it shares every rank and widens the others'
+  const auto mixed = shared_ranks({1.0, 2.0, 1.5, 3.0}, {Interval{0.9, 1.1}, Interval{1.9, 2.1}, std::nullopt, Interval{2.9, 3.1}});
+  std::vector<std::string> ms;
+  for (const auto& x : mixed) ms.push_back(x.str());
+  EXPECT_EQ(ms, (std::vector<std::string>{"1–2", "2–3", "1–4", "3–4"}));
   EXPECT_THROW(shared_ranks({1, 2}, {std::nullopt}), InputError);
 }
 
