@@ -44,11 +44,14 @@ sw() { # name args...
   [ -f "$OUT/sweeps/$n.json" ] && build-gpu/mixbench plot "$OUT/sweeps/$n.json" --out "$OUT/sweeps/$n.html" > /dev/null 2>&1
 }
 sw eager_targets --methods dense_full,gdn --batch 1,8 --lengths 1k,8k --graph off
-# the same points with the defaults and with one decode knob off at a time (harness/decode_knobs.h):
-# ordinary launches instead of programmatic ones, cuBLAS instead of the GEMV kernels
+# the same points with the defaults and with the decode knobs changed (harness/decode_knobs.h):
+# ordinary launches instead of programmatic ones, the GEMV kernels instead of cuBLAS (with and
+# without programmatic launches), shorter attention splits
 sw knob_default --methods dense_full,gdn,mla --batch 1,8 --lengths 1k,32k
 MIXBENCH_DECODE_PDL=0 sw knob_pdl_off --methods dense_full,gdn,mla --batch 1,8 --lengths 1k,32k
-MIXBENCH_DECODE_GEMV_ROWS=0 sw knob_gemv_off --methods dense_full,gdn,mla --batch 1,8 --lengths 1k,32k
+MIXBENCH_DECODE_GEMV_ROWS=8 sw knob_gemv_on --methods dense_full,gdn,mla --batch 1,8 --lengths 1k,32k
+MIXBENCH_DECODE_GEMV_ROWS=8 MIXBENCH_DECODE_PDL=0 sw knob_gemv_on_pdl_off --methods dense_full,gdn --batch 1,8 --lengths 1k
+MIXBENCH_DECODE_SPLIT_MIN=64 sw knob_split64 --methods dense_full --batch 1,8 --lengths 1k,32k
 sw decode_attention --methods dense_full,gdn,gdn_hybrid,dense,gqa,mqa --batch 1,2,4,8 --lengths 1k,4k,16k,64k,128k
 sw decode_linear --methods lightning,retnet,deltanet,kda,gla,elu_norm --batch 1,8 --lengths 1k,16k,128k
 sw decode_hybrids --methods gdn_hybrid_swa,hypenet,deltanet_hybrid,mla,kda_hybrid --batch 1,8 --lengths 1k,16k,128k

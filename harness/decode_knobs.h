@@ -6,9 +6,9 @@
 namespace mixbench {
 
 // MIXBENCH_DECODE_GEMV_ROWS: the most rows the GEMV kernels (linear_relu_square,
-// residual_norm_linear, linear_rows) take on a GPU: 8 when unset, 0..8 (0: every product through
-// at::linear, after residual_norm where the op is residual_norm_linear), to compare the two paths
-// at a batch size.
+// residual_norm_linear, linear_rows) take on a GPU: 0..8, 0 when unset (every product through
+// at::linear, after residual_norm where the op is residual_norm_linear: on an H200 the d12 step is
+// faster so at batch 1 and at batch 8), to compare the two paths at a batch size.
 int64_t decode_gemv_max_rows();
 
 // MIXBENCH_DECODE_PDL: whether the decode step's own kernels are launched as programmatic dependent
@@ -16,7 +16,7 @@ int64_t decode_gemv_max_rows();
 bool decode_pdl_enabled();
 
 // MIXBENCH_DECODE_SPLIT_MIN: the fewest cache slots one split of the split-KV attention kernel
-// takes (mixers/attention/decode_attention_kernel.h, choose_splits): 64 when unset; 16, 32, 64, 128
+// takes (mixers/attention/decode_attention_kernel.h, choose_splits): 16 when unset; 16, 32, 64, 128
 // or 256. Fewer slots per split: more blocks in flight over a short cache, more partials to merge.
 int64_t decode_split_min_slots();
 

@@ -112,7 +112,7 @@ TEST(DecodeFused, CpuStandInsAreTheUnfusedOpsBitForBit) {
   EXPECT_EQ(pos.item<int64_t>(), 8);
 }
 
-// MIXBENCH_DECODE_GEMV_ROWS: the most rows the GEMV kernels take (8 when unset); anything but a whole
+// MIXBENCH_DECODE_GEMV_ROWS: the most rows the GEMV kernels take (0 when unset); anything but a whole
 // number 0..8 is refused with its value named. MIXBENCH_DECODE_PDL: 1 or unset on, 0 off, else refused.
 TEST(DecodeFused, KnobsFromTheEnvironment) {
   {
@@ -144,11 +144,11 @@ TEST(DecodeFused, KnobsFromTheEnvironment) {
     const at::Tensor x = at::randn({1, 1, 8}), W = at::randn({4, 8});
     EXPECT_TRUE(at::equal(linear_rows(x, W), at::linear(x, W)));
   }
-  if (!std::getenv("MIXBENCH_DECODE_GEMV_ROWS")) EXPECT_EQ(decode_gemv_max_rows(), 8);
-  if (!std::getenv("MIXBENCH_DECODE_SPLIT_MIN")) EXPECT_EQ(decode_split_min_slots(), 64);
+  if (!std::getenv("MIXBENCH_DECODE_GEMV_ROWS")) EXPECT_EQ(decode_gemv_max_rows(), 0);
+  if (!std::getenv("MIXBENCH_DECODE_SPLIT_MIN")) EXPECT_EQ(decode_split_min_slots(), 16);
   {
-    mixbench_test::EnvGuard env("MIXBENCH_DECODE_SPLIT_MIN", "16");
-    EXPECT_EQ(decode_split_min_slots(), 16);
+    mixbench_test::EnvGuard env("MIXBENCH_DECODE_SPLIT_MIN", "64");
+    EXPECT_EQ(decode_split_min_slots(), 64);
   }
   for (const char* bad : {"0", "8", "48", "512", "", "sixteen"}) {
     mixbench_test::EnvGuard env("MIXBENCH_DECODE_SPLIT_MIN", bad);
@@ -177,12 +177,12 @@ TEST(DecodeFused, KnobsFromTheEnvironment) {
 #if defined(MIXBENCH_WITH_CUDA)
 TEST(DecodeFused, SplitsFillTheGpuAndKeepTheShortestSplit) {
   // d12 at batch 1 (6 KV heads, 132 multiprocessors): a 1K cache in 16 splits of 64 slots, or 64 of 16
-  EXPECT_EQ(attn_decode_cuda::choose_splits(1, 6, 1024, 132), 16);
+  EXPECT_EQ(attn_decode_cuda::choose_splits(1, 6, 1024, 132, 64), 16);
   EXPECT_EQ(attn_decode_cuda::choose_splits(1, 6, 1024, 132, 16), 64);
   EXPECT_EQ(attn_decode_cuda::choose_splits(1, 6, 1024, 132, 256), 4);
   // a long cache: about eight blocks per multiprocessor whatever the shortest split
   EXPECT_EQ(attn_decode_cuda::choose_splits(1, 6, 32768, 132, 16), 176);
-  EXPECT_EQ(attn_decode_cuda::choose_splits(8, 6, 32768, 132), 22);
+  EXPECT_EQ(attn_decode_cuda::choose_splits(8, 6, 32768, 132, 64), 22);
   // never fewer than one, never more than 1024
   EXPECT_EQ(attn_decode_cuda::choose_splits(64, 64, 8, 132, 16), 1);
   EXPECT_EQ(attn_decode_cuda::choose_splits(1, 1, 1 << 20, 4096, 16), 1024);
@@ -340,6 +340,7 @@ TEST(DecodeFusedCuda, GemvRowsZeroTakesTheGemm) {
 TEST(DecodeFusedCuda, ProgrammaticLaunchesChangeNoValue) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   c10::NoGradGuard ng;
+  mixbench_test::EnvGuard gemv("MIXBENCH_DECODE_GEMV_ROWS", "8");  // the GEMV kernels too (cuBLAS by default)
   for (const std::string name : {"dense_full", "gqa", "gdn", "mla"}) {
     at::Generator gen;
     const Model model = bf16_cuda_model(name, "n_layer=4,seq_len=256", 6, gen);
@@ -577,6 +578,8 @@ TEST(DecodeFusedCuda, CapturedD12StepLaunchesFewKernels) {
     std::string method;
     int64_t gemms, others;
   };
+  // the step with every product through the GEMV kernels (cuBLAS is the default)
+  mixbench_test::EnvGuard gemv("MIXBENCH_DECODE_GEMV_ROWS", "8");
   for (const Expect& e : {Expect{"dense_full", 0, 78}, Expect{"gdn", 0, 78}})
     for (const int64_t B : {1, 8}) {  // up to 8 rows take the same GEMV kernels: the same launches
       const std::string name = fmt::format("{} B{}", e.method, B);

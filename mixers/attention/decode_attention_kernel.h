@@ -17,7 +17,7 @@ using Dtype = layers::rope_cuda::Dtype;  // the element types every fused kernel
 bool supported_head_dim(int D);
 // Key splits for B·Hkv rows over `cap` slots on a GPU with `sms` multiprocessors: about eight blocks
 // per multiprocessor, none shorter than `min_slots` slots at full capacity, at most 1024.
-int choose_splits(int B, int Hkv, int cap, int sms, int min_slots = 64);
+int choose_splits(int B, int Hkv, int cap, int sms, int min_slots);
 // fp32 workspace the kernel needs: splits · B · H · (D + 2).
 int64_t workspace_floats(int B, int H, int D, int splits);
 // The arrival counters one launch uses: B · H unsigned ints, zero before the first launch; every
