@@ -15,11 +15,17 @@
 #   MIXBENCH_CELLS_STOP_S      launch no cell whose estimated time would end it later than this many seconds
 #                              after the start (the estimate: the longest finished cell of its method in
 #                              OUT_DIR, else the median of the others'); cells start longest first
+#   MIXBENCH_CELLS_MEM_GB      the device memory the cells share (default: the first GPU's total from
+#                              nvidia-smi when the cells train on cuda, else none): a method whose finished
+#                              cells peaked above MEM/JOBS (their reports' memory.peak_bytes), or whose last
+#                              attempt ran out of memory with no finished cell, trains in a second pass, as
+#                              many at a time as fit (one when its peak is unknown)
 #
 # Each cell is `mixbench leaderboard LEADERBOARD_ARGS --methods M --seed S --seeds 1
-# --out OUT_DIR/cells/M.sS.json` (its log in OUT_DIR/logs/M.sS.log); a cell whose file already
-# holds a finished cell is skipped, so a stopped run continues where it was; a cell that ran out of
-# memory beside the others is tried once more after them, at half as many at a time. Then the cells are
+# --out OUT_DIR/cells/M.sS.json --cell-checkpoints OUT_DIR/ckpt` (its log in OUT_DIR/logs/M.sS.log);
+# a cell whose file already holds a finished cell is skipped, and a cell stopped part-way resumes
+# from its checkpoint in OUT_DIR/ckpt/, so a stopped run continues where it was; a cell that ran out
+# of memory beside the others is tried once more after them, at half as many at a time. Then the cells are
 # combined, training nothing: `mixbench leaderboard LEADERBOARD_ARGS --methods ... --seed S --seeds N
 # --from <cell files> --no-train --out OUT_DIR/leaderboard.json` (and .md, .html); a cell without a
 # file is listed as missing there. Running this script again trains the missing cells.
@@ -111,7 +117,7 @@ PY
   fi
   local t0 rc
   t0=$(date +%s)
-  eval "\"\$BIN\" leaderboard $LB_ARGS_Q --methods \"\$m\" --seed \"\$s\" --seeds 1 --out \"\$file\"" > "$log" 2>&1
+  eval "\"\$BIN\" leaderboard $LB_ARGS_Q --methods \"\$m\" --seed \"\$s\" --seeds 1 --out \"\$file\" --cell-checkpoints \"\$OUT/ckpt\"" > "$log" 2>&1
   rc=$?
   if [ "$rc" -eq 0 ]; then
     echo "cell $m seed $s: trained in $(( $(date +%s) - t0 )) s"
@@ -122,16 +128,27 @@ PY
 }
 export -f run_cell
 
+# the device memory the cells share (GiB): MIXBENCH_CELLS_MEM_GB, else the first GPU's when they train on cuda
+mem_gb=${MIXBENCH_CELLS_MEM_GB:-}
+[ -z "$mem_gb" ] || [[ "$mem_gb" =~ ^[0-9]+([.][0-9]+)?$ ]] || fail "MIXBENCH_CELLS_MEM_GB must be a number of GiB, not '$mem_gb'"
+if [ -z "$mem_gb" ] && [[ " ${LB_ARGS[*]} " == *" cuda "* || " ${LB_ARGS[*]} " == *"--device=cuda"* ]] && command -v nvidia-smi > /dev/null; then
+  mem_gb=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2> /dev/null | head -1 | awk '{printf "%.1f", $1 / 1024}')
+fi
+
 # shellcheck disable=SC2016  # $1, $2: run_cell's arguments in the child shell
 PASS1="$OUT/logs/cells.pass1.txt"
-# the cells, the longest first: a method's estimate is the longest of its finished cells here
+# The cells, the longest first: a method's estimate is the longest of its finished cells here
 # (phase_seconds.total, or the training seconds + 25 s of reports before they were recorded); a
-# method without one takes the median of the others' (60 s when there are none)
-python3 - "$OUT/cells" "$seed" "$seeds" $names <<'PY' > "$OUT/logs/cells.order.txt" || exit 2
+# method without one takes the median of the others' (60 s when there are none). With a memory
+# budget, a method too large to run JOBS at a time (its finished cells' peak memory above MEM/JOBS,
+# or an out-of-memory last attempt and no finished cell) goes to the second pass, with as many at a
+# time as its peak allows (1 when unknown). Each line: method seed estimate pass jobs.
+python3 - "$OUT" "$seed" "$seeds" "$JOBS" "${mem_gb:-0}" $names <<'PY' > "$OUT/logs/cells.order.txt" || exit 2
 import glob, json, os, statistics, sys
-cells, first, n, names = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
-est = {}
-for f in glob.glob(os.path.join(cells, "*.json")):
+out, first, n, jobs, mem = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]) * 2**30
+names = sys.argv[6:]
+est, peak = {}, {}
+for f in glob.glob(os.path.join(out, "cells", "*.json")):
     try:
         r = json.load(open(f))["results"][0]
     except Exception:
@@ -143,14 +160,35 @@ for f in glob.glob(os.path.join(cells, "*.json")):
         t = ps.get("total") or (run.get("seconds", 0) + 25 if run.get("seconds") else None)
         if t:
             est[r["method"]] = max(est.get(r["method"], 0), t)
+        p = (run.get("memory") or {}).get("peak_bytes")
+        if p:
+            peak[r["method"]] = max(peak.get(r["method"], 0), p)
+def ran_out(m):  # the last attempt of one of its cells ran out of memory
+    for k in range(n):
+        try:
+            if "out of memory" in open(os.path.join(out, "logs", f"{m}.s{first + k}.log"), errors="replace").read().lower():
+                return True
+        except OSError:
+            pass
+    return False
 default = statistics.median(est.values()) if est else 60
 order = sorted(((est.get(m, default), i, m) for i, m in enumerate(names)), key=lambda x: (-x[0], x[1]))
 for e, _, m in order:
+    p, j = 1, jobs
+    if mem > 0 and ((m in peak and peak[m] > 0.9 * mem / jobs) or (m not in peak and ran_out(m))):
+        p, j = 2, max(1, min(jobs, int(0.9 * mem // peak[m]))) if m in peak else 1
     for k in range(n):
-        print(m, first + k, int(e + 0.5))
+        print(m, first + k, int(e + 0.5), p, j)
 PY
-while read -r m s e; do printf '%s\0%s\0%s\0' "$m" "$s" "$e"; done < "$OUT/logs/cells.order.txt" |
+# the first pass: JOBS at a time
+awk '$4 == 1' "$OUT/logs/cells.order.txt" | while read -r m s e _ _; do printf '%s\0%s\0%s\0' "$m" "$s" "$e"; done |
   xargs -0 -n 3 -P "$JOBS" bash -c 'run_cell "$1" "$2" "$3"' _ | tee "$PASS1"
+# the second pass: the large methods, each method's cells as many at a time as fit
+for j in $(awk '$4 == 2 {print $5}' "$OUT/logs/cells.order.txt" | sort -rn | uniq); do
+  echo "large cells: $(awk -v j="$j" '$4 == 2 && $5 == j' "$OUT/logs/cells.order.txt" | wc -l) at $j at a time"
+  awk -v j="$j" '$4 == 2 && $5 == j' "$OUT/logs/cells.order.txt" | while read -r m s e _ _; do printf '%s\0%s\0%s\0' "$m" "$s" "$e"; done |
+    xargs -0 -n 3 -P "$j" bash -c 'run_cell "$1" "$2" "$3"' _ | tee -a "$PASS1"
+done
 
 # cells that ran out of memory beside the others: once more, at half as many at a time
 retry=()

@@ -1,8 +1,10 @@
 #include "harness/io.h"
 
 #include <fmt/format.h>
+#include <dirent.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -43,6 +45,19 @@ std::string read_file(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+bool remove_flat_dir(const std::string& dir) {
+  DIR* d = opendir(dir.c_str());
+  if (!d) return errno == ENOENT;
+  bool ok = true;
+  while (const dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name == "." || name == "..") continue;
+    ok = unlink((dir + "/" + name).c_str()) == 0 && ok;
+  }
+  closedir(d);
+  return rmdir(dir.c_str()) == 0 && ok;
 }
 
 }  // namespace mixbench

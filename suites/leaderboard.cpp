@@ -5,12 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <optional>
 #include <tuple>
 
 #include "harness/errors.h"
+#include "harness/io.h"
 #include "harness/registry.h"
 #include "suites/distributed.h"
 #include "suites/stats.h"
@@ -378,6 +380,10 @@ LeaderboardTables leaderboard_tables(const Json& results, const std::string& bas
                                 c.value("within_2pct", true) ? "" : ", outside ±2%");
     }
     const Json sd = r.value(key + "_sd", Json());
+    // The baseline's difference to itself (and a control's) is no measurement: a dash, not
+    // +0.0000 [+0.0000, +0.0000].
+    const std::string method = r.value("method", std::string("?"));
+    const bool anchor = method == baseline, own_control = r.value("residual_control", std::string()) == method;
     std::vector<std::string> cells = {
         rank + (tie ? " =" : ""),
         r.value("method", std::string("?")),
@@ -385,16 +391,17 @@ LeaderboardTables leaderboard_tables(const Json& results, const std::string& bas
                                          (sd.is_number() ? fmt::format(" ± {:.4f}", sd.get<double>()) : std::string())
                                    : std::string("-"),
         interval_md(r.value(key + "_ci95", Json()), "{:.4f}"),
-        num(r, delta_key, "{:+.4f}"),
-        interval_md(r.value(delta_key + "_ci95", Json()), "{:+.4f}"),
+        anchor ? std::string("—") : num(r, delta_key, "{:+.4f}"),
+        anchor ? std::string("—") : interval_md(r.value(delta_key + "_ci95", Json()), "{:+.4f}"),
         num(r, "train_flops_per_token_nanochat", "{:.4g}"),
         calibration,
         num(r.value("params", Json::object()), "total", "{:.0f}"),
         num(r, "tokens", "{:.0f}"),
         num(r, "tokens_per_s", "{:.0f}")};
     if (with_control != rows.end())
-      cells.insert(cells.begin() + 6, {num(r, "residual_delta", "{:+.4f}"),
-                                       interval_md(r.value("residual_delta_ci95", Json()), "{:+.4f}")});
+      cells.insert(cells.begin() + 6, {own_control ? std::string("—") : num(r, "residual_delta", "{:+.4f}"),
+                                       own_control ? std::string("—")
+                                                   : interval_md(r.value("residual_delta_ci95", Json()), "{:+.4f}")});
     if (mfu) cells.push_back(r.contains("mfu") && r["mfu"].is_number() ? fmt::format("{:.1f}%", 100 * r["mfu"].get<double>())
                                                                      : std::string("-"));
     t.ranking.rows.push_back(cells);
@@ -454,6 +461,33 @@ std::string leaderboard_markdown(const Json& results, const std::string& baselin
   return md;
 }
 
+TrainOptions leaderboard_cell_options(const LeaderboardOptions& opt, const std::string& m, uint64_t seed, const Calibration& cal) {
+  TrainOptions to;
+  to.method = m;
+  to.preset = opt.preset;
+  to.config = cal.config + (opt.config.empty() ? "" : "," + opt.config);
+  to.steps = opt.steps;
+  to.batch = opt.batch;
+  to.micro_batch = opt.micro_batch;
+  to.seed = seed;
+  to.data = opt.data;
+  to.progress = opt.progress;
+  to.probe_sequences = opt.probe_sequences;
+  to.device = opt.device;
+  to.dtype = opt.dtype;
+  to.graph = opt.graph;
+  to.data_parallel = opt.data_parallel;
+  to.budget = opt.budgets.size() == 1 ? opt.budgets[0].str() : opt.budget;
+  to.anchor_config = opt.config;
+  // the cell's own checkpoint folder: resumed when it holds this run's checkpoint (run_train
+  // refuses one of a different run, naming it), removed once the cell is done
+  if (!opt.cell_checkpoints.empty()) {
+    to.out = (std::filesystem::path(opt.cell_checkpoints) / fmt::format("{}.s{}", m, seed)).string();
+    to.resume = std::filesystem::exists(std::filesystem::path(to.out) / "checkpoint.safetensors");
+  }
+  return to;
+}
+
 Json run_leaderboard(const LeaderboardOptions& opt, std::string& md, Json* summary_out) {
   const TrainPreset P = train_preset(opt.preset);
   const std::vector<std::string> methods = lineup(opt, P);
@@ -461,6 +495,8 @@ Json run_leaderboard(const LeaderboardOptions& opt, std::string& md, Json* summa
   // With several budgets (--budgets) each cell trains the method to every budget in one pass
   // (run_budgets) and each budget is ranked on its own, with Kendall's tau between the rankings.
   const size_t n_budgets = std::max<size_t>(1, opt.budgets.size());
+  if (!opt.cell_checkpoints.empty() && n_budgets > 1)
+    throw UsageError("--cell-checkpoints takes one budget: a run to several budgets (--budgets) branches in memory");
   // Cells finished by earlier runs with the same options (the report being resumed, then the --from
   // reports in order): per budget (a row of a report with several budgets names its budget), kept
   // where every budget has the cell. Failed cells are remembered apart (shown with no_train).
@@ -585,23 +621,9 @@ Json run_leaderboard(const LeaderboardOptions& opt, std::string& md, Json* summa
         if (rows[0].is_null())
           for (size_t k = 0; k < n_budgets; ++k) rows[k] = kept_at[k].at({m, seed});
       } else {
-        TrainOptions to;
-        to.method = m;
-        to.preset = opt.preset;
-        to.config = cal.config + (opt.config.empty() ? "" : "," + opt.config);
-        to.steps = opt.steps;
-        to.batch = opt.batch;
-        to.micro_batch = opt.micro_batch;
-        to.seed = seed;
-        to.data = opt.data;
-        to.progress = opt.progress;
-        to.probe_sequences = opt.probe_sequences;
-        to.device = opt.device;
-        to.dtype = opt.dtype;
-        to.graph = opt.graph;
-        to.data_parallel = opt.data_parallel;
-        to.budget = opt.budgets.size() == 1 ? opt.budgets[0].str() : opt.budget;
-        to.anchor_config = opt.config;
+        const TrainOptions to = leaderboard_cell_options(opt, m, seed, cal);
+        if (opt.progress && to.resume)
+          std::cerr << fmt::format("leaderboard cell {} seed {}: resuming from {}\n", m, seed, to.out);
         auto failed = [&](const std::string& message) {
           for (size_t k = 0; k < n_budgets; ++k) {
             rows[k] = {{"status", "error"}, {"method", m}, {"message", message}};
@@ -614,6 +636,8 @@ Json run_leaderboard(const LeaderboardOptions& opt, std::string& md, Json* summa
             for (size_t k = 0; k < n_budgets; ++k) rows[k] = train_result_json(trs[k]);
           } else {
             row = train_result_json(run_train(to));
+            if (!to.out.empty() && !remove_flat_dir(to.out))  // the cell is in the report now
+              std::cerr << fmt::format("leaderboard cell {} seed {}: could not remove {}\n", m, seed, to.out);
           }
         } catch (const UsageError&) {
           throw;

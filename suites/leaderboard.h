@@ -63,9 +63,17 @@ struct LeaderboardOptions {
   // Train nothing: cells that no earlier report holds are left out (summary "missing"); a failed
   // cell of an earlier report is shown as failed.
   bool no_train = false;
+  // A folder for the cells' training checkpoints ("" = none): a cell trained here saves its run to
+  // <dir>/<method>.s<seed>/ every checkpoint_every steps of the preset, resumes from a checkpoint of
+  // the same run found there (one interrupted by a stopped process, or one that ran out of memory),
+  // and removes the folder once the cell has finished. One budget only.
+  std::string cell_checkpoints;
   // Called after each finished cell with the results so far, their Markdown table and the summary.
   std::function<void(const nlohmann::json& results, const std::string& markdown, const nlohmann::json& summary)> on_cell;
 };
+// The training options of the cell (method m at `seed`, calibrated as `cal`) that run_leaderboard
+// trains: with cell_checkpoints, its checkpoint folder and whether it resumes from it.
+TrainOptions leaderboard_cell_options(const LeaderboardOptions& opt, const std::string& m, uint64_t seed, const Calibration& cal);
 // The report's config for these options (preset, methods, steps, batch, micro_batch, data,
 // data_hash, data_order, config, anchor, baseline, device, probes, seed, seeds); all but the method list and
 // the seeds decide a cell's numbers, so a report is resumed only when those agree.

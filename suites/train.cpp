@@ -126,6 +126,8 @@ nlohmann::json optimizer_settings(const TrainOptions& opt) {
 
 TrainResult run_train(const TrainOptions& opt) {
   const auto t_run = std::chrono::steady_clock::now();
+  sweep_detail::MemProbe mem{opt.device};
+  mem.start();
   auto since = [](std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   };
@@ -696,6 +698,7 @@ TrainResult run_train(const TrainOptions& opt) {
   }
   if (dp) dp->barrier();  // the other ranks wait while rank 0 evaluates the probes
   r.phase_seconds.steps = seconds;
+  r.memory = mem.finish();
   r.phase_seconds.total = since(t_run);
   return r;
 }
@@ -704,45 +707,47 @@ Json train_result_json(const TrainResult& r) {
   const ModelDims d = model_dims(r.cfg);
   Json vc = Json::array();
   for (const auto& [s, v] : r.val_curve) vc.push_back({{"step", s}, {r.byte_level ? "bpb" : "bits_per_token", v}});
-  return {{"status", "ok"},
-          {"method", r.method},
-          {"level", "model"},
-          {"device", r.device},
-          {"threads", r.threads},
-          {"world_size", r.world_size},
-          {"backend", r.backend},
-          {"dtype", r.dtype},
-          {"master_dtype", "fp32"},
-          {"config", r.cfg.to_json()},
-          {"shape", {{"n_layer", d.n_layer}, {"d_model", d.d_model}, {"n_head", d.n_head}, {"head_dim", d.head_dim},
-                     {"seq_len", d.seq_len}, {"vocab", d.vocab}}},
-          {r.byte_level ? "val_bpb" : "val_bits_per_token", r.val_bpb},
-          {"val_tokens", r.val_tokens},
-          {"steps", r.steps_done},
-          {"budget", r.budget.to_json()},
-          {"batch", r.batch},
-          {"micro_batch", r.micro_batch},
-          {"tokens", r.tokens},
-          {"seconds", r.seconds},
-          {"tokens_per_s", r.tokens_per_s},
-          {"first_step_s", r.first_step_s},
-          {"phase_seconds", {{"setup", r.phase_seconds.setup}, {"steps", r.phase_seconds.steps},
-                             {"eval", r.phase_seconds.eval}, {"checkpoint", r.phase_seconds.checkpoint},
-                             {"total", r.phase_seconds.total}}},
-          {"mfu", r.mfu},
-          {"matmul_peak", matmul_peak_json(r.peak)},
-          {"trace", r.trace},
-          {"cuda_graph", r.graph},
-          {"cuda_graph_scope", r.graph_scope},
-          {"cuda_graph_reason", r.graph_reason},
-          {"eval_cuda_graph", r.eval_graph},
-          {"eval_cuda_graph_reason", r.eval_graph_reason},
-          {"train_flops_per_token_nanochat", r.cost.train_flops_nanochat},
-          {"params", {{"total", r.cost.params.total()}, {"matmul", r.cost.params.matmul}}},
-          {"loss_curve", r.losses},
-          {"aux_loss_curve", r.aux_losses},
-          {"val_curve", vc},
-          {"probes", r.probes.is_null() ? Json::object() : r.probes}};
+  Json j = {{"status", "ok"},
+            {"method", r.method},
+            {"level", "model"},
+            {"device", r.device},
+            {"threads", r.threads},
+            {"world_size", r.world_size},
+            {"backend", r.backend},
+            {"dtype", r.dtype},
+            {"master_dtype", "fp32"},
+            {"config", r.cfg.to_json()},
+            {"shape", {{"n_layer", d.n_layer}, {"d_model", d.d_model}, {"n_head", d.n_head}, {"head_dim", d.head_dim},
+                       {"seq_len", d.seq_len}, {"vocab", d.vocab}}},
+            {r.byte_level ? "val_bpb" : "val_bits_per_token", r.val_bpb},
+            {"val_tokens", r.val_tokens},
+            {"steps", r.steps_done},
+            {"budget", r.budget.to_json()},
+            {"batch", r.batch},
+            {"micro_batch", r.micro_batch},
+            {"tokens", r.tokens},
+            {"seconds", r.seconds},
+            {"tokens_per_s", r.tokens_per_s},
+            {"first_step_s", r.first_step_s},
+            {"phase_seconds", {{"setup", r.phase_seconds.setup}, {"steps", r.phase_seconds.steps},
+                               {"eval", r.phase_seconds.eval}, {"checkpoint", r.phase_seconds.checkpoint},
+                               {"total", r.phase_seconds.total}}},
+            {"mfu", r.mfu},
+            {"matmul_peak", matmul_peak_json(r.peak)},
+            {"trace", r.trace},
+            {"cuda_graph", r.graph},
+            {"cuda_graph_scope", r.graph_scope},
+            {"cuda_graph_reason", r.graph_reason},
+            {"eval_cuda_graph", r.eval_graph},
+            {"eval_cuda_graph_reason", r.eval_graph_reason},
+            {"train_flops_per_token_nanochat", r.cost.train_flops_nanochat},
+            {"params", {{"total", r.cost.params.total()}, {"matmul", r.cost.params.matmul}}},
+            {"loss_curve", r.losses},
+            {"aux_loss_curve", r.aux_losses},
+            {"val_curve", vc},
+            {"probes", r.probes.is_null() ? Json::object() : r.probes}};
+  if (!r.memory.is_null()) j["memory"] = r.memory;
+  return j;
 }
 
 }  // namespace mixbench

@@ -108,6 +108,10 @@ struct TrainResult {
   bool eval_graph = false;     // the validation forward replayed a CUDA graph (after its first batch)
   std::string eval_graph_reason;  // why it did not (empty when it did)
   nlohmann::json trace;        // the traced steps' kernel-time summary (null without --trace)
+  // The run's peak memory (the report's `memory`: the CUDA caching allocator's peak on a GPU, the
+  // process's resident peak on the CPU), measured from the start of run_train; what a scheduler of
+  // several runs on one device needs to know.
+  nlohmann::json memory;
   ModelCost cost;
   nlohmann::json probes;       // {probe: {accuracy, exact, chance, sequences, answers}} (byte-level data)
   std::string device = "cpu";

@@ -2,8 +2,9 @@
 # ci/leaderboard_cells.sh end to end on the CPU: two methods' cells in parallel processes and their
 # combined report; a rerun keeps the finished cells; past the deadline a removed cell stays missing
 # (exit 1); a cell that ran out of memory is retried, another failure is not; the longest cells start
-# first and none that would pass MIXBENCH_CELLS_STOP_S; options the script sets itself are refused
-# (exit 2).
+# first and none that would pass MIXBENCH_CELLS_STOP_S; with a memory budget the large methods train
+# in a second pass, fewer at a time; cells get their checkpoint folder; options the script sets
+# itself are refused (exit 2).
 # Usage: tests/leaderboard_cells.sh MIXBENCH_BINARY
 set -uo pipefail
 export MIXBENCH_BIN=${1:?usage: tests/leaderboard_cells.sh MIXBENCH_BINARY}
@@ -71,13 +72,43 @@ json.dump(r, open(sys.argv[2], "w"))
 PY
 "$SCRIPT" --methods dense_full,mqa --seeds 2 "$O2" 1 -- "${ARGS[@]}" > "$OUT/run8.txt" 2>&1
 check "the longer method's cell first" "[ \"\$(grep -o 'cell [a-z_]* seed 1: trained' '$OUT/run8.txt' | head -1)\" = 'cell mqa seed 1: trained' ]"
-check "the order file" "[ \"\$(head -1 '$O2/logs/cells.order.txt')\" = 'mqa 0 1000' ]"
+check "the order file" "[ \"\$(head -1 '$O2/logs/cells.order.txt')\" = 'mqa 0 1000 1 1' ]"
 rm -f "$O2/cells/mqa.s1.json" "$O2/cells/dense_full.s1.json"
 MIXBENCH_CELLS_STOP_S=500 "$SCRIPT" --methods dense_full,mqa --seeds 2 "$O2" 1 -- "${ARGS[@]}" > "$OUT/run9.txt" 2>&1
 check "a cell that would pass the stop is not started" "grep -q 'cell mqa seed 1: not started (its estimated 1000 s would pass MIXBENCH_CELLS_STOP_S=500)' '$OUT/run9.txt'"
 check "a shorter one is" "grep -q 'cell dense_full seed 1: trained' '$OUT/run9.txt'"
 MIXBENCH_CELLS_STOP_S=soon "$SCRIPT" --methods dense_full "$O2" 1 -- "${ARGS[@]}" > "$OUT/run10.txt" 2>&1
 check "a bad MIXBENCH_CELLS_STOP_S exits 2" "[ $? -eq 2 ]"
+
+# with a memory budget, the methods too large to run JOBS at a time train after the others, as many at
+# a time as fit: mqa peaked at 8 GiB of 10 (1 at a time), gqa's last attempt ran out of memory with no
+# finished cell (1 at a time); every cell is given its checkpoint folder
+O3="$OUT/mem"
+mkdir -p "$O3/cells" "$O3/logs"
+cp "$OUT/cells/dense_full.s0.json" "$O3/cells/"
+python3 - "$OUT/cells/dense_full.s0.json" "$O3/cells/mqa.s0.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+for x in [r["results"][0]] + r["results"][0].get("runs", []):
+    x["method"] = "mqa"
+    x["memory"] = {"source": "cuda_allocator", "peak_bytes": 8 * 2**30, "delta_bytes": 8 * 2**30, "peak_reset": True}
+json.dump(r, open(sys.argv[2], "w"))
+PY
+echo "mixbench: error: gqa: seed 0: CUDA out of memory. Tried to allocate 1.50 GiB" > "$O3/logs/gqa.s0.log"
+ARGLOG="$OUT/args.log"
+printf '#!/usr/bin/env bash\necho "$*" >> "%s"\nexec "%s" "$@"\n' "$ARGLOG" "$MIXBENCH_BIN" > "$OUT/logs_args.sh"
+chmod +x "$OUT/logs_args.sh"
+MIXBENCH_CELLS_MEM_GB=10 MIXBENCH_BIN="$OUT/logs_args.sh" "$SCRIPT" --methods dense_full,mqa,gqa --seeds 2 "$O3" 2 -- "${ARGS[@]}" > "$OUT/run11.txt" 2>&1
+check "a memory-planned run exits 0" "[ $? -eq 0 ]"
+check "mqa in the second pass, one at a time" "grep -q '^mqa 1 [0-9]* 2 1$' '$O3/logs/cells.order.txt'"
+check "gqa (out of memory before) too" "grep -q '^gqa 0 [0-9]* 2 1$' '$O3/logs/cells.order.txt'"
+check "dense_full in the first pass" "grep -q '^dense_full 1 [0-9]* 1 2$' '$O3/logs/cells.order.txt'"
+check "the second pass after the first" "grep -q 'large cells: 4 at 1 at a time' '$OUT/run11.txt' && [ \$(grep -n 'large cells' '$OUT/run11.txt' | cut -d: -f1) -gt \$(grep -n 'cell dense_full seed 1: trained' '$OUT/run11.txt' | cut -d: -f1) ]"
+check "every missing cell trained" "[ \$(grep -c 'trained in' '$OUT/run11.txt') -eq 4 ]"
+check "cells get their checkpoint folder" "[ \$(grep -c -- '--cell-checkpoints $O3/ckpt' '$ARGLOG') -eq 4 ]"
+check "finished cells leave no checkpoint" "[ -z \"\$(ls -A '$O3/ckpt' 2> /dev/null)\" ]"
+MIXBENCH_CELLS_MEM_GB=lots "$SCRIPT" --methods dense_full "$O3" 1 -- "${ARGS[@]}" > "$OUT/run12.txt" 2>&1
+check "a bad MIXBENCH_CELLS_MEM_GB exits 2" "[ $? -eq 2 ]"
 
 "$SCRIPT" --methods dense_full "$OUT" 2 -- --out x.json > "$OUT/run4.txt" 2>&1
 check "--out among the leaderboard options exits 2" "[ $? -eq 2 ]"

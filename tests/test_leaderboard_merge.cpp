@@ -11,7 +11,9 @@
 #include "harness/cli/cli.h"
 #include "harness/io.h"
 #include "harness/report.h"
+#include "harness/errors.h"
 #include "suites/leaderboard.h"
+#include "suites/train.h"
 #include "tests/test_util.h"
 
 namespace fs = std::filesystem;
@@ -119,6 +121,56 @@ TEST(LeaderboardMerge, PartsCombineToTheWholeRun) {
   ASSERT_EQ(f["results"].size(), 2u);
   EXPECT_EQ(f["results"][1]["status"], "error");
   EXPECT_NE(f["results"][1]["message"].get<std::string>().find("out of memory"), std::string::npos);
+}
+
+// --cell-checkpoints: a cell stopped part-way (here: its run stopped after 2 of 4 steps in the
+// cell's folder) is finished from its checkpoint with the uninterrupted cell's values, the folder is
+// removed once the cell is in the report, and a checkpoint of another run there fails the cell
+// naming it.
+TEST(LeaderboardMerge, AStoppedCellResumesFromItsCheckpoint) {
+  const fs::path dir = merge_tmp() / "cell_ckpt";
+  fs::remove_all(dir);
+  LeaderboardOptions lo;
+  lo.preset = "tiny";
+  lo.methods = {"dense_full"};
+  lo.config = "seq_len=32";
+  lo.steps = 4;
+  lo.batch = 1;
+  lo.probe_sequences = 0;
+  lo.seed = 3;
+  lo.seeds = 1;
+  std::string md;
+  const Json whole = run_leaderboard(lo, md);
+  ASSERT_EQ(whole[0]["status"], "ok") << whole[0].dump();
+
+  lo.cell_checkpoints = dir.string();
+  const Calibration cal = calibrate("dense_full", lo.preset, lo.config);
+  TrainOptions part = leaderboard_cell_options(lo, "dense_full", 3, cal);
+  EXPECT_EQ(part.out, (dir / "dense_full.s3").string());
+  EXPECT_FALSE(part.resume) << "nothing to resume yet";
+  part.stop_after = 2;
+  run_train(part);
+  ASSERT_TRUE(fs::exists(dir / "dense_full.s3" / "checkpoint.safetensors"));
+  EXPECT_TRUE(leaderboard_cell_options(lo, "dense_full", 3, cal).resume);
+  const Json resumed = run_leaderboard(lo, md);
+  ASSERT_EQ(resumed[0]["status"], "ok") << resumed[0].dump();
+  EXPECT_EQ(resumed[0]["val_bpb"], whole[0]["val_bpb"]);
+  EXPECT_EQ(resumed[0]["runs"][0]["loss_curve"], whole[0]["runs"][0]["loss_curve"]);
+  EXPECT_FALSE(fs::exists(dir / "dense_full.s3")) << "the finished cell's folder is removed";
+
+  // another run's checkpoint (seed 4) in seed 3's folder: the cell fails, naming the checkpoint
+  TrainOptions other = leaderboard_cell_options(lo, "dense_full", 4, cal);
+  other.out = (dir / "dense_full.s3").string();
+  other.stop_after = 2;
+  run_train(other);
+  const Json refused = run_leaderboard(lo, md);
+  EXPECT_EQ(refused[0]["status"], "error");
+  EXPECT_NE(refused[0].dump().find("belongs to a different run"), std::string::npos) << refused[0].dump();
+  EXPECT_TRUE(fs::exists(dir / "dense_full.s3" / "checkpoint.safetensors")) << "a failed cell keeps its folder";
+
+  // one budget only
+  lo.budgets = {parse_budget("steps=2"), parse_budget("steps=4")};
+  EXPECT_THROW(run_leaderboard(lo, md), UsageError);
 }
 
 TEST(LeaderboardMerge, BadPartsAreRefusedNamingTheFile) {

@@ -339,6 +339,10 @@ TEST(TrainLoop, CommandWritesReportAndCheckpoint) {
   EXPECT_DOUBLE_EQ(ph["steps"].get<double>(), r["results"][0]["seconds"].get<double>());
   EXPECT_LE(ph["setup"].get<double>() + ph["steps"].get<double>() + ph["eval"].get<double>() + ph["checkpoint"].get<double>(),
             total);
+  // the run's peak memory (on the CPU the resident high-water mark), for a scheduler of several runs
+  const Json& mem = r["results"][0]["memory"];
+  EXPECT_EQ(mem["source"], "vmhwm");
+  EXPECT_GT(mem["peak_bytes"].get<int64_t>(), 0);
   EXPECT_EQ(run_cli({"train", "--method", "nosuch"}), 2);
   EXPECT_EQ(run_cli({"train", "--method", "dense", "--resume"}), 2);
 }

@@ -205,6 +205,7 @@ int run_leaderboard_command(const Args& a, const std::vector<std::string>& args)
   if (a.get("seeds") && o.seeds < 1) throw UsageError("--seeds must be >= 1");
   if (o.stop_after < 0) throw UsageError("--stop-after must be >= 0");
   o.no_train = a.flag("no-train");
+  if (auto d = a.get("cell-checkpoints")) o.cell_checkpoints = *d;
   // --from: earlier reports of parts of this leaderboard; read (and checked) in leaderboard_rank
   for (const auto& f : a.list("from")) o.from.emplace_back(f, Json());
   if (auto rc = spawn_ranks(a, "leaderboard", args)) return *rc;
@@ -390,6 +391,10 @@ Command leaderboard_command() {
             "train nothing: combine the cells of --out and --from; the others are listed as missing "
             "(summary.missing, the .md)"},
            {"stop-after", OptionKind::Value, "N", "stop as if interrupted after N trained cells (0 = never)"},
+           {"cell-checkpoints", OptionKind::Value, "DIR",
+            "each trained cell checkpoints its run into DIR/<method>.s<seed>/ (the preset's checkpoint_every) and "
+            "resumes from a checkpoint of the same run there, so a cell stopped part-way (a killed process, out of "
+            "memory) continues where it was; the folder is removed once the cell is done. One budget only"},
            kQuiet,
            kNproc,
            kDistTimeout},
