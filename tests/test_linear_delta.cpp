@@ -185,6 +185,38 @@ TEST(LinearDeltaMethods, AccountantFlopsMatchCounter) {
   }
 }
 
+// The per-key-dim pair scores (sub-blocks of per-dim decays, products below them) are the naive
+// Σ_d a_t k_j exp(G_t − G_j) over j ≤ t, values and gradients, in fp64 at every sub-block size
+// (one row, a divisor of C, all of C, a non-divisor: one block), with decays strong enough that
+// e^{G_r − G_j} for j after r would overflow; finite in fp32 there too.
+TEST(LinearDeltaChunked, KeyGatePairScoresAreTheNaiveSum) {
+  const auto o = at::TensorOptions().dtype(at::kDouble);
+  const int64_t B = 1, H = 2, N = 3, C = 16, K = 5;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(uint64_t(5));
+  for (double strength : {0.3, 60.0}) {
+    const at::Tensor a = at::randn({B, H, N, C, K}, gen, o).requires_grad_(true), kc = at::randn({B, H, N, C, K}, gen, o).requires_grad_(true);
+    const at::Tensor G = (at::log_sigmoid(at::randn({B, H, N, C, K}, gen, o)) * strength).cumsum(-2).requires_grad_(true);
+    const at::Tensor diff = G.unsqueeze(-2) - G.unsqueeze(-3);                           // [B,H,N,C_t,C_j,K]
+    const at::Tensor upper = at::ones({C, C}, o.dtype(at::kBool)).triu(1).unsqueeze(-1);
+    const at::Tensor naive = (a.unsqueeze(-2) * kc.unsqueeze(-3) * diff.masked_fill(upper, 0).exp()).masked_fill(upper, 0).sum(-1);
+    const at::Tensor w = at::randn({B, H, N, C, C}, gen, o);
+    const auto gn = torch::autograd::grad({(naive * w).sum()}, {a, kc, G});
+    for (int64_t sub : {int64_t(1), int64_t(4), int64_t(8), C, int64_t(5)}) {
+      const at::Tensor p = linear::key_gate_pair_scores(a, kc, G, sub);
+      const std::string what = fmt::format("strength {} sub {}", strength, sub);
+      ASSERT_TRUE(p.sizes().equals(naive.sizes())) << what;
+      EXPECT_LE((p - naive).abs().max().item<double>(), 1e-12 * (1 + naive.abs().max().item<double>())) << what;
+      EXPECT_EQ(at::triu(p, 1).abs().max().item<double>(), 0.0) << what << ": nothing above the diagonal";
+      const auto gp = torch::autograd::grad({(p * w).sum()}, {a, kc, G});
+      for (size_t i = 0; i < gp.size(); ++i)
+        EXPECT_LE((gp[i] - gn[i]).abs().max().item<double>(), 1e-10 * (1 + gn[i].abs().max().item<double>()))
+            << what << " gradient " << i;
+    }
+    const at::Tensor p32 = linear::key_gate_pair_scores(a.detach().to(at::kFloat), kc.detach().to(at::kFloat), G.detach().to(at::kFloat));
+    EXPECT_TRUE(at::isfinite(p32).all().item<bool>()) << "strength " << strength;
+  }
+}
+
 // Sequences of several blocks (kDeltaBlockChunks chunks each, the state carried between blocks, a
 // short last block): output, final state and all gradients match the FP64 recurrence, for every
 // gate kind; with a small chunk (many blocks) and with the default one.

@@ -12,8 +12,10 @@
 //   S_C = exp(G_C) S0 + K_rᵀ u,  K_r = k ⊙ exp(G_C − G).
 // W and U do not depend on S0, so they are computed for all chunks at once; the chunk loop runs
 // only u = U − W S0 and the state update (three batched products per chunk), and the readout
-// o = Q_g S0 + P u runs once over all chunks after it. Per-key-dim gates need Γ per pair and per key dim: it is
-// formed as a [C,C,K] tensor of masked differences and reduced over K by batched dot products.
+// o = Q_g S0 + P u runs once over all chunks after it. Per-key-dim gates need Γ per pair and per key dim:
+// key_gate_pair_scores forms it per key dim only inside sub-blocks of kKeyGateSub rows (masked
+// differences, reduced over K by batched dot products) and takes the rest of each chunk's lower
+// triangle as matrix products of rows and columns rescaled to the sub-block's first row.
 #include "mixers/linear/delta_chunk.h"
 
 #include <ATen/ATen.h>
@@ -40,6 +42,37 @@ at::Tensor to_chunks(const at::Tensor& x, int64_t C) {
   return t.reshape({B, H, N, C});
 }
 
+}  // namespace
+
+at::Tensor key_gate_pair_scores(const at::Tensor& a, const at::Tensor& kc, const at::Tensor& G, int64_t sub) {
+  const int64_t B = a.size(0), H = a.size(1), N = a.size(2), C = a.size(3), K = a.size(4);
+  const int64_t S = sub > 0 && sub < C && C % sub == 0 ? sub : C, nS = C / S;
+  const auto bool_opts = a.options().dtype(at::kBool);
+  // the diagonal sub-blocks, per key dim: Γ from masked differences (j > t: 0)
+  const at::Tensor Gs = G.reshape({B, H, N, nS, S, K}), as = a.reshape({B, H, N, nS, S, K}), ks = kc.reshape({B, H, N, nS, S, K});
+  const at::Tensor up3 = at::ones({S, S}, bool_opts).triu(1).unsqueeze(-1);
+  const at::Tensor E = (Gs.unsqueeze(-2) - Gs.unsqueeze(-3)).masked_fill(up3, 0).exp().masked_fill(up3, 0);  // [..,nS,S_t,S_j,K]
+  const at::Tensor diag = at::matmul((as.unsqueeze(-2) * E).unsqueeze(-2), ks.unsqueeze(-3).unsqueeze(-1))
+                              .squeeze(-1)
+                              .squeeze(-1);  // [B,H,N,nS,S_t,S_j]
+  if (nS == 1) return diag.reshape({B, H, N, C, C});
+  // the rest of the lower triangle: Γ_tj = e^{G_t − G_r}·e^{G_r − G_j} with r the first row of t's
+  // sub-block and j before it, two factors ≤ 1, so one product of [S,K] rows by [K,C] columns per sub-block
+  const at::Tensor Gr = Gs.select(-2, 0);                                       // [B,H,N,nS,K]
+  const at::Tensor at_ = as * (Gs - Gr.unsqueeze(-2)).exp();                    // [B,H,N,nS,S,K]
+  const at::Tensor before = at::arange(C, a.options().dtype(at::kLong)).unsqueeze(0) >=
+                            (at::arange(nS, a.options().dtype(at::kLong)) * S).unsqueeze(1);  // [nS,C]: j ≥ r, none
+  const at::Tensor kt = kc.unsqueeze(3) *
+                        (Gr.unsqueeze(-2) - G.unsqueeze(3)).masked_fill(before.unsqueeze(-1), -INFINITY).exp();  // [B,H,N,nS,C,K]
+  const at::Tensor off = at::matmul(at_, kt.transpose(-1, -2));                // [B,H,N,nS,S_t,C]
+  // the diagonal sub-blocks in their places: [nS,S_t] × [nS,S_j] block-diagonal
+  const at::Tensor dblk = at::diag_embed(diag.permute({0, 1, 2, 4, 5, 3}))       // [B,H,N,S_t,S_j,nS,nS]
+                              .permute({0, 1, 2, 5, 3, 6, 4})                   // [B,H,N,nS,S_t,nS,S_j]
+                              .reshape({B, H, N, nS, S, C});
+  return (off + dblk).reshape({B, H, N, C, C});
+}
+
+namespace {
 // One block (the whole algorithm above on tokens [B,L,...], fp32 or fp64), state h0 entering it.
 DeltaResult delta_chunked_block(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& beta,
                                 const at::Tensor& g, double scale, const at::Tensor& h0, int64_t chunk) {
@@ -74,15 +107,8 @@ DeltaResult delta_chunked_block(const at::Tensor& q, const at::Tensor& k, const 
     }
     case DeltaGate::Key: {
       at::Tensor G = chunked(g).cumsum(-2);                           // [B,H,N,C,K]
-      at::Tensor D = G.unsqueeze(-2) - G.unsqueeze(-3);              // [B,H,N,C_t,C_j,K]
-      at::Tensor up3 = upper.unsqueeze(-1);
-      at::Tensor E = D.masked_fill(up3, 0).exp().masked_fill(up3, 0);
-      at::Tensor kj = kc.unsqueeze(-3).unsqueeze(-1);                // [B,H,N,1,C,K,1]
-      auto pair_dot = [&](const at::Tensor& a) {                     // Σ_d a_t[d] Γ_tj[d] k_j[d]
-        return at::matmul((a.unsqueeze(-2) * E).unsqueeze(-2), kj).squeeze(-1).squeeze(-1);
-      };
-      A = pair_dot(kc);
-      P = pair_dot(qc);
+      A = key_gate_pair_scores(kc, kc, G);
+      P = key_gate_pair_scores(qc, kc, G);
       at::Tensor eG = G.exp();
       Kg = kc * eG, Qg = qc * eG;
       at::Tensor Gl = G.narrow(-2, C - 1, 1);                        // [B,H,N,1,K]

@@ -20,6 +20,18 @@ constexpr int64_t kDeltaChunk = 64;
 // Chunks per block of delta_chunked: longer sequences run block by block, the state carried.
 constexpr int64_t kDeltaBlockChunks = 16;
 
+// Rows of a sub-block of key_gate_pair_scores (per-key-dim decays formed pair by pair only inside it).
+constexpr int64_t kKeyGateSub = 8;
+
+// P_tj = Σ_d a_t[d] k_j[d] Γ_tj[d] for j ≤ t (0 above the diagonal), Γ_tj[d] = exp(G_t[d] − G_j[d]),
+// in every chunk: a, kc, G [B,H,N,C,K] (G the inclusive cumulative log decay, non-increasing along
+// C) → [B,H,N,C,C]. Inside sub-blocks of `sub` rows (C a multiple of it; else one block of C) Γ is
+// formed per key dim from masked differences; below them as the product of a's rows rescaled by
+// e^{G_t − G_r} and k's columns by e^{G_r − G_j} (r the sub-block's first row; both factors ≤ 1, so
+// no exponential overflows however strong the decay). Memory per chunk: C·K·(C/sub + sub) values
+// instead of C²·K. Differentiable.
+at::Tensor key_gate_pair_scores(const at::Tensor& a, const at::Tensor& kc, const at::Tensor& G, int64_t sub = kKeyGateSub);
+
 struct DeltaResult {
   at::Tensor o;   // [B,T,H,V]
   at::Tensor ht;  // [B,H,K,V]
