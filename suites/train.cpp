@@ -126,8 +126,6 @@ nlohmann::json optimizer_settings(const TrainOptions& opt) {
 
 TrainResult run_train(const TrainOptions& opt) {
   const auto t_run = std::chrono::steady_clock::now();
-  sweep_detail::MemProbe mem{opt.device};
-  mem.start();
   auto since = [](std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   };
@@ -527,6 +525,9 @@ TrainResult run_train(const TrainOptions& opt) {
   const int64_t trace_to = trace_from < 0 ? -1 : std::min(steps, trace_from + std::max<int64_t>(1, opt.trace_steps));
   double trace_wall = 0;
   r.phase_seconds.setup = since(t_run);
+  // the peak from here on (the device's memory in use now, parameters and optimizer state, included)
+  sweep_detail::MemProbe mem{opt.device};
+  mem.start();
   for (int64_t it = start; it < steps; ++it) {
     if (it == trace_from) {
       sweep_detail::sync_device(opt.device);

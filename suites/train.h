@@ -109,8 +109,8 @@ struct TrainResult {
   std::string eval_graph_reason;  // why it did not (empty when it did)
   nlohmann::json trace;        // the traced steps' kernel-time summary (null without --trace)
   // The run's peak memory (the report's `memory`: the CUDA caching allocator's peak on a GPU, the
-  // process's resident peak on the CPU), measured from the start of run_train; what a scheduler of
-  // several runs on one device needs to know.
+  // process's resident peak on the CPU) over its steps and evaluations, the model and optimizer
+  // state it holds from setup included; what a scheduler of several runs on one device needs.
   nlohmann::json memory;
   ModelCost cost;
   nlohmann::json probes;       // {probe: {accuracy, exact, chance, sequences, answers}} (byte-level data)
