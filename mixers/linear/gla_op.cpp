@@ -2,14 +2,11 @@
 //   S_t = diag(exp g_t) S_{t-1} + k_t v_tᵀ,   o_t = S_tᵀ (scale·q_t),   g [B,T,H,K] ≤ 0,
 // the recurrence of flash-linear-attention's fla/ops/gla (naive_recurrent_gla).
 //
-// CPU path: chunked, chunk C = 64 (zero padding with g = 0), b = cumsum(g) per channel. The
+// Chunked path (gla_chunked): chunk C = 64 (zero padding with g = 0), b = cumsum(g) per channel. The
 // intra-chunk scores A_ij = Σ_k q_ik k_jk exp(b_ik − b_jk) (i ≥ j) cannot be written as one
-// matmul without exponentials of positive numbers, so the chunk is cut into 4 sub-chunks of 16:
-//   diagonal 16×16 blocks: the exponent b_i − b_j is formed explicitly (masked to −inf above the
-//     diagonal before exp) and contracted with k by batched dot products;
-//   blocks below the diagonal (sub-chunk s > r): relative to the reference r_s = b just before
-//     sub-chunk s, q̃ = q ⊙ exp(b − r_s) and k̃ = k ⊙ exp(r_s − b) (both exponents ≤ 0, the latter
-//     masked to −inf for r ≥ s), then A = q̃ k̃ᵀ by matmul.
+// matmul without exponentials of positive numbers: key_gate_pair_scores (delta_chunk.h) forms the
+// exponent explicitly only inside sub-blocks of 8 rows and takes the rest as products of q and k
+// rescaled to each sub-block's first row (both exponents ≤ 0), as kda's chunked path does.
 // Then o = A v + (q ⊙ exp b) S_c and S_{c+1} = diag(exp b_L) S_c + (k ⊙ exp(b_L − b))ᵀ v.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -18,6 +15,7 @@
 #include "harness/errors.h"
 #include "harness/registry.h"
 #include "mixers/linear/gated_op_spec.h"
+#include "mixers/linear/delta_chunk.h"
 #include "mixers/linear/gla_ops.h"
 #include "reference/gla.h"
 
@@ -26,7 +24,7 @@ namespace linear {
 
 // The CPU path (gla_chunked_cpu) folds the per-key decays into the operands of one C×C score
 // product per chunk, so its products are simple_gla's. (gla_chunked below, the path of other
-// devices and of the backward, spends 2·C·16·K more per chunk on its sub-chunk blocks.)
+// devices and of the backward, spends about 2·C·8·K more per chunk on its sub-blocks.)
 double gla_chunk_flops(int64_t K, int64_t V) { return simple_gla_chunk_flops(K, V); }
 
 namespace {
@@ -44,28 +42,14 @@ std::pair<at::Tensor, at::Tensor> gla_chunked(const at::Tensor& q, const at::Ten
     return {o.to(q.scalar_type()), ht};
   }
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
-  const int64_t C = kGlaChunk, c = kGlaSubChunk, S = C / c;
+  const int64_t C = kGlaChunk;
   const int64_t N = (T + C - 1) / C;
   at::Tensor qc = to_chunks(q * scale, N), kc = to_chunks(k, N), vc = to_chunks(v, N);
   at::Tensor b = to_chunks(g, N).cumsum(-2);  // [B,H,N,C,K]
-  auto bopt = at::TensorOptions().dtype(at::kBool).device(q.device());
 
-  at::Tensor bs = b.reshape({B, H, N, S, c, K}), qs = qc.reshape({B, H, N, S, c, K}), ks = kc.reshape({B, H, N, S, c, K});
-  // diagonal sub-chunk blocks [B,H,N,S,c(i),c(j)]
-  at::Tensor upper = at::ones({c, c}, bopt).triu(1).view({c, c, 1});
-  at::Tensor E = (bs.unsqueeze(-2) - bs.unsqueeze(-3)).masked_fill(upper, -INFINITY).exp();  // [..,i,j,K]
-  at::Tensor X = qs.unsqueeze(-2) * E;                                                      // [..,i,j,K]
-  at::Tensor Adiag = at::matmul(X.unsqueeze(-2), ks.unsqueeze(-3).unsqueeze(-1)).squeeze(-1).squeeze(-1);
-  // blocks below the diagonal [B,H,N,S(s),S(r),c,c]
-  at::Tensor ref = at::cat({at::zeros_like(bs.select(3, 0).select(3, 0)).unsqueeze(3),
-                            bs.slice(3, 0, S - 1).select(4, c - 1)}, 3);  // [B,H,N,S,K]: b before sub-chunk s
-  at::Tensor qt = qs * (bs - ref.unsqueeze(4)).exp();                                       // [B,H,N,S,c,K]
-  at::Tensor not_below = at::ones({S, S}, bopt).triu(0).view({S, S, 1, 1});                // r >= s
-  at::Tensor ek = (ref.unsqueeze(4).unsqueeze(4) - bs.unsqueeze(3)).masked_fill(not_below, -INFINITY).exp();
-  at::Tensor kt = ks.unsqueeze(3) * ek;                                                     // [B,H,N,S,S,c,K]
-  at::Tensor Aoff = at::matmul(qt.unsqueeze(4), kt.transpose(-1, -2));                     // [B,H,N,S,S,c,c]
-  at::Tensor eye = at::eye(S, q.options().requires_grad(false)).view({S, S, 1, 1});
-  at::Tensor A = (Aoff + eye * Adiag.unsqueeze(4)).permute({0, 1, 2, 3, 5, 4, 6}).reshape({B, H, N, C, C});
+  // A_ij = Σ_k q_ik k_jk exp(b_ik − b_jk) for j ≤ i (delta_chunk.h: per-key decays inside sub-blocks,
+  // the rest as products of rescaled rows and columns, no exponential above 1)
+  const at::Tensor A = key_gate_pair_scores(qc, kc, b);
   at::Tensor o = at::matmul(A, vc);  // [B,H,N,C,V]
 
   at::Tensor bL = b.select(3, C - 1);                                                                  // [B,H,N,K]

@@ -14,7 +14,6 @@
 namespace mixbench::linear {
 
 constexpr int64_t kGlaChunk = 64;     // chunk length of the chunked algorithm
-constexpr int64_t kGlaSubChunk = 16;  // gla only: sub-chunk of the intra-chunk decay handling
 // simple_gla: chunks per block of the CPU path (the sequence is processed block by block, the
 // state carried between blocks, so the working set is bounded by the block and not by T)
 constexpr int64_t kGlaBlockChunks = 8;
