@@ -28,10 +28,16 @@ __device__ __forceinline__ float round_to(float v) {
   return load_f32(&t);
 }
 
-// Σ over the block of every thread's v; red holds kThreads/32 floats. Every thread gets the sum.
-__device__ __forceinline__ float block_sum(float v, float* red) {
+// Σ over the warp of every lane's v, in butterfly order; every lane gets the sum.
+__device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+// Σ over the block of every thread's v; red holds kThreads/32 floats. Every thread gets the sum.
+__device__ __forceinline__ float block_sum(float v, float* red) {
+  v = warp_sum(v);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (lane == 0) red[warp] = v;
   __syncthreads();
@@ -112,9 +118,7 @@ __device__ __forceinline__ void residual_norm_rows_block(const ResidualNormArgs&
 #pragma unroll
   for (int r = 0; r < kGemvRows; ++r) {
     if (r < rows) {
-      float v = ss[r];
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+      const float v = warp_sum(ss[r]);
       if (lane == 0) red[r * kWarps + warp] = v;
     }
   }
@@ -172,8 +176,7 @@ __global__ void __launch_bounds__(kThreads) embed_smear_kernel(EmbedSmearArgs p)
   // the gate: a G-wide dot product (the GEMM's output in T), σ, then λ·σ, each rounded as stored
   float d = threadIdx.x < p.G ? buf[threadIdx.x] * load_f32(static_cast<const T*>(p.w) + threadIdx.x) : 0.f;
   if (threadIdx.x < 32) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
+    d = warp_sum(d);
     if (threadIdx.x == 0) red[0] = d;
   }
   __syncthreads();
@@ -279,9 +282,7 @@ __device__ __forceinline__ void gemv_column(const Rows& x, const WHead<T, E, NP>
 #pragma unroll
   for (int r = 0; r < kGemvRows; ++r) {
     if (r < rows) {
-      float a = acc[r];
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) a += __shfl_xor_sync(0xffffffffu, a, off);
+      const float a = warp_sum(acc[r]);
       if (lane == 0) {
         if constexpr (kReluSquare) {
           const float hv = round_to<T>(a);
