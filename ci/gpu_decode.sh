@@ -4,7 +4,9 @@
 # decode sweeps with the step captured (and the eager baseline), each sweep with its plot.
 # Usage: ci/gpu_decode.sh OUT_DIR [DEPS_DIR]   (DEPS_DIR from ci/gpu_stage.sh; default .deps if present)
 #   MIXBENCH_DECODE_LIMIT  seconds the sweeps may take in all (default 300); a sweep that would pass it
-#                          is not started, one that is stopped writes no file
+#                          is not started; one that is stopped keeps its finished points in its report
+#                          (summary.complete false), and running the script again with the same OUT_DIR
+#                          continues it (--resume)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: ci/gpu_decode.sh OUT_DIR [DEPS_DIR]}
@@ -40,7 +42,7 @@ sw() { # name args...
   left=$(( LIMIT - ($(date +%s) - START) ))
   [ "$left" -lt 30 ] && { echo "not run (time): $n"; rc=1; return; }
   timeout "$left" build-gpu/mixbench sweep --mode decode --preset gpu-d12 --device cuda --dtype bf16 --reps 20 --warmup 3 \
-      "$@" --out "$OUT/sweeps/$n.json" > "$OUT/logs/$n.log" 2>&1 || rc=1
+      "$@" --out "$OUT/sweeps/$n.json" --resume >> "$OUT/logs/$n.log" 2>&1 || rc=1
   [ -f "$OUT/sweeps/$n.json" ] && build-gpu/mixbench plot "$OUT/sweeps/$n.json" --out "$OUT/sweeps/$n.html" > /dev/null 2>&1
 }
 sw eager_targets --methods dense_full,gdn --batch 1,8 --lengths 1k,8k --graph off

@@ -13,8 +13,9 @@
 #   MIXBENCH_SANITIZER_LIMIT           each of the four sanitizer runs (default 35)
 #   MIXBENCH_SPARSE_TRAIN_LIMIT        the training sweep (default 120)
 #   MIXBENCH_SPARSE_PREFILL_LIMIT      the prefill sweep (default 60)
-# A part stopped by its limit counts as a failure (exit 1); a sweep stopped by its limit writes no
-# file. The part's log under OUT_DIR/logs says how far it got.
+# A part stopped by its limit counts as a failure (exit 1); a sweep stopped by its limit keeps its
+# finished points in its report (summary.complete false), and running the script again with the same
+# OUT_DIR continues it (--resume). The part's log under OUT_DIR/logs says how far it got.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: ci/gpu_sparse.sh OUT_DIR [DEPS_DIR]}
@@ -58,8 +59,8 @@ sw() { # name limit args...
   local n=$1 limit=$2
   shift 2
   timeout "$limit" $MB sweep --preset gpu-d12 --device cuda --dtype bf16 --batch 1 --lengths 2k:64k --reps 5 --warmup 2 \
-      --methods "dense_full,$SPARSE" "$@" --out "$OUT/sweeps/$n.json" > "$OUT/logs/$n.log" 2>&1 || rc=1
-  [ -f "$OUT/sweeps/$n.json" ] || echo "$n: no report (stopped at ${limit}s or failed; see logs/$n.log)"
+      --methods "dense_full,$SPARSE" "$@" --out "$OUT/sweeps/$n.json" --resume >> "$OUT/logs/$n.log" 2>&1 || rc=1
+  [ -f "$OUT/sweeps/$n.json" ] || echo "$n: no report (stopped at ${limit}s before its first point, or failed; see logs/$n.log)"
   [ -f "$OUT/sweeps/$n.json" ] && $MB plot "$OUT/sweeps/$n.json" --out "$OUT/sweeps/$n.html" > /dev/null 2>&1
 }
 sw train_sparse "${MIXBENCH_SPARSE_TRAIN_LIMIT:-120}" --mode train

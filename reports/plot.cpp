@@ -270,6 +270,19 @@ std::string render_sweep_html(const Json& report) {
     row("machine", m.value("cpu", std::string()) + (m.contains("gpu") && m["gpu"].is_string() ? "; " + m["gpu"].get<std::string>() : ""));
   }
   if (cfg.contains("optimizer") && cfg["optimizer"].is_string()) row("optimizer", cfg["optimizer"].get<std::string>());
+  if (report.contains("summary") && report["summary"].is_object()) {
+    const Json& su = report["summary"];
+    if (su.contains("complete") && su["complete"] == false)
+      row("status", fmt::format("in progress: {} points so far (the sweep stopped or is still running; --resume continues it)",
+                                report["results"].size()));
+    if (su.contains("resumed_from") && su["resumed_from"].is_array() && !su["resumed_from"].empty()) {
+      std::string from;
+      for (const auto& f : su["resumed_from"])
+        from += (from.empty() ? "" : ", ") + f.value("git_commit", std::string("?")).substr(0, 12) + " (" +
+                f.value("created", std::string("?")) + ")";
+      row("resumed", fmt::format("{} points kept from earlier runs: {}", su.value("kept", 0), from));
+    }
+  }
   if (report.contains("copy_bandwidth") && report["copy_bandwidth"].contains("bytes_per_s") &&
       report["copy_bandwidth"]["bytes_per_s"].is_number()) {
     const Json& b = report["copy_bandwidth"];

@@ -140,10 +140,41 @@ Json sweep_config_json(const SweepOptions& o) {
 }
 
 // ------------------------------------------------------------------ the sweep
-Json run_sweep(const SweepOptions& opt, SweepSummary& sum) {
+std::string sweep_resume_mismatch(const Json& resumed, const Json& config) {
+  if (!resumed.is_object() || resumed.value("kind", std::string()) != "sweep" || !resumed.contains("results") ||
+      !resumed["results"].is_array())
+    return "it is not a sweep report";
+  const Json& rc = resumed.value("config", Json::object());
+  std::vector<std::string> differ;
+  for (auto it = config.begin(); it != config.end(); ++it)
+    if (!rc.contains(it.key()) || rc[it.key()] != it.value()) differ.push_back(it.key());
+  for (auto it = rc.begin(); it != rc.end(); ++it)
+    if (!config.contains(it.key())) differ.push_back(it.key());
+  if (differ.empty()) return "";
+  std::string list;
+  for (const auto& k : differ) list += (list.empty() ? "" : ", ") + k;
+  return "its config differs in " + list;
+}
+
+Json run_sweep(const SweepOptions& opt, SweepSummary& sum, const SweepProgress& progress) {
   using namespace sweep_detail;
   Registry& reg = Registry::get();
   Json results = Json::array();
+  // the earlier run's finished points, by (method, op, B, T)
+  auto kept_point = [&](const std::string& method, const std::string& op, int64_t B, int64_t T) -> const Json* {
+    for (const auto& x : opt.previous) {
+      const std::string st = x.value("status", std::string());
+      if ((st != "ok" && st != "oom") || x.value("method", std::string()) != method) continue;
+      const Json& xo = x.contains("op") ? x["op"] : Json(nullptr);
+      if ((op.empty() ? !xo.is_null() : xo != op) || !x.contains("shape")) continue;
+      const Json& sh = x["shape"];
+      if (sh.value("B", int64_t(-1)) == B && sh.value("T", int64_t(-1)) == T) return &x;
+    }
+    return nullptr;
+  };
+  auto pushed = [&] {
+    if (progress) progress(results, sum);
+  };
   const bool train = opt.mode == "train";
   auto base = [&](const std::string& method, const std::string& op) {
     return Json{{"method", method}, {"op", op.empty() ? Json(nullptr) : Json(op)}, {"level", opt.level},
@@ -168,6 +199,7 @@ Json run_sweep(const SweepOptions& opt, SweepSummary& sum) {
         r["shape"] = Json::object();
         results.push_back(r);
         ++sum.skipped;
+        pushed();
         continue;
       }
       units.push_back(opt.mode == "decode" ? decode_unit(m, opt) : opt.level == "model" ? model_unit(m, opt) : layer_unit(m, opt));
@@ -190,6 +222,7 @@ Json run_sweep(const SweepOptions& opt, SweepSummary& sum) {
         r["shape"] = Json::object();
         results.push_back(r);
         ++sum.skipped;
+        pushed();
         continue;
       }
     }
@@ -197,6 +230,19 @@ Json run_sweep(const SweepOptions& opt, SweepSummary& sum) {
     for (int64_t B : opt.batches) {
       std::optional<int64_t> last_fit;
       for (int64_t T : opt.lengths) {
+        if (const Json* k = kept_point(u.method, u.op, B, T)) {
+          const bool oom = (*k)["status"] == "oom";
+          ++(oom ? sum.oom : sum.ok);
+          ++sum.kept;
+          if (!oom) last_fit = T;
+          if (opt.progress)
+            std::cerr << fmt::format("sweep {} {} B={} T={}: {}, kept from the report resumed\n", opt.mode, unit_name, B,
+                                     T, (*k)["status"].get<std::string>());
+          results.push_back(*k);
+          pushed();
+          if (oom) break;  // the frontier the earlier run found for this batch size
+          continue;
+        }
         const std::string nv = sweep_point_range(u.op.empty() ? u.method : u.op, opt.mode, B, T);
         Json r = base(u.method, u.op);
         Prediction pred;
@@ -319,6 +365,7 @@ Json run_sweep(const SweepOptions& opt, SweepSummary& sum) {
                                      r.value("reason", r.value("message", std::string())));
         }
         results.push_back(r);
+        pushed();
         if (r["status"] == "oom") break;  // the frontier for this batch size; on to the next one
       }
     }

@@ -6,6 +6,7 @@
 #pragma once
 #include <nlohmann/json.hpp>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -30,11 +31,18 @@ struct SweepOptions {
   double sgd_lr = 1e-4;              // train: plain in-place update standing in for the optimizer
   std::string graph = "auto";        // decode on CUDA: auto = the step captured in a CUDA graph where the
                                      // method keeps static caches (eager otherwise), off = eager
+  // Resuming: the `results` of an earlier run of the same sweep. A point found there (same method, op,
+  // B and T) with status ok or oom is kept as it was and not measured again; error points run again.
+  nlohmann::json previous = nlohmann::json::array();
 };
 
 struct SweepSummary {
   int ok = 0, oom = 0, skipped = 0, errors = 0;
+  int kept = 0;  // of ok and oom: points taken from SweepOptions::previous
 };
+
+// Called after every point with the results so far (the CLI writes the report in progress with it).
+using SweepProgress = std::function<void(const nlohmann::json& results, const SweepSummary& summary)>;
 
 // "1k:1m" (doubling, inclusive; k = 1024, m = 1024²) or "256,512,...". UsageError when malformed,
 // empty, non-positive or a range whose end is below its start.
@@ -54,6 +62,10 @@ Config sweep_method_config(const MethodSpec& m, const SweepOptions& opt, int64_t
 nlohmann::json sweep_config_json(const SweepOptions& opt);
 
 // Runs the sweep; returns the report's `results`. Never throws for OOM: such points are results.
-nlohmann::json run_sweep(const SweepOptions& opt, SweepSummary& summary);
+nlohmann::json run_sweep(const SweepOptions& opt, SweepSummary& summary, const SweepProgress& progress = {});
+
+// The earlier report `resumed` may continue the sweep `config` (sweep_config_json) describes: the same
+// kind and config block. Returns an empty string when it may, else what differs (for the UsageError).
+std::string sweep_resume_mismatch(const nlohmann::json& resumed, const nlohmann::json& config);
 
 }  // namespace mixbench

@@ -459,6 +459,111 @@ TEST(Sweep, RooflineShareArithmetic) {
   EXPECT_TRUE(std::isfinite(b.bytes_per_s) && b.bytes_per_s > 0);
 }
 
+TEST(Sweep, ReportInProgressAfterEveryPointAndResume) {
+  // run_sweep hands every point to the progress callback as it is pushed, in order
+  SweepOptions opt = sweep_preset("cpu-tiny");
+  opt.mode = "prefill";
+  opt.methods = {"dense_full"};
+  opt.lengths = {64, 128};
+  opt.batches = {1, 2};
+  opt.reps = 1;
+  opt.warmup = 0;
+  opt.progress = false;
+  std::vector<size_t> seen;
+  SweepSummary sum;
+  Json res = run_sweep(opt, sum, [&](const Json& r, const SweepSummary& s) {
+    seen.push_back(r.size());
+    EXPECT_EQ(size_t(s.ok + s.oom + s.skipped + s.errors), r.size());
+  });
+  EXPECT_EQ(seen, (std::vector<size_t>{1, 2, 3, 4}));
+  EXPECT_EQ(sum.kept, 0);
+
+  // A sweep with an OOM frontier (B=1 fits 128, B=2 only 64), then cut to its first points as a
+  // stopped run leaves it: --resume keeps them as they were and measures the rest.
+  const std::vector<std::string> probe_args = {"sweep", "--mode", "train", "--methods", "gqa", "--lengths", "64:128",
+                                               "--batch", "1", "--reps", "1", "--warmup", "0", "--quiet"};
+  fs::path probe = sweep_tmp() / "resume_probe.json";
+  auto pa = probe_args;
+  pa.insert(pa.end(), {"--out", probe.string()});
+  ASSERT_EQ(cli(pa), 0);
+  const double limit = points(load(probe), "gqa", 1).back()["accountant"]["predicted_bytes"].get<double>();
+  const std::vector<std::string> args = {"sweep", "--mode", "train", "--methods", "gqa", "--lengths", "64:256", "--batch",
+                                         "1,2", "--reps", "1", "--warmup", "0", "--quiet", "--memory-limit",
+                                         fmt::format("{}", int64_t(std::ceil(limit)))};
+  fs::path out = sweep_tmp() / "resume.json";
+  fs::remove(out);
+  auto full_args = args;
+  full_args.insert(full_args.end(), {"--out", out.string(), "--resume"});  // no report yet: a fresh sweep
+  ASSERT_EQ(cli(full_args), 0);
+  const Json full = load(out);
+  expect_valid(full);
+  EXPECT_EQ(full["summary"]["complete"], true);
+  EXPECT_EQ(full["summary"]["kept"], 0);
+  EXPECT_FALSE(full["summary"].contains("resumed_from"));
+  const size_t n = full["results"].size();
+  ASSERT_GE(n, 4u);
+  EXPECT_EQ(full["summary"]["oom"], 2);  // a frontier at each batch size
+  EXPECT_EQ(full["results"][n - 1]["status"], "oom");
+  EXPECT_EQ(points(full, "gqa", 1).back()["status"], "oom");
+
+  // stopped with B=2's last point errored (it runs again); the first point marked to tell it was kept
+  Json cut = full;
+  Json errored = full["results"][n - 1];
+  errored["status"] = "error";
+  errored["message"] = "a failure of the earlier run";
+  cut["results"][n - 1] = errored;
+  cut["results"][0]["timing"]["median_s"] = 123.0;
+  cut["summary"]["complete"] = false;
+  cut["git_commit"] = "0123abc";
+  write_file_atomic(out.string(), cut.dump());
+  ASSERT_EQ(cli(full_args), 0);
+  const Json resumed = load(out);
+  expect_valid(resumed);
+  EXPECT_EQ(resumed["summary"]["complete"], true);
+  EXPECT_EQ(resumed["summary"]["kept"], int(n - 1));
+  EXPECT_EQ(resumed["summary"]["ok"], full["summary"]["ok"]);
+  EXPECT_EQ(resumed["summary"]["oom"], full["summary"]["oom"]);
+  ASSERT_EQ(resumed["summary"]["resumed_from"].size(), 1u);
+  EXPECT_EQ(resumed["summary"]["resumed_from"][0]["git_commit"], "0123abc");
+  ASSERT_EQ(resumed["results"].size(), n);
+  EXPECT_EQ(resumed["results"][0]["timing"]["median_s"], 123.0);  // kept, not measured again
+  for (size_t i = 1; i + 1 < n; ++i) EXPECT_EQ(resumed["results"][i], full["results"][i]) << i;
+  EXPECT_EQ(resumed["results"][n - 1]["status"], "oom");  // the errored point ran again
+  EXPECT_EQ(resumed["results"][n - 1]["shape"]["T"], full["results"][n - 1]["shape"]["T"]);
+
+  // a kept OOM point stops its batch size as a measured one does: resuming the complete report
+  // measures nothing
+  ASSERT_EQ(cli(full_args), 0);
+  EXPECT_EQ(load(out)["summary"]["kept"], int(n));
+  EXPECT_EQ(load(out)["results"], resumed["results"]);
+
+  // the page says a report is in progress, and which runs a resumed one kept points from
+  fs::path page = sweep_tmp() / "resume.html";
+  write_file_atomic(out.string(), cut.dump());
+  ASSERT_EQ(cli({"plot", out.string(), "--out", page.string()}), 0);
+  EXPECT_NE(read_file(page.string()).find(fmt::format("in progress: {} points so far", n)), std::string::npos);
+  ASSERT_EQ(cli(full_args), 0);
+  ASSERT_EQ(cli({"plot", out.string(), "--out", page.string()}), 0);
+  EXPECT_EQ(read_file(page.string()).find("in progress"), std::string::npos);
+  EXPECT_NE(read_file(page.string()).find(fmt::format("{} points kept from earlier runs: 0123abc", n - 1)), std::string::npos);
+
+  // a report of another sweep, a file that is not JSON, or --resume without --out: exit 2, the file untouched
+  auto other = args;
+  other[6] = "64:512";
+  other.insert(other.end(), {"--out", out.string(), "--resume"});
+  const std::string before = read_file(out.string());
+  EXPECT_EQ(cli(other), 2);
+  EXPECT_EQ(read_file(out.string()), before);
+  fs::path bad = sweep_tmp() / "resume_bad.json";
+  write_file_atomic(bad.string(), "{\"kind\": \"sweep\", ");
+  auto bad_args = args;
+  bad_args.insert(bad_args.end(), {"--out", bad.string(), "--resume"});
+  EXPECT_EQ(cli(bad_args), 2);
+  auto no_out = args;
+  no_out.push_back("--resume");
+  EXPECT_EQ(cli(no_out), 2);
+}
+
 TEST(Sweep, BadInputExitsTwo) {
   EXPECT_EQ(cli({"sweep", "--mode", "sideways", "--methods", "dense"}), 2);
   EXPECT_EQ(cli({"sweep", "--methods", "dense"}), 2);  // no mode
