@@ -47,10 +47,12 @@ sw() { # name args...
 }
 sw eager_targets --methods dense_full,gdn --batch 1,8 --lengths 1k,8k --graph off
 # the same points with the defaults and with the decode knobs changed (harness/decode_knobs.h):
-# ordinary launches instead of programmatic ones, the GEMV kernels instead of cuBLAS (with and
-# without programmatic launches), shorter attention splits
+# ordinary launches instead of programmatic ones, ATen's argmax and a copy instead of the greedy
+# kernel, the GEMV kernels instead of cuBLAS (with and without programmatic launches), shorter
+# attention splits
 sw knob_default --methods dense_full,gdn,mla --batch 1,8 --lengths 1k,32k
 MIXBENCH_DECODE_PDL=0 sw knob_pdl_off --methods dense_full,gdn,mla --batch 1,8 --lengths 1k,32k
+MIXBENCH_DECODE_ARGMAX_KERNEL=0 sw knob_argmax_aten --methods dense_full,gdn --batch 1,8 --lengths 1k
 MIXBENCH_DECODE_GEMV_ROWS=8 sw knob_gemv_on --methods dense_full,gdn,mla --batch 1,8 --lengths 1k,32k
 MIXBENCH_DECODE_GEMV_ROWS=8 MIXBENCH_DECODE_PDL=0 sw knob_gemv_on_pdl_off --methods dense_full,gdn --batch 1,8 --lengths 1k
 MIXBENCH_DECODE_SPLIT_MIN=64 sw knob_split64 --methods dense_full --batch 1,8 --lengths 1k,32k

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "harness/decode_ops.h"
 #include "harness/errors.h"
 
 #if defined(MIXBENCH_WITH_CUDA)
@@ -121,6 +122,7 @@ struct DecodeGraph::Impl {
   ModelCache* cache = nullptr;
   at::Tensor input, logits;  // logits: the captured step's output buffer
   at::Tensor warm_logits;     // the warm-up step's, until the first replay
+  GreedyScratch greedy;       // the greedy-token kernel's counters and partials (made by the warm-up step)
   bool replayed = false;
   std::unique_ptr<CapturedWork> work;
 };
@@ -144,10 +146,10 @@ DecodeGraph::DecodeGraph(const Model& m, ModelCache& cache, const at::Tensor& fi
   c10::NoGradGuard ng;
   impl_->model = &m;
   impl_->cache = &cache;
-  impl_->input = first.clone();
+  impl_->input = first.clone(at::MemoryFormat::Contiguous);  // greedy tokens are stored into it
   auto one_step = [this] {
     impl_->logits = model_decode_step(*impl_->model, impl_->input, *impl_->cache, Backend::CUDA);
-    impl_->input.copy_(impl_->logits.argmax(-1));
+    greedy_tokens_into(impl_->logits, impl_->input, impl_->greedy);
   };
   impl_->work = std::make_unique<CapturedWork>(first.device().index());
   impl_->work->run(one_step);  // the warm-up: a real step

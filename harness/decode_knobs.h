@@ -20,4 +20,8 @@ bool decode_pdl_enabled();
 // or 256. Fewer slots per split: more blocks in flight over a short cache, more partials to merge.
 int64_t decode_split_min_slots();
 
+// MIXBENCH_DECODE_ARGMAX_KERNEL: whether a captured decode step's greedy token comes from the one-launch
+// kernel of greedy_tokens_into (harness/decode_ops.h): unset or 1 yes, 0 no (at::argmax and a copy).
+bool decode_argmax_kernel_enabled();
+
 }  // namespace mixbench

@@ -198,6 +198,13 @@ int64_t decode_split_min_slots() {
   throw InputError(fmt::format("MIXBENCH_DECODE_SPLIT_MIN must be 16, 32, 64, 128 or 256 cache slots, not '{}'", env));
 }
 
+bool decode_argmax_kernel_enabled() {
+  const char* env = std::getenv("MIXBENCH_DECODE_ARGMAX_KERNEL");
+  if (!env || std::string(env) == "1") return true;
+  if (std::string(env) == "0") return false;
+  throw InputError(fmt::format("MIXBENCH_DECODE_ARGMAX_KERNEL must be 0 or 1, not '{}'", env));
+}
+
 static void check_linear_inputs(const char* op, const at::Tensor& x, const at::Tensor& W) {
   if (W.dim() != 2 || x.dim() < 1 || x.size(-1) != W.size(1))
     throw InputError(fmt::format("{} takes x [..., K] and W [N, K] (got x {}, W {})", op, c10::str(x.sizes()),
@@ -282,6 +289,36 @@ at::Tensor softcap_logits(const at::Tensor& logits, double cap, const at::Tensor
   at::Tensor out = cap * at::tanh(l / cap);
   if (advance.defined()) advance.add_(1);
   return out;
+}
+
+void greedy_tokens_into(const at::Tensor& logits, const at::Tensor& out, GreedyScratch& scratch) {
+  OpScope scope("mixbench::greedy_tokens");
+  if (logits.dim() < 1 || logits.size(-1) < 1)
+    throw InputError(fmt::format("greedy tokens take logits [..., V] with V >= 1 (got {})", c10::str(logits.sizes())));
+  const int64_t V = logits.size(-1), rows = logits.numel() / V;
+  if (out.scalar_type() != at::kLong || out.numel() != rows || !out.is_contiguous() || out.device() != logits.device())
+    throw InputError(fmt::format("greedy tokens go into a contiguous int64 tensor of {} elements on the logits' device "
+                                 "(got {} {} on {})",
+                                 rows, c10::toString(out.scalar_type()), c10::str(out.sizes()), out.device().str()));
+#if defined(MIXBENCH_WITH_CUDA)
+  if (kernel_dtype_ok(logits) && rows <= 65535 && decode_argmax_kernel_enabled()) {
+    const at::Tensor lc = logits.contiguous();
+    const int64_t parts = rows * decode_cuda_ops::greedy_blocks_per_row(V);
+    if (!scratch.counters.defined() || scratch.counters.device() != lc.device() || scratch.counters.numel() < rows ||
+        scratch.part_v.numel() < parts) {
+      scratch.counters = at::zeros({rows}, lc.options().dtype(at::kInt));
+      scratch.part_v = at::empty({parts}, lc.options().dtype(at::kFloat));
+      scratch.part_i = at::empty({parts}, lc.options().dtype(at::kLong));
+    }
+    decode_cuda_ops::greedy_tokens(kernel_dtype(lc), lc.data_ptr(), rows, V, out.data_ptr<int64_t>(),
+                                   scratch.part_v.data_ptr<float>(), scratch.part_i.data_ptr<int64_t>(),
+                                   reinterpret_cast<unsigned*>(scratch.counters.data_ptr<int32_t>()), stream_of(lc));
+    return;
+  }
+#else
+  (void)scratch;
+#endif
+  out.copy_(logits.argmax(-1).reshape(out.sizes()));
 }
 
 }  // namespace mixbench

@@ -71,4 +71,16 @@ at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& W);
 // same launch: the last work of a decode step.
 at::Tensor softcap_logits(const at::Tensor& logits, double cap, const at::Tensor& advance = at::Tensor());
 
+// What greedy_tokens_into keeps between calls on a GPU: the kernel's arrival counters (zeroed when
+// made, left zero by every launch) and its partials. Made at the first call, so that call must not be
+// under a CUDA-graph capture (a captured decode step runs it once eagerly first).
+struct GreedyScratch {
+  at::Tensor counters, part_v, part_i;
+};
+// out ← the greedy token of every row of logits [..., V]: at::argmax(-1) (NaN above every number,
+// the first index among equals), stored into out (int64, one element per row, contiguous). On a GPU
+// one kernel launch (MIXBENCH_DECODE_ARGMAX_KERNEL, harness/decode_knobs.h); otherwise at::argmax
+// and a copy.
+void greedy_tokens_into(const at::Tensor& logits, const at::Tensor& out, GreedyScratch& scratch);
+
 }  // namespace mixbench

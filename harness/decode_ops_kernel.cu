@@ -201,6 +201,94 @@ __global__ void __launch_bounds__(kThreads) softcap_kernel(const T* __restrict__
   if (advance && blockIdx.x == 0 && threadIdx.x == 0) *advance += 1;
 }
 
+// Greedy tokens: grid (blocks_per_row, rows). Each block takes a stride of its row, each thread keeps
+// its best (value, index), the block reduces them and writes its partial; the last block of the row
+// to arrive (its count in `counters`, reset by that block) reduces the row's partials and stores the
+// token. The order is at::argmax's: NaN above every number, and the first index among equals.
+__device__ __forceinline__ bool greedy_better(float v, int64_t i, float bv, int64_t bi) {
+  const bool vn = v != v, bn = bv != bv;
+  if (vn != bn) return vn;
+  if (!vn && v != bv) return v > bv;
+  return i < bi;
+}
+
+__device__ __forceinline__ void greedy_warp(float& v, int64_t& i) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, off);
+    const int64_t oi = __shfl_xor_sync(0xffffffffu, i, off);
+    if (greedy_better(ov, oi, v, i)) {
+      v = ov;
+      i = oi;
+    }
+  }
+}
+
+// The block's best (value, index) of every thread's; every thread gets it.
+__device__ __forceinline__ void greedy_block(float& v, int64_t& i, float* sv, int64_t* si) {
+  greedy_warp(v, i);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) {
+    sv[warp] = v;
+    si[warp] = i;
+  }
+  __syncthreads();
+  v = sv[0];
+  i = si[0];
+#pragma unroll
+  for (int w = 1; w < kThreads / 32; ++w)
+    if (greedy_better(sv[w], si[w], v, i)) {
+      v = sv[w];
+      i = si[w];
+    }
+  __syncthreads();  // sv, si are reused
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) greedy_kernel(const T* __restrict__ logits, int64_t V, int64_t* __restrict__ out,
+                                                          float* __restrict__ ws_v, int64_t* __restrict__ ws_i,
+                                                          unsigned* __restrict__ counters) {
+  pdl_wait();
+  const int64_t row = blockIdx.y;
+  const int nb = int(gridDim.x);
+  const T* l = logits + row * V;
+  float v = -INFINITY;
+  int64_t i = V;  // no element: loses to every element (a row of -inf still picks index 0)
+  for (int64_t j = int64_t(blockIdx.x) * kThreads + threadIdx.x; j < V; j += int64_t(nb) * kThreads) {
+    const float x = load_f32(l + j);
+    if (greedy_better(x, j, v, i)) {
+      v = x;
+      i = j;
+    }
+  }
+  __shared__ float sv[kThreads / 32];
+  __shared__ int64_t si[kThreads / 32];
+  greedy_block(v, i, sv, si);
+  __shared__ int is_last;
+  if (threadIdx.x == 0) {
+    ws_v[row * nb + blockIdx.x] = v;
+    ws_i[row * nb + blockIdx.x] = i;
+    __threadfence();  // the partial is visible device-wide before it is counted
+    is_last = atomicAdd(counters + row, 1u) == unsigned(nb - 1);
+    if (is_last) counters[row] = 0u;
+  }
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  v = -INFINITY;
+  i = V;
+  for (int b = threadIdx.x; b < nb; b += kThreads) {
+    const float pv = __ldcg(ws_v + row * nb + b);
+    const int64_t pi = __ldcg(ws_i + row * nb + b);
+    if (greedy_better(pv, pi, v, i)) {
+      v = pv;
+      i = pi;
+    }
+  }
+  greedy_block(v, i, sv, si);
+  if (threadIdx.x == 0) out[row] = i < V ? i : 0;
+}
+
 // 16-byte packs of E elements when K and the buffers allow, single elements otherwise.
 template <class T, int E>
 struct alignas(E * sizeof(T)) Pack {
@@ -392,6 +480,12 @@ void softcap_t(const void* l, float* out, int64_t n, float cap, int64_t* advance
   launch_dependent("softcap", softcap_kernel<T>, unsigned(blocks < 1 ? 1 : blocks > 132 * 8 ? 132 * 8 : blocks), kThreads,
                    0, s, static_cast<const T*>(l), out, n, cap, advance);
 }
+template <class T>
+void greedy_t(const void* l, int64_t rows, int64_t V, int64_t* out, float* ws_v, int64_t* ws_i, unsigned* counters,
+              cudaStream_t s) {
+  launch_dependent("greedy tokens", greedy_kernel<T>, dim3(unsigned(greedy_blocks_per_row(V)), unsigned(rows)), kThreads, 0,
+                   s, static_cast<const T*>(l), V, out, ws_v, ws_i, counters);
+}
 }  // namespace
 
 #define MIXBENCH_DECODE_OPS_DISPATCH(dt, F, ...)            \
@@ -463,6 +557,21 @@ void softcap(Dtype dt, const void* logits, float* out, int64_t n, float cap, int
   if (n < 1 && !advance) return;
   MIXBENCH_DECODE_OPS_DISPATCH(dt, softcap_t, logits, out, n, cap, advance, s)
   check("softcap");
+}
+int greedy_blocks_per_row(int64_t V) {
+  // about eight values per thread, at most kGreedyMaxBlocks blocks to a row
+  const int64_t b = (V + 8 * kThreads - 1) / (8 * kThreads);
+  return int(b < 1 ? 1 : b > kGreedyMaxBlocks ? kGreedyMaxBlocks : b);
+}
+
+void greedy_tokens(Dtype dt, const void* logits, int64_t rows, int64_t V, int64_t* out, float* ws_v, int64_t* ws_i,
+                   unsigned* counters, cudaStream_t s) {
+  if (rows < 1) return;
+  if (V < 1 || rows > 65535) throw std::invalid_argument("greedy tokens kernel: 1..65535 rows of at least one logit");
+  if (!logits || !out || !ws_v || !ws_i || !counters)
+    throw std::invalid_argument("greedy tokens kernel: logits, out, its workspace and its counters are required");
+  MIXBENCH_DECODE_OPS_DISPATCH(dt, greedy_t, logits, rows, V, out, ws_v, ws_i, counters, s)
+  check("greedy tokens");
 }
 #undef MIXBENCH_DECODE_OPS_DISPATCH
 

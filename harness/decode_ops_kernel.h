@@ -80,4 +80,14 @@ void linear_rows(Dtype dt, const void* x, const void* W, void* y, int rows, int6
 // device, or null) is incremented by one in the same launch.
 void softcap(Dtype dt, const void* logits, float* out, int64_t n, float cap, int64_t* advance, cudaStream_t stream);
 
+// The greedy token of each of `rows` rows of V logits (contiguous, dtype dt): at::argmax's index
+// (NaN above every number, the first among equals) as int64 into out[rows], in one launch of
+// greedy_blocks_per_row(V) blocks per row whose last block merges the row's partials. Workspace:
+// ws_v and ws_i of rows · greedy_blocks_per_row(V) elements; counters: `rows` zeroed unsigned, left
+// zero by each launch.
+constexpr int kGreedyMaxBlocks = 128;
+int greedy_blocks_per_row(int64_t V);
+void greedy_tokens(Dtype dt, const void* logits, int64_t rows, int64_t V, int64_t* out, float* ws_v, int64_t* ws_i,
+                   unsigned* counters, cudaStream_t stream);
+
 }  // namespace mixbench::decode_cuda_ops

@@ -265,7 +265,9 @@ Unit decode_unit(const MethodSpec& method, const SweepOptions& opt) {
                   // the step's own kernels as programmatic dependent launches (MIXBENCH_DECODE_PDL)
                   {"programmatic_launches", decode_pdl_enabled()},
                   // the split-KV attention's shortest split (MIXBENCH_DECODE_SPLIT_MIN)
-                  {"split_min_slots", decode_split_min_slots()}};
+                  {"split_min_slots", decode_split_min_slots()},
+                  // the greedy token from the one-launch kernel (MIXBENCH_DECODE_ARGMAX_KERNEL) or at::argmax
+                  {"argmax_kernel", decode_argmax_kernel_enabled()}};
         };
         return pt;
       }

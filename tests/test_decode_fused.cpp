@@ -564,11 +564,11 @@ TEST(DecodeFusedCuda, SplitKvAttentionMergesInItsOneLaunch) {
 
 // The captured decode step of the gpu-d12 model (bf16, batch 1 and 8, a short prompt): its kernels per
 // token, printed by name and held to bounds, and its logits against the eager (unfused) step's.
-// Per step dense_full runs no cuBLAS GEMM and 78 other launches: 77 kernels (the embedding; per layer
+// Per step dense_full runs no cuBLAS GEMM and 77 other launches, all kernels (the embedding; per layer
 // the mixer's residual norm with its q|k|v GEMV in one launch, the q/k/v step, the split-KV
 // attention, the output projection's GEMV, the MLP's residual norm with c_fc and relu² in one launch
-// and c_proj's GEMV; the final norm, the head's GEMV, the softcap and the greedy argmax) and the
-// argmax's copy into the input; gdn as many (its joint projection's GEMV with the norm, the conv step
+// and c_proj's GEMV; the final norm, the head's GEMV, the softcap and the greedy token, which the
+// kernel stores into the step's input itself); gdn as many (its joint projection's GEMV with the norm, the conv step
 // and the gdn step in place of the q|k|v GEMV, the q/k/v step and the attention; o_proj's GEMV). A
 // GEMM may take a second kernel (a split-K reduction): the bound on all kernels allows one per GEMM.
 TEST(DecodeFusedCuda, CapturedD12StepLaunchesFewKernels) {
@@ -580,7 +580,7 @@ TEST(DecodeFusedCuda, CapturedD12StepLaunchesFewKernels) {
   };
   // the step with every product through the GEMV kernels (cuBLAS is the default)
   mixbench_test::EnvGuard gemv("MIXBENCH_DECODE_GEMV_ROWS", "8");
-  for (const Expect& e : {Expect{"dense_full", 0, 78}, Expect{"gdn", 0, 78}})
+  for (const Expect& e : {Expect{"dense_full", 0, 77}, Expect{"gdn", 0, 77}})
     for (const int64_t B : {1, 8}) {  // up to 8 rows take the same GEMV kernels: the same launches
       const std::string name = fmt::format("{} B{}", e.method, B);
       at::Generator gen;
@@ -625,7 +625,80 @@ TEST(DecodeFusedCuda, CapturedD12StepLaunchesFewKernels) {
         EXPECT_LE(rel_rms(want[size_t(t - Tp)], g.logits()), tol) << name << " t=" << t;
       }
       EXPECT_EQ(cache.pos_dev.item<int64_t>(), T) << name << ": the softcap's launch advances the position once per step";
+      EXPECT_EQ(n.memcpys, 0) << name << ": the greedy token is stored by its kernel, not copied";
     }
+}
+
+// Rows of logits with ties, NaN and -inf in their awkward places, of lengths that do and do not fill
+// the kernel's blocks: the greedy tokens of the one-launch kernel are at::argmax's, for every dtype,
+// again and again on the same counters, and captured in a graph; the switch to at::argmax gives the same.
+TEST(DecodeFusedCuda, GreedyTokensAreTheArgmax) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  c10::NoGradGuard ng;
+  at::manual_seed(41);
+  for (auto dt : {at::kFloat, at::kBFloat16, at::kHalf})
+    for (auto [B, V] : {std::pair<int64_t, int64_t>{1, 1}, {1, 37}, {3, 2048}, {8, 65536}, {2, 50257}, {5, 300000}}) {
+      const auto opts = at::TensorOptions().device(at::kCUDA).dtype(dt);
+      at::Tensor l = at::randn({B, 1, V}, opts);
+      if (V > 100) {
+        // row 0: a new maximum twice (at 5 and near the end, in another block); row 1: a NaN in the
+        // middle; the last row only -inf
+        const at::Tensor mx = l[0].max();
+        l.index_put_({0, 0, V - 3}, mx + 1);
+        l.index_put_({0, 0, 5}, mx + 1);
+        if (B > 1) l.index_put_({1, 0, V / 2}, NAN);
+        if (B > 2) l[B - 1].fill_(-INFINITY);
+      }
+      const at::Tensor want = l.argmax(-1);
+      at::Tensor got = at::full({B, 1}, -7, opts.dtype(at::kLong));
+      GreedyScratch scratch;
+      const std::string where = fmt::format("{} B{} V{}", c10::toString(dt), B, V);
+      for (int rep = 0; rep < 3; ++rep) {
+        greedy_tokens_into(l, got, scratch);
+        EXPECT_TRUE(at::equal(want, got)) << where << " rep " << rep << ": " << want.flatten().slice(0, 0, 4) << " vs "
+                                          << got.flatten().slice(0, 0, 4);
+      }
+      if (V > 100) {
+        EXPECT_EQ(got[0].item<int64_t>(), 5) << where << ": the first of the equal maxima";
+        if (B > 1) EXPECT_EQ(got[1].item<int64_t>(), V / 2) << where << ": NaN above every number";
+        if (B > 2) EXPECT_EQ(got[B - 1].item<int64_t>(), 0) << where << ": a row of -inf";
+      }
+      EXPECT_EQ(scratch.counters.cpu().abs().sum().item<int64_t>(), 0) << where << ": the launches leave the counters zero";
+      mixbench_test::EnvGuard off("MIXBENCH_DECODE_ARGMAX_KERNEL", "0");
+      at::Tensor aten = at::full({B, 1}, -7, opts.dtype(at::kLong));
+      GreedyScratch unused;
+      greedy_tokens_into(l, aten, unused);
+      EXPECT_TRUE(at::equal(want, aten)) << where << " through at::argmax";
+      EXPECT_FALSE(unused.counters.defined()) << where;
+    }
+  // captured: one kernel node and no copy
+  const at::Tensor l = at::randn({4, 1, 65536}, at::TensorOptions().device(at::kCUDA));
+  at::Tensor out = at::zeros({4, 1}, l.options().dtype(at::kLong));
+  GreedyScratch scratch;
+  CapturedWork w(-1);
+  auto work = [&] { greedy_tokens_into(l, out, scratch); };
+  w.run(work);
+  out.zero_();
+  w.capture(work);
+  EXPECT_EQ(w.nodes().kernels, 1);
+  EXPECT_EQ(w.nodes().memcpys, 0);
+  w.replay();
+  EXPECT_TRUE(at::equal(out, l.argmax(-1)));
+}
+
+// The greedy tokens on the CPU (at::argmax and a copy) and what they refuse: an out of another
+// dtype, size or layout is an InputError naming what it takes.
+TEST(DecodeFused, GreedyTokensIntoTakeArgmaxAndRefuseABadOut) {
+  const at::Tensor l = at::tensor({0.5f, 2.f, 2.f, -1.f, NAN, 3.f}).view({2, 1, 3});
+  at::Tensor out = at::full({2, 1}, -1, at::kLong);
+  GreedyScratch scratch;
+  greedy_tokens_into(l, out, scratch);
+  EXPECT_EQ(out[0].item<int64_t>(), 1);
+  EXPECT_EQ(out[1].item<int64_t>(), 1);
+  EXPECT_THROW(greedy_tokens_into(l, at::zeros({2, 1}, at::kInt), scratch), InputError);
+  EXPECT_THROW(greedy_tokens_into(l, at::zeros({3}, at::kLong), scratch), InputError);
+  EXPECT_THROW(greedy_tokens_into(l, at::zeros({2, 2}, at::kLong).slice(1, 0, 1), scratch), InputError);
+  EXPECT_THROW(greedy_tokens_into(at::zeros({2, 0}), at::zeros({2}, at::kLong), scratch), InputError);
 }
 
 // Models of other depths through the fused step on the CPU: one layer (the backout is the last
