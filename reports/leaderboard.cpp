@@ -609,7 +609,7 @@ std::string ranking_section(const Json& results, const Json& summary) {
     if (baseline.empty())
       for (const auto& [k, v] : r.items())
         if (k.rfind("delta_vs_", 0) == 0 && k.find("_ci95") == std::string::npos && v == 0.0) baseline = k.substr(9);
-    const auto losses = r.value("loss_curve", std::vector<double>{});
+    const auto losses = smoothed_losses(r.value("loss_curve", std::vector<double>{}), kLossSmoothing);
     const int64_t steps = r.value("steps", int64_t(losses.size()));
     const double tokens_per_step = steps > 0 ? double(r.value("tokens", int64_t(0))) / double(steps) : 0.0;
     const size_t stride = std::max<size_t>(1, losses.size() / 400);
@@ -640,7 +640,8 @@ std::string ranking_section(const Json& results, const Json& summary) {
   const size_t cols = std::max<size_t>(1, size_t(std::floor(520 / col_w)));
   const double legend_rows = double((rows.size() + cols - 1) / cols);  // 14 units apart, from y = 390
   std::string loss_svg = svg_open(560, 400 + 14 * std::max(0.0, legend_rows - 1), " class=\"loss\"");
-  loss_svg += axes(a, "cumulative training FLOPs", "training loss (nats/token)", "loss vs compute (first seed)");
+  loss_svg += axes(a, "cumulative training FLOPs", "training loss (nats/token)",
+                   fmt::format("loss vs compute (first seed, EMA β = {})", kLossSmoothing));
   std::vector<Dot> by_flops, by_speed;
   std::string curve_marks, legend;
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -689,6 +690,22 @@ std::string ranking_section(const Json& results, const Json& summary) {
   return body;
 }
 }  // namespace
+
+std::vector<double> smoothed_losses(const std::vector<double>& losses, double beta) {
+  std::vector<double> out;
+  out.reserve(losses.size());
+  double m = 0, bias = 1;  // bias = β^n after n finite losses
+  for (double x : losses) {
+    if (!std::isfinite(x)) {
+      out.push_back(std::nan(""));
+      continue;
+    }
+    m = beta * m + (1 - beta) * x;
+    bias *= beta;
+    out.push_back(m / (1 - bias));
+  }
+  return out;
+}
 
 std::string leaderboard_html(const Json& results, const std::string& title, const Json& summary) {
   // With several budgets (--budgets) every row carries its budget: one section per budget, in the

@@ -32,6 +32,13 @@ struct SeriesStyle {
 };
 SeriesStyle leaderboard_series_style(size_t i);
 
+// A training-loss curve as the page draws it: an exponential moving average with debiasing,
+// s_t = (β·m_{t−1} + (1 − β)·x_t) / (1 − β^{n_t}) over the finite losses (n_t of them so far; a
+// non-finite loss keeps the average and gives NaN at its step), so the first value is the first
+// loss and a constant curve stays constant. β = kLossSmoothing on the page.
+constexpr double kLossSmoothing = 0.95;
+std::vector<double> smoothed_losses(const std::vector<double>& losses, double beta);
+
 // Axis ticks: the multiples of the smallest step of 1, 2, 2.5 or 5 × 10^k that puts at most
 // `max_ticks` of them in [lo, hi], labelled with the step's decimals and, from 1000 up, an SI
 // suffix for the axis (k, M, G, T, P, E): 70.5M, 71.0M, ...; 0, 200T, 400T.

@@ -362,3 +362,22 @@ TEST(LeaderboardHtml, TheBaselineRowShowsADashForItsDelta) {
   const Json single = leaderboard_rows({"base", "other"}, {runs[0], runs[1]}, "base", md);
   EXPECT_NE(md.find("| base | 2.0000 | - | — | — |"), std::string::npos) << md;
 }
+
+// The page's loss curves: a debiased EMA, so the first point is the first loss, a constant stays
+// constant, a step-to-step alternation shrinks, and a non-finite loss leaves a gap, not a jump.
+TEST(LeaderboardPage, LossCurvesAreADebiasedMovingAverage) {
+  using mixbench::smoothed_losses;
+  const std::vector<double> flat(50, 2.5);
+  for (double v : smoothed_losses(flat, 0.95)) EXPECT_NEAR(v, 2.5, 1e-12);
+  std::vector<double> zig;
+  for (int i = 0; i < 400; ++i) zig.push_back(i % 2 ? 4.0 : 2.0);
+  const auto s = smoothed_losses(zig, 0.95);
+  ASSERT_EQ(s.size(), zig.size());
+  EXPECT_DOUBLE_EQ(s[0], 2.0);
+  EXPECT_NEAR(s[1], (0.95 * 0.05 * 2 + 0.05 * 4) / (1 - 0.95 * 0.95), 1e-12);
+  for (size_t i = 300; i < s.size(); ++i) EXPECT_NEAR(s[i], 3.0, 0.06) << i;  // ±1 shrinks to ±0.05
+  const auto g = smoothed_losses({3.0, NAN, 1.0}, 0.5);
+  EXPECT_DOUBLE_EQ(g[0], 3.0);
+  EXPECT_TRUE(std::isnan(g[1]));
+  EXPECT_NEAR(g[2], (0.5 * 0.5 * 3 + 0.5 * 1) / (1 - 0.25), 1e-12);  // as if the NaN step were not there
+}
