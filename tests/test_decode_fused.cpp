@@ -526,7 +526,8 @@ TEST(DecodeFusedCuda, GdnStepMatchesFp64) {
 
 // The split-KV decode attention merges its splits in its one launch (the last block of each row and
 // head group): many splits, GQA groups, repeated launches on the same arrival counters (each launch
-// must leave them zero), against the masked reference; one kernel node when captured.
+// must leave them zero), contexts shorter than the cache (fewer splits filled than launched), against
+// the masked reference; one kernel node when captured.
 TEST(DecodeFusedCuda, SplitKvAttentionMergesInItsOneLaunch) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   c10::NoGradGuard ng;
@@ -536,7 +537,9 @@ TEST(DecodeFusedCuda, SplitKvAttentionMergesInItsOneLaunch) {
                                      {2, 8, 2, 64, 1000}, {3, 12, 1, 256, 300}, {1, 16, 2, 128, 70}}) {
       const auto opts = at::TensorOptions().device(at::kCUDA).dtype(dt);
       const at::Tensor q = at::randn({B, H, D}, opts), K = at::randn({B, cap, Hkv, D}, opts), V = at::randn({B, cap, Hkv, D}, opts);
-      for (int64_t pos : {int64_t(0), cap / 3, cap - 1, cap + 5}) {
+      // short contexts after full ones: the merge reads only the partials of the splits the live
+      // context fills (the others still hold the longer launches')
+      for (int64_t pos : {int64_t(0), cap / 3, cap - 1, cap + 5, int64_t(1), cap / 7, int64_t(40)}) {
         const at::Tensor pd = at::full({1}, pos, opts.dtype(at::kLong));
         const double scale = 1.0 / std::sqrt(double(D));
         const at::Tensor ref = attention_decode_static_reference(d64(q), d64(K), d64(V), pd, scale, 0.0);

@@ -64,7 +64,8 @@ at::Tensor attention_decode_static(const at::Tensor& q, const at::Tensor& K, con
     const at::Tensor qc = q.contiguous();
     at::Tensor o = at::empty_like(qc);
     const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-    const int splits = attn_decode_cuda::choose_splits(B, Hkv, cap, sms, int(decode_split_min_slots()));
+    const int min_slots = int(decode_split_min_slots());
+    const int splits = attn_decode_cuda::choose_splits(B, Hkv, cap, sms, min_slots);
     at::Tensor ws = at::empty({attn_decode_cuda::workspace_floats(B, H, D, splits)}, q.options().dtype(at::kFloat));
     const auto dt = q.scalar_type() == at::kFloat      ? attn_decode_cuda::Dtype::F32
                     : q.scalar_type() == at::kBFloat16 ? attn_decode_cuda::Dtype::BF16
@@ -75,7 +76,7 @@ at::Tensor attention_decode_static(const at::Tensor& q, const at::Tensor& K, con
     const at::Tensor counters = layers::device_constant(fmt::format("attn_decode_counters/{}", slots),
                                                         q.options().dtype(at::kInt), [&] { return at::zeros({slots}, at::kInt); });
     attn_decode_cuda::decode(dt, qc.data_ptr(), K.data_ptr(), V.data_ptr(), o.data_ptr(), pos_dev.data_ptr<int64_t>(), B, H,
-                             Hkv, D, cap, float(scale), logit_scale_a, ws.data_ptr<float>(), splits,
+                             Hkv, D, cap, float(scale), logit_scale_a, ws.data_ptr<float>(), splits, min_slots,
                              reinterpret_cast<unsigned*>(counters.data_ptr<int32_t>()),
                              c10::cuda::getCurrentCUDAStream(q.device().index()).stream());
     return o;

@@ -67,7 +67,7 @@ template <class T, int D, int kMaxGroup>
 __global__ void __launch_bounds__(kWarps * 32) split_kernel(const T* __restrict__ q, const T* __restrict__ K,
                                                           const T* __restrict__ V, const int64_t* __restrict__ pos_dev,
                                                           int H, int Hkv, int cap, float scale, double logit_a,
-                                                          float* __restrict__ ws, int splits, T* __restrict__ o,
+                                                          float* __restrict__ ws, int splits, int min_slots, T* __restrict__ o,
                                                           unsigned* __restrict__ counters) {
   cuda_launch::pdl_wait();
   constexpr int EPL = D / 32;
@@ -76,8 +76,11 @@ __global__ void __launch_bounds__(kWarps * 32) split_kernel(const T* __restrict_
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t pos = *pos_dev;
   const int n = int(pos + 1 < int64_t(cap) ? pos + 1 : int64_t(cap));
-  const int chunk = (n + splits - 1) / splits;
-  const int lo = min(n, split * chunk), hi = min(n, lo + chunk);
+  // The splits this launch fills: as many as give the live context min_slots slots each, up to the
+  // grid's (sized for the full cache). The blocks past them take no slot; they only count their arrival.
+  const int live = max(1, min(splits, (n + min_slots - 1) / min_slots));
+  const int chunk = (n + live - 1) / live;
+  const int lo = split < live ? min(n, split * chunk) : n, hi = split < live ? min(n, lo + chunk) : n;
   float s_mul = scale;
   if (logit_a > 0) s_mul *= float(log(double(pos) + logit_a) / log(logit_a));
 
@@ -200,10 +203,10 @@ __global__ void __launch_bounds__(kWarps * 32) split_kernel(const T* __restrict_
     const int64_t bh = int64_t(b) * H + hk * G + g0 + g;
     const float* p0 = ws + bh * (D + 2);
     float mx = -INFINITY;
-    for (int sp = threadIdx.x; sp < splits; sp += blockDim.x) mx = fmaxf(mx, __ldcg(p0 + sp * sstride));
+    for (int sp = threadIdx.x; sp < live; sp += blockDim.x) mx = fmaxf(mx, __ldcg(p0 + sp * sstride));
     mx = block_max(mx, sm_red);
     float ls = 0.f;
-    for (int sp = threadIdx.x; sp < splits; sp += blockDim.x) {
+    for (int sp = threadIdx.x; sp < live; sp += blockDim.x) {
       const float pm = __ldcg(p0 + sp * sstride);
       const float f = pm == -INFINITY ? 0.f : __expf(pm - mx);  // an empty split weighs nothing
       sm_w[sp] = f;
@@ -214,11 +217,11 @@ __global__ void __launch_bounds__(kWarps * 32) split_kernel(const T* __restrict_
       const float* col = p0 + 2 + d;
       float a[kMergeUnroll] = {};
       int sp = 0;
-      for (; sp + kMergeUnroll <= splits; sp += kMergeUnroll) {
+      for (; sp + kMergeUnroll <= live; sp += kMergeUnroll) {
 #pragma unroll
         for (int u = 0; u < kMergeUnroll; ++u) a[u] += sm_w[sp + u] * __ldcg(col + (sp + u) * sstride);
       }
-      for (; sp < splits; ++sp) a[0] += sm_w[sp] * __ldcg(col + sp * sstride);
+      for (; sp < live; ++sp) a[0] += sm_w[sp] * __ldcg(col + sp * sstride);
       float A = 0.f;
 #pragma unroll
       for (int u = 0; u < kMergeUnroll; ++u) A += a[u];
@@ -230,32 +233,32 @@ __global__ void __launch_bounds__(kWarps * 32) split_kernel(const T* __restrict_
 
 template <class T, int D, int GM>
 void launch_split(const void* q, const void* K, const void* V, void* o, const int64_t* pos_dev, int B, int H, int Hkv,
-                  int cap, float scale, double logit_a, float* ws, int splits, unsigned* counters, cudaStream_t stream) {
+                  int cap, float scale, double logit_a, float* ws, int splits, int min_slots, unsigned* counters, cudaStream_t stream) {
   const int G = H / Hkv;
   dim3 grid(unsigned(splits), unsigned(B * Hkv), unsigned((G + GM - 1) / GM));
   cuda_launch::launch_dependent("split-KV attention", split_kernel<T, D, GM>, grid, kWarps * 32, 0, stream,
                                 static_cast<const T*>(q), static_cast<const T*>(K), static_cast<const T*>(V), pos_dev, H,
-                                Hkv, cap, scale, logit_a, ws, splits, static_cast<T*>(o), counters);
+                                Hkv, cap, scale, logit_a, ws, splits, min_slots, static_cast<T*>(o), counters);
 }
 
 template <class T, int D>
 void launch(const void* q, const void* K, const void* V, void* o, const int64_t* pos_dev, int B, int H, int Hkv, int cap,
-            float scale, double logit_a, float* ws, int splits, unsigned* counters, cudaStream_t stream) {
+            float scale, double logit_a, float* ws, int splits, int min_slots, unsigned* counters, cudaStream_t stream) {
   // the query heads of one KV head in registers: as many as the group has, up to kGroupCap
   const int G = H / Hkv;
-  if (G == 1) launch_split<T, D, 1>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, counters, stream);
-  else if (G == 2) launch_split<T, D, 2>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, counters, stream);
-  else if (G <= 4) launch_split<T, D, 4>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, counters, stream);
-  else launch_split<T, D, kGroupCap>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, counters, stream);
+  if (G == 1) launch_split<T, D, 1>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, min_slots, counters, stream);
+  else if (G == 2) launch_split<T, D, 2>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, min_slots, counters, stream);
+  else if (G <= 4) launch_split<T, D, 4>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, min_slots, counters, stream);
+  else launch_split<T, D, kGroupCap>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, min_slots, counters, stream);
 }
 
 template <class T>
 void dispatch_d(int D, const void* q, const void* K, const void* V, void* o, const int64_t* pos_dev, int B, int H, int Hkv,
-                int cap, float scale, double logit_a, float* ws, int splits, unsigned* counters, cudaStream_t stream) {
+                int cap, float scale, double logit_a, float* ws, int splits, int min_slots, unsigned* counters, cudaStream_t stream) {
   switch (D) {
-    case 64: return launch<T, 64>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, counters, stream);
-    case 128: return launch<T, 128>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, counters, stream);
-    case 256: return launch<T, 256>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, counters, stream);
+    case 64: return launch<T, 64>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, min_slots, counters, stream);
+    case 128: return launch<T, 128>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, min_slots, counters, stream);
+    case 256: return launch<T, 256>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, min_slots, counters, stream);
     default: throw std::invalid_argument("decode attention kernel: head_dim must be 64, 128 or 256");
   }
 }
@@ -278,20 +281,21 @@ int64_t workspace_floats(int B, int H, int D, int splits) { return int64_t(split
 int64_t counter_slots(int B, int H) { return int64_t(B) * H; }
 
 void decode(Dtype dt, const void* q, const void* K, const void* V, void* o, const int64_t* pos_dev, int B, int H, int Hkv,
-            int D, int cap, float scale, double logit_a, float* workspace, int splits, unsigned* counters,
+            int D, int cap, float scale, double logit_a, float* workspace, int splits, int min_slots, unsigned* counters,
             cudaStream_t stream) {
   if (B == 0 || H == 0) return;
   if (Hkv <= 0 || H % Hkv != 0) throw std::invalid_argument("decode attention kernel: H must be a multiple of Hkv");
   if (!counters || splits < 1) throw std::invalid_argument("decode attention kernel: it needs its counters and a split");
   if (splits > kMaxSplits) throw std::invalid_argument("decode attention kernel: at most 1024 splits");
+  if (min_slots < 1) throw std::invalid_argument("decode attention kernel: a split takes at least one slot");
   switch (dt) {
     case Dtype::F32:
-      return dispatch_d<float>(D, q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, workspace, splits, counters, stream);
+      return dispatch_d<float>(D, q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, workspace, splits, min_slots, counters, stream);
     case Dtype::BF16:
-      return dispatch_d<__nv_bfloat16>(D, q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, workspace, splits, counters,
+      return dispatch_d<__nv_bfloat16>(D, q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, workspace, splits, min_slots, counters,
                                        stream);
     case Dtype::F16:
-      return dispatch_d<__half>(D, q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, workspace, splits, counters, stream);
+      return dispatch_d<__half>(D, q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, workspace, splits, min_slots, counters, stream);
   }
 }
 

@@ -25,9 +25,12 @@ int64_t workspace_floats(int B, int H, int D, int splits);
 int64_t counter_slots(int B, int H);
 // o[b,h] = Σ_j softmax_j(scale · s · q[b,h]·K[b,j,h/G]) V[b,j,h/G] over the first n = min(pos + 1, cap)
 // slots, pos = *pos_dev, s = log(pos + a) / log(a) when logit_a > 0 (else 1), G = H / Hkv.
-// q, o [B,H,D]; K, V [B,cap,Hkv,D]; all contiguous, of type dt. One kernel launch.
+// q, o [B,H,D]; K, V [B,cap,Hkv,D]; all contiguous, of type dt. One kernel launch of `splits` splits
+// (choose_splits for the capacity), of which those the live context n fills with min_slots slots
+// each, ⌈n / min_slots⌉ at most, take the slots and are merged: a captured step over a cache
+// preallocated for a long context merges few partials while the context is short.
 void decode(Dtype dt, const void* q, const void* K, const void* V, void* o, const int64_t* pos_dev, int B, int H, int Hkv,
-            int D, int cap, float scale, double logit_a, float* workspace, int splits, unsigned* counters,
+            int D, int cap, float scale, double logit_a, float* workspace, int splits, int min_slots, unsigned* counters,
             cudaStream_t stream);
 
 }  // namespace mixbench::attn_decode_cuda
