@@ -1,7 +1,8 @@
 // GPU timings of DSA's CUDA paths on d12's shapes: token-sparse attention (sparse_attention_fast:
 // the token_sparse kernels; H = Hkv = 6, D = 128, K = 256 keys per query, bf16) forward and
-// forward+backward, and the indexer (dsa_indexer_fast: H_I = 3, D_I = 128, top-256), at B = 1 and
-// T = 2K … 32K; CUDA events. Random distinct causal selections are drawn once per length.
+// forward+backward, the indexer (dsa_indexer_fast: H_I = 3, D_I = 128, top-256) and the KL target
+// in its two forms (dsa_selected_attention_mean), at B = 1 and T = 2K … 32K; CUDA events. Random
+// distinct causal selections are drawn once per length.
 // Block-sparse attention (block_sparse_attention_cuda, per-token rows) with moba's selection (blocks
 // of 128, own block + 1) and nsa's (blocks of 32, 8 complete history blocks + own) on the CUDA-core
 // and the tensor-core kernels, beside dense causal flash attention
@@ -88,6 +89,24 @@ void BM_indexer(benchmark::State& state) {
   time_calls(state, [&] { dsa_indexer_fast(q, k, w, kTopk, 1.0 / std::sqrt(double(kD)), true); });
   state.counters["T"] = double(T);
   state.SetLabel(fmt::format("B=1 T={} H_I={} D_I={} top-{} bf16", T, kHI, kD, kTopk));
+}
+
+// DSA's KL target (dsa_selected_attention_mean: the attention's probabilities over each query's
+// selected keys, averaged over the heads) in each form: keys gathered per query, or every score of a
+// block of queries and the selected columns gathered from them.
+void BM_dsa_target(benchmark::State& state, DsaTargetForm form) {
+  if (!at::hasCUDA()) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  const int64_t T = state.range(0);
+  auto o = at::TensorOptions().dtype(at::kBFloat16).device(at::kCUDA);
+  const at::Tensor q = at::randn({1, T, kH, kD}, o), k = at::randn({1, T, kH, kD}, o);
+  const at::Tensor idx = random_selection(T, kTopk);
+  time_calls(state, [&] { dsa_selected_attention_mean(q, k, idx, 1.0 / std::sqrt(double(kD)), int64_t(256) << 20, form); });
+  state.counters["T"] = double(T);
+  state.SetLabel(fmt::format("B=1 T={} H={} D={} K={} bf16 {}", T, kH, kD, kTopk,
+                             form == DsaTargetForm::Gathered ? "keys gathered per query" : "block scores, columns gathered"));
 }
 
 // Per-token block selections [1,Hkv,T,n + 1] int64 for blocks of bs: the own block t / bs and up to
@@ -180,6 +199,10 @@ int register_sparse() {
   benchmark::RegisterBenchmark("sparse_cuda/dsa_indexer", BM_indexer)
       ->Arg(2048)->Arg(8192)->Arg(32768)
       ->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);
+  for (const auto& [form, fname] : {std::pair{DsaTargetForm::Gathered, "gathered"}, std::pair{DsaTargetForm::DenseScores, "dense_scores"}})
+    benchmark::RegisterBenchmark(fmt::format("sparse_cuda/dsa_target/{}", fname).c_str(), BM_dsa_target, form)
+        ->Arg(2048)->Arg(8192)->Arg(32768)
+        ->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);
   // block_sparse/<method>/<kernels>/<pass>/T
   for (bool bwd : {false, true}) {
     const char* pass = bwd ? "fwd_bwd" : "fwd";

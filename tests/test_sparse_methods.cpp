@@ -71,9 +71,10 @@ TEST(SparseMethods, ConformanceFp64AndFp32) {
 // (indexer_precision, mixers/sparse/sparse_method.h) they are at most 7.6e-3 over seeds 1–8 and
 // 1234; with the indexers' projections and RoPE in bf16, ReLU'd scores flipping at bf16 rounding put
 // them at 0.04–0.33 on these three seeds (dsa 0.040, 0.33, 0.099; qsa 0.17, 0.083, 0.12).
-// DSA's KL target by blocks of queries (down to one query per block) against the direct form: the
-// selected keys gathered per query, the scores, the softmax over the selection and the mean over the
-// heads; GQA heads, empty slots and a fully visible selection included.
+// DSA's KL target by blocks of queries (down to one query per block), in both forms (keys gathered
+// per query; every score of the block, then the selected columns) and the automatic choice, against
+// the direct form: the selected keys gathered per query, the scores, the softmax over the selection
+// and the mean over the heads; GQA heads, empty slots and a fully visible selection included.
 TEST(SparseMethods, DsaTargetByQueryBlocksIsTheGatheredForm) {
   c10::NoGradGuard ng;
   at::manual_seed(5);
@@ -96,12 +97,14 @@ TEST(SparseMethods, DsaTargetByQueryBlocksIsTheGatheredForm) {
     at::Tensor lg = at::matmul(q.reshape({B, T, Hkv, G, dh}), kg.permute({0, 1, 3, 4, 2})) * scale;
     lg = lg.masked_fill(valid.logical_not().view({B, T, 1, 1, K}), -std::numeric_limits<double>::infinity());
     const at::Tensor want = at::softmax(lg.to(at::kDouble), -1).sum({2, 3}) / double(H);
+    for (auto form : {DsaTargetForm::Gathered, DsaTargetForm::DenseScores, DsaTargetForm::Auto})
     for (int64_t budget : {int64_t(1), int64_t(3000), int64_t(1) << 20}) {
-      const at::Tensor got = dsa_selected_attention_mean(q, k, idx, scale, budget);
+      const at::Tensor got = dsa_selected_attention_mean(q, k, idx, scale, budget, form);
       ASSERT_EQ(got.sizes(), (at::IntArrayRef{B, T, K}));
       EXPECT_EQ(got.scalar_type(), dt == at::kDouble ? at::kDouble : at::kFloat);
       const double tol = dt == at::kDouble ? 1e-12 : 1e-2;
-      EXPECT_LE((got.to(at::kDouble) - want).abs().max().item<double>(), tol) << c10::toString(dt) << " budget " << budget;
+      EXPECT_LE((got.to(at::kDouble) - want).abs().max().item<double>(), tol)
+          << c10::toString(dt) << " budget " << budget << " form " << int(form);
       EXPECT_TRUE(at::all(got.masked_select(valid.logical_not()) == 0).item<bool>());
       EXPECT_LE((got.sum(-1) - 1).abs().max().item<double>(), dt == at::kDouble ? 1e-12 : 1e-5);
     }

@@ -398,22 +398,45 @@ MIXBENCH_REGISTER_COST_PART("dsa", "indexer", indexer_train_flops);
 
 // The selected keys are copied out per block of queries, [B,n,K,Hkv,dh], not for every query at once
 // ([B,T,K,Hkv,dh]: 12.9 GB per layer at T = 32K, K = 256 in bf16); the same products as one copy.
+// Or, at short contexts, the block's scores against every visible key in one GEMM and the selected
+// columns gathered from them.
 at::Tensor dsa_selected_attention_mean(const at::Tensor& q, const at::Tensor& k, const at::Tensor& idx, double scale,
-                                       int64_t budget_bytes) {
+                                       int64_t budget_bytes, DsaTargetForm form) {
   c10::NoGradGuard ng;
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), dh = q.size(3), Hkv = k.size(2), G = H / Hkv, K = idx.size(2);
   const bool half = layers::is_half(q);
   at::Tensor out = at::empty({B, T, K}, q.options().dtype(half ? at::kFloat : q.scalar_type()));
-  const at::Tensor kf = k.detach().reshape({B * T, Hkv, dh}), qd = q.detach();
+  const at::Tensor qd = q.detach();
+  const int64_t esize = int64_t(k.element_size());
+  if (form == DsaTargetForm::Auto) form = T * H * 4 < K * Hkv * dh * esize ? DsaTargetForm::DenseScores : DsaTargetForm::Gathered;
+  const double neg_inf = -std::numeric_limits<double>::infinity();
+  if (form == DsaTargetForm::DenseScores) {
+    // per query: its row of scores against the keys up to the block's last (in the inputs' dtype and
+    // in fp32), the gathered selection and its softmax
+    const int64_t per_row = std::max<int64_t>(1, B * H * (T * (esize + 4) + K * 12));
+    const int64_t block = std::clamp<int64_t>(budget_bytes / per_row, 1, T);
+    const at::Tensor kt = k.detach().permute({0, 2, 3, 1}).unsqueeze(2);  // [B,Hkv,1,dh,T]
+    for (int64_t q0 = 0; q0 < T; q0 += block) {
+      const int64_t q1 = std::min(T, q0 + block), n = q1 - q0;
+      const at::Tensor sel = idx.slice(1, q0, q1);                                            // [B,n,K]
+      const at::Tensor qb = qd.slice(1, q0, q1).reshape({B, n, Hkv, G, dh}).permute({0, 2, 3, 1, 4});  // [B,Hkv,G,n,dh]
+      const at::Tensor s = at::matmul(qb, kt.narrow(-1, 0, q1)) * scale;                     // [B,Hkv,G,n,q1]
+      const at::Tensor cols = sel.clamp_min(0).view({B, 1, 1, n, K}).expand({B, Hkv, G, n, K});
+      at::Tensor lg = s.gather(-1, cols).masked_fill((sel < 0).view({B, 1, 1, n, K}), neg_inf);  // [B,Hkv,G,n,K]
+      out.slice(1, q0, q1).copy_(at::softmax(half ? lg.to(at::kFloat) : lg, -1).sum({1, 2}).div_(double(H)));
+    }
+    return out;
+  }
+  const at::Tensor kf = k.detach().reshape({B * T, Hkv, dh});
   // per query: its keys and the scores (also in fp32 for half inputs)
-  const int64_t per_row = std::max<int64_t>(1, B * K * (Hkv * dh * int64_t(k.element_size()) + H * 8));
+  const int64_t per_row = std::max<int64_t>(1, B * K * (Hkv * dh * esize + H * 8));
   const int64_t block = std::clamp<int64_t>(budget_bytes / per_row, 1, T);
   for (int64_t q0 = 0; q0 < T; q0 += block) {
     const int64_t q1 = std::min(T, q0 + block), n = q1 - q0;
     const at::Tensor sel = idx.slice(1, q0, q1);  // [B,n,K]
     const at::Tensor kg = kf.index_select(0, selected_rows(sel, T)).view({B, n, K, Hkv, dh});
     at::Tensor lg = at::matmul(qd.slice(1, q0, q1).reshape({B, n, Hkv, G, dh}), kg.permute({0, 1, 3, 4, 2})) * scale;
-    lg = lg.masked_fill((sel < 0).view({B, n, 1, 1, K}), -std::numeric_limits<double>::infinity());
+    lg = lg.masked_fill((sel < 0).view({B, n, 1, 1, K}), neg_inf);
     out.slice(1, q0, q1).copy_(at::softmax(half ? lg.to(at::kFloat) : lg, -1).sum({2, 3}).div_(double(H)));
   }
   return out;
