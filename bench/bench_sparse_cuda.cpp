@@ -94,7 +94,7 @@ void BM_indexer(benchmark::State& state) {
 // DSA's KL target (dsa_selected_attention_mean: the attention's probabilities over each query's
 // selected keys, averaged over the heads) in each form: keys gathered per query, or every score of a
 // block of queries and the selected columns gathered from them.
-void BM_dsa_target(benchmark::State& state, DsaTargetForm form) {
+void BM_dsa_target(benchmark::State& state, DsaScoreForm form) {
   if (!at::hasCUDA()) {
     state.SkipWithError("no CUDA device");
     return;
@@ -106,7 +106,7 @@ void BM_dsa_target(benchmark::State& state, DsaTargetForm form) {
   time_calls(state, [&] { dsa_selected_attention_mean(q, k, idx, 1.0 / std::sqrt(double(kD)), int64_t(256) << 20, form); });
   state.counters["T"] = double(T);
   state.SetLabel(fmt::format("B=1 T={} H={} D={} K={} bf16 {}", T, kH, kD, kTopk,
-                             form == DsaTargetForm::Gathered ? "keys gathered per query" : "block scores, columns gathered"));
+                             form == DsaScoreForm::Gathered ? "keys gathered per query" : "block scores, columns gathered"));
 }
 
 // Per-token block selections [1,Hkv,T,n + 1] int64 for blocks of bs: the own block t / bs and up to
@@ -199,7 +199,7 @@ int register_sparse() {
   benchmark::RegisterBenchmark("sparse_cuda/dsa_indexer", BM_indexer)
       ->Arg(2048)->Arg(8192)->Arg(32768)
       ->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);
-  for (const auto& [form, fname] : {std::pair{DsaTargetForm::Gathered, "gathered"}, std::pair{DsaTargetForm::DenseScores, "dense_scores"}})
+  for (const auto& [form, fname] : {std::pair{DsaScoreForm::Gathered, "gathered"}, std::pair{DsaScoreForm::DenseScores, "dense_scores"}})
     benchmark::RegisterBenchmark(fmt::format("sparse_cuda/dsa_target/{}", fname).c_str(), BM_dsa_target, form)
         ->Arg(2048)->Arg(8192)->Arg(32768)
         ->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);

@@ -97,7 +97,7 @@ TEST(SparseMethods, DsaTargetByQueryBlocksIsTheGatheredForm) {
     at::Tensor lg = at::matmul(q.reshape({B, T, Hkv, G, dh}), kg.permute({0, 1, 3, 4, 2})) * scale;
     lg = lg.masked_fill(valid.logical_not().view({B, T, 1, 1, K}), -std::numeric_limits<double>::infinity());
     const at::Tensor want = at::softmax(lg.to(at::kDouble), -1).sum({2, 3}) / double(H);
-    for (auto form : {DsaTargetForm::Gathered, DsaTargetForm::DenseScores, DsaTargetForm::Auto})
+    for (auto form : {DsaScoreForm::Gathered, DsaScoreForm::DenseScores, DsaScoreForm::Auto})
     for (int64_t budget : {int64_t(1), int64_t(3000), int64_t(1) << 20}) {
       const at::Tensor got = dsa_selected_attention_mean(q, k, idx, scale, budget, form);
       ASSERT_EQ(got.sizes(), (at::IntArrayRef{B, T, K}));
@@ -111,9 +111,10 @@ TEST(SparseMethods, DsaTargetByQueryBlocksIsTheGatheredForm) {
   }
 }
 
-// DSA's KL student side by blocks of queries (its own backward, recomputing each block) against the
-// autograd form that gathers every query's keys at once: values and the gradients of qi, ki and wi
-// in fp64, one query per block and one block for all.
+// DSA's KL student side by blocks of queries (its own backward, recomputing each block), in both
+// forms (keys gathered per query; the block's scores against every key, gradients scattered back)
+// and the automatic choice, against the autograd form that gathers every query's keys at once:
+// values and the gradients of qi, ki and wi in fp64, one query per block, several, and one for all.
 TEST(SparseMethods, DsaStudentKlByBlocksIsTheAutogradForm) {
   at::manual_seed(9);
   const int64_t B = 2, T = 13, HI = 3, DI = 5, K = 4;
@@ -143,15 +144,16 @@ TEST(SparseMethods, DsaStudentKlByBlocksIsTheAutogradForm) {
     const at::Tensor logq = at::log_softmax(I, -1).masked_fill(valid.logical_not(), 0.0);
     return (at::xlogy(p, p) - p * logq).sum(-1);
   });
-  for (int64_t budget : {int64_t(1), int64_t(1) << 20}) {
+  for (auto form : {DsaScoreForm::Gathered, DsaScoreForm::DenseScores, DsaScoreForm::Auto})
+  for (int64_t budget : {int64_t(1), int64_t(5000), int64_t(1) << 20}) {
     const auto got = grads([&](const at::Tensor& qi, const at::Tensor& ki, const at::Tensor& wi) {
-      return dsa_student_kl(qi, ki, wi, idx, p, budget);
+      return dsa_student_kl(qi, ki, wi, idx, p, budget, form);
     });
     const char* names[] = {"kl", "d qi", "d ki", "d wi"};
     for (size_t i = 0; i < 4; ++i) {
       ASSERT_EQ(got[i].sizes(), want[i].sizes()) << names[i];
       EXPECT_LE((got[i] - want[i]).abs().max().item<double>(), 1e-12 * (1.0 + want[i].abs().max().item<double>()))
-          << names[i] << " budget " << budget;
+          << names[i] << " budget " << budget << " form " << int(form);
     }
     EXPECT_GT(want[2].abs().max().item<double>(), 1e-3);  // the keys' gradient is not trivially zero
   }

@@ -139,37 +139,55 @@ at::Tensor selected_rows(const at::Tensor& sel, int64_t T) {
 // autograd form keeps [B,T,K,d_I]: 8.6 GB per layer at gpu-d12's 32 rows × 2048 tokens, K = 256, in
 // fp32). The products are the autograd form's. qi [B,T,H_I,d_I], ki [B,T,d_I], wi [B,T,H_I] (with
 // gradients), idx [B,T,K] (−1: an empty slot), p [B,T,K] (no gradient, 0 on empty slots).
+// Or (dense, the form short contexts take) the block's scores against every key up to its last,
+// [B,n,H_I,q1], the selected columns gathered from them, and in the backward the columns' gradients
+// scattered back into such rows for two GEMMs.
 struct StudentKl : public torch::autograd::Function<StudentKl> {
   struct Block {
     at::Tensor sel, valid, flat, kig, s, I;  // the block's selection, keys, scores, student logits
+    at::Tensor cols;                         // dense: the selected columns [B,n,H_I,K] (empty slots: 0)
   };
-  static int64_t rows_per_block(const at::Tensor& qi, int64_t K, int64_t budget_bytes) {
-    const int64_t B = qi.size(0), HI = qi.size(2), DI = qi.size(3);
-    const int64_t per_row = std::max<int64_t>(1, B * K * (DI + 4 * HI) * int64_t(qi.element_size()));
-    return std::clamp<int64_t>(budget_bytes / per_row, 1, qi.size(1));
+  static bool dense_form(const at::Tensor& qi, int64_t K, DsaScoreForm form) {
+    if (form != DsaScoreForm::Auto) return form == DsaScoreForm::DenseScores;
+    return qi.size(2) * qi.size(1) < K * qi.size(3);  // a row of scores below the gathered keys
+  }
+  static int64_t rows_per_block(const at::Tensor& qi, int64_t K, int64_t budget_bytes, bool dense) {
+    const int64_t B = qi.size(0), T = qi.size(1), HI = qi.size(2), DI = qi.size(3);
+    const int64_t per_row = std::max<int64_t>(
+        1, B * (dense ? 3 * HI * T + K * (4 * HI + 2) : K * (DI + 4 * HI)) * int64_t(qi.element_size()));
+    return std::clamp<int64_t>(budget_bytes / per_row, 1, T);
   }
   static Block block(const at::Tensor& qi, const at::Tensor& ki, const at::Tensor& wi, const at::Tensor& idx, int64_t q0,
-                     int64_t q1) {
-    const int64_t B = qi.size(0), T = qi.size(1), DI = qi.size(3), K = idx.size(2), n = q1 - q0;
+                     int64_t q1, bool dense) {
+    const int64_t B = qi.size(0), T = qi.size(1), HI = qi.size(2), DI = qi.size(3), K = idx.size(2), n = q1 - q0;
     Block b;
     b.sel = idx.slice(1, q0, q1);
     b.valid = b.sel >= 0;
-    b.flat = selected_rows(b.sel, T);
-    b.kig = ki.reshape({B * T, DI}).index_select(0, b.flat).view({B, n, K, DI});
-    b.s = at::matmul(qi.slice(1, q0, q1), b.kig.transpose(-1, -2));  // [B,n,HI,K]
+    if (dense) {
+      b.cols = b.sel.clamp_min(0).unsqueeze(2).expand({B, n, HI, K});
+      b.s = at::matmul(qi.slice(1, q0, q1), ki.slice(1, 0, q1).transpose(-1, -2).unsqueeze(1)).gather(-1, b.cols);
+    } else {
+      b.flat = selected_rows(b.sel, T);
+      b.kig = ki.reshape({B * T, DI}).index_select(0, b.flat).view({B, n, K, DI});
+      b.s = at::matmul(qi.slice(1, q0, q1), b.kig.transpose(-1, -2));  // [B,n,HI,K]
+    }
     b.I = at::matmul(wi.slice(1, q0, q1).unsqueeze(-2), at::relu(b.s)).squeeze(-2)
               .masked_fill(b.valid.logical_not(), -std::numeric_limits<double>::infinity());  // [B,n,K]
     return b;
   }
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& qi, const at::Tensor& ki,
-                            const at::Tensor& wi, const at::Tensor& idx, const at::Tensor& p, int64_t budget_bytes) {
+                            const at::Tensor& wi, const at::Tensor& idx, const at::Tensor& p, int64_t budget_bytes,
+                            DsaScoreForm form) {
     c10::NoGradGuard ng;
-    const int64_t T = qi.size(1), K = idx.size(2), step = rows_per_block(qi, K, budget_bytes);
+    const int64_t T = qi.size(1), K = idx.size(2);
+    const bool dense = dense_form(qi, K, form);
+    const int64_t step = rows_per_block(qi, K, budget_bytes, dense);
     ctx->saved_data["budget"] = budget_bytes;
+    ctx->saved_data["dense"] = dense;
     at::Tensor kl = at::empty({qi.size(0), T}, qi.options());
     for (int64_t q0 = 0; q0 < T; q0 += step) {
       const int64_t q1 = std::min(T, q0 + step);
-      const Block b = block(qi, ki, wi, idx, q0, q1);
+      const Block b = block(qi, ki, wi, idx, q0, q1, dense);
       const at::Tensor logq = at::log_softmax(b.I, -1).masked_fill(b.valid.logical_not(), 0.0);
       const at::Tensor pl = p.slice(1, q0, q1);
       kl.slice(1, q0, q1).copy_((at::xlogy(pl, pl) - pl * logq).sum(-1));
@@ -181,12 +199,13 @@ struct StudentKl : public torch::autograd::Function<StudentKl> {
     c10::NoGradGuard ng;
     const auto v = ctx->get_saved_variables();
     const at::Tensor &qi = v[0], &ki = v[1], &wi = v[2], &idx = v[3], &p = v[4];
-    const int64_t B = qi.size(0), T = qi.size(1), DI = qi.size(3), K = idx.size(2),
-                  step = rows_per_block(qi, K, ctx->saved_data["budget"].toInt());
+    const int64_t B = qi.size(0), T = qi.size(1), HI = qi.size(2), DI = qi.size(3), K = idx.size(2);
+    const bool dense = ctx->saved_data["dense"].toBool();
+    const int64_t step = rows_per_block(qi, K, ctx->saved_data["budget"].toInt(), dense);
     at::Tensor dqi = at::empty_like(qi), dwi = at::empty_like(wi), dki = at::zeros({B * T, DI}, ki.options());
     for (int64_t q0 = 0; q0 < T; q0 += step) {
-      const int64_t q1 = std::min(T, q0 + step);
-      const Block b = block(qi, ki, wi, idx, q0, q1);
+      const int64_t q1 = std::min(T, q0 + step), n = q1 - q0;
+      const Block b = block(qi, ki, wi, idx, q0, q1, dense);
       const at::Tensor pl = p.slice(1, q0, q1);
       // d kl_t / d I_tj = softmax(I_t)_j · Σ_i p_ti − p_tj on the selected slots, 0 on the empty ones
       const at::Tensor gI = (at::softmax(b.I, -1) * pl.sum(-1, true) - pl)
@@ -195,10 +214,19 @@ struct StudentKl : public torch::autograd::Function<StudentKl> {
       const at::Tensor wb = wi.slice(1, q0, q1), qb = qi.slice(1, q0, q1);
       dwi.slice(1, q0, q1).copy_(at::matmul(at::relu(b.s), gI.unsqueeze(-1)).squeeze(-1));        // [B,n,HI]
       const at::Tensor ds = (wb.unsqueeze(-1) * gI.unsqueeze(-2)).masked_fill_(b.s <= 0, 0.0);  // [B,n,HI,K]
-      dqi.slice(1, q0, q1).copy_(at::matmul(ds, b.kig));                                           // [B,n,HI,DI]
-      dki.index_add_(0, b.flat, at::matmul(ds.transpose(-1, -2), qb).reshape({-1, DI}));          // [B·n·K, DI]
+      if (dense) {
+        // the columns' gradients in the block's rows of scores (distinct keys per row; an empty slot's is 0)
+        const at::Tensor full = at::zeros({B, n, HI, q1}, ds.options()).scatter_add_(-1, b.cols, ds);
+        const at::Tensor kb = ki.slice(1, 0, q1);                                                  // [B,q1,DI]
+        dqi.slice(1, q0, q1).copy_(at::matmul(full, kb.unsqueeze(1)));                             // [B,n,HI,DI]
+        dki.view({B, T, DI}).slice(1, 0, q1).add_(
+            at::matmul(full.reshape({B, n * HI, q1}).transpose(1, 2), qb.reshape({B, n * HI, DI})));  // [B,q1,DI]
+      } else {
+        dqi.slice(1, q0, q1).copy_(at::matmul(ds, b.kig));                                         // [B,n,HI,DI]
+        dki.index_add_(0, b.flat, at::matmul(ds.transpose(-1, -2), qb).reshape({-1, DI}));        // [B·n·K, DI]
+      }
     }
-    return {dqi, dki.view_as(ki), dwi, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dqi, dki.view_as(ki), dwi, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -401,16 +429,16 @@ MIXBENCH_REGISTER_COST_PART("dsa", "indexer", indexer_train_flops);
 // Or, at short contexts, the block's scores against every visible key in one GEMM and the selected
 // columns gathered from them.
 at::Tensor dsa_selected_attention_mean(const at::Tensor& q, const at::Tensor& k, const at::Tensor& idx, double scale,
-                                       int64_t budget_bytes, DsaTargetForm form) {
+                                       int64_t budget_bytes, DsaScoreForm form) {
   c10::NoGradGuard ng;
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), dh = q.size(3), Hkv = k.size(2), G = H / Hkv, K = idx.size(2);
   const bool half = layers::is_half(q);
   at::Tensor out = at::empty({B, T, K}, q.options().dtype(half ? at::kFloat : q.scalar_type()));
   const at::Tensor qd = q.detach();
   const int64_t esize = int64_t(k.element_size());
-  if (form == DsaTargetForm::Auto) form = T * H * 4 < K * Hkv * dh * esize ? DsaTargetForm::DenseScores : DsaTargetForm::Gathered;
+  if (form == DsaScoreForm::Auto) form = T * H * 4 < K * Hkv * dh * esize ? DsaScoreForm::DenseScores : DsaScoreForm::Gathered;
   const double neg_inf = -std::numeric_limits<double>::infinity();
-  if (form == DsaTargetForm::DenseScores) {
+  if (form == DsaScoreForm::DenseScores) {
     // per query: its row of scores against the keys up to the block's last (in the inputs' dtype and
     // in fp32), the gathered selection and its softmax
     const int64_t per_row = std::max<int64_t>(1, B * H * (T * (esize + 4) + K * 12));
@@ -444,8 +472,8 @@ at::Tensor dsa_selected_attention_mean(const at::Tensor& q, const at::Tensor& k,
 
 
 at::Tensor dsa_student_kl(const at::Tensor& qi, const at::Tensor& ki, const at::Tensor& wi, const at::Tensor& idx,
-                          const at::Tensor& p, int64_t budget_bytes) {
-  return StudentKl::apply(qi, ki, wi, idx, p, budget_bytes);
+                          const at::Tensor& p, int64_t budget_bytes, DsaScoreForm form) {
+  return StudentKl::apply(qi, ki, wi, idx, p, budget_bytes, form);
 }
 
 }  // namespace mixbench

@@ -89,24 +89,29 @@ int64_t dsa_indexer_block(int64_t B, int64_t T, int64_t HI, int64_t budget_bytes
 // heads. q [B,T,H,dh], k [B,T,Hkv,dh] (H a multiple of Hkv), idx [B,T,K] (−1: an empty slot; keys ≤
 // the query's position) -> [B,T,K] (fp32 for half inputs), 0 on empty slots; no gradient. Formed by
 // blocks of queries whose work space stays within about `budget_bytes`: the scores in the inputs'
-// dtype, the softmax in fp32 for half inputs. Two forms of the scores, the same values:
+// dtype, the softmax in fp32 for half inputs. Two forms of the scores, the same values (DsaScoreForm):
 //   Gathered     each query's selected keys copied out ([n,K,Hkv,dh] a block) and multiplied;
 //   DenseScores  the block's queries against every key up to the block's last (one GEMM, [H,n,≤T]
 //                scores), the selected columns then gathered from them;
 //   Auto         DenseScores where a query's row of scores (H·T values) takes fewer bytes than its
 //                gathered keys (K·Hkv·dh values): short contexts, where copying K keys per query
 //                moves many times the cache.
-enum class DsaTargetForm { Auto, Gathered, DenseScores };
+enum class DsaScoreForm { Auto, Gathered, DenseScores };
 at::Tensor dsa_selected_attention_mean(const at::Tensor& q, const at::Tensor& k, const at::Tensor& idx, double scale,
                                        int64_t budget_bytes = int64_t(256) << 20,
-                                       DsaTargetForm form = DsaTargetForm::Auto);
+                                       DsaScoreForm form = DsaScoreForm::Auto);
 // DSA's KL student side per token, KL(p_t ‖ softmax over the selection of I_{t,·}) [B,T], with
 // I_{t,j} = Σ_h wi_{t,h}·ReLU(qi_{t,h}·ki_{idx_{t,j}}): qi [B,T,H_I,d_I], ki [B,T,d_I], wi [B,T,H_I] (their
 // gradients flow), idx [B,T,K] (−1: an empty slot), p [B,T,K] (the target, no gradient, 0 on empty
 // slots), all one floating dtype. Blocks of queries whose gathered keys and scores stay within about
 // `budget_bytes`, in the forward and again in the backward: nothing per key is kept between them.
+// The forms as dsa_selected_attention_mean's: the selected keys gathered per query, or the block's
+// scores against every visible key and the selected columns (the backward scattering the columns'
+// gradients into the block's rows of scores); Auto takes the second where a query's row of scores
+// (H_I·T values) is smaller than its gathered keys (K·d_I).
 at::Tensor dsa_student_kl(const at::Tensor& qi, const at::Tensor& ki, const at::Tensor& wi, const at::Tensor& idx,
-                          const at::Tensor& p, int64_t budget_bytes = int64_t(256) << 20);
+                          const at::Tensor& p, int64_t budget_bytes = int64_t(256) << 20,
+                          DsaScoreForm form = DsaScoreForm::Auto);
 // block_topk_cpu's contract through topk_lowest_index (fp32 scores; others: block_topk_cpu).
 at::Tensor block_topk_keys(const at::Tensor& scores, int64_t block_size, int64_t topk, bool counted);
 
