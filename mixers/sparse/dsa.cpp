@@ -29,7 +29,9 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <limits>
+#include <string>
 
 #include "harness/backbone.h"
 #include "harness/cost_parts.h"
@@ -230,6 +232,16 @@ struct StudentKl : public torch::autograd::Function<StudentKl> {
   }
 };
 
+// MIXBENCH_DSA_SCORE_FORM: auto (unset), gathered or dense: the form of the KL's scores
+// (DsaScoreForm), to compare the two in a training sweep.
+DsaScoreForm score_form() {
+  const char* env = std::getenv("MIXBENCH_DSA_SCORE_FORM");
+  if (!env || std::string(env) == "auto") return DsaScoreForm::Auto;
+  if (std::string(env) == "gathered") return DsaScoreForm::Gathered;
+  if (std::string(env) == "dense") return DsaScoreForm::DenseScores;
+  throw InputError(fmt::format("MIXBENCH_DSA_SCORE_FORM must be auto, gathered or dense, not '{}'", env));
+}
+
 // The same code on every backend: the *_fast entry points pick the device's kernels.
 TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Backend) {
   Dims d = dims(c);
@@ -257,8 +269,9 @@ TensorMap forward(const TensorMap& in, const Config& c, const LayerCtx& ctx, Bac
   at::Tensor y = at::linear(o.reshape({B, T, d.H * d.dh}), in.at("c_proj"));
 
   // Auxiliary KL over the selected keys.
-  const at::Tensor p = dsa_selected_attention_mean(a.q, a.k, idx, scale);  // [B,T,K], 0 on empty slots
-  const at::Tensor kl = dsa_student_kl(qi, ki, wi, idx, p.to(qi.scalar_type()));  // [B,T], fp32 for half inputs
+  const DsaScoreForm form = score_form();
+  const at::Tensor p = dsa_selected_attention_mean(a.q, a.k, idx, scale, int64_t(256) << 20, form);  // [B,T,K]
+  const at::Tensor kl = dsa_student_kl(qi, ki, wi, idx, p.to(qi.scalar_type()), int64_t(256) << 20, form);  // [B,T]
   return {{"y", y}, {"aux_loss", kl.mean().to(y.scalar_type())}, {"selection", idx}};
 }
 
