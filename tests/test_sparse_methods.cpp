@@ -18,6 +18,7 @@
 #include "mixers/sparse/sparse.h"
 #include "mixers/sparse/sparse_method.h"
 #include "suites/conformance.h"
+#include "tests/test_util.h"
 
 using namespace mixbench;
 using Json = nlohmann::json;
@@ -243,6 +244,30 @@ TEST(SparseMethods, DsaAuxLossTrainsOnlyTheIndexer) {
       EXPECT_EQ(aux_nonzero, indexer) << names[i];
       EXPECT_EQ(y_nonzero, !indexer) << names[i];
     }
+  }
+}
+
+// The layer's KL in each score form (MIXBENCH_DSA_SCORE_FORM) gives the same outputs and aux loss;
+// an unknown form is an InputError naming the variable.
+TEST(SparseMethods, DsaScoreFormSettingGivesTheSameLayer) {
+  const MethodSpec& m = Registry::get().method("dsa");
+  Config cfg = m.config.parse("n_layer=4,d_model=64,head_dim=16,seq_len=64,vocab=64,dsa_topk=8,idx_heads=3,idx_dim=8,idx_rope_dim=4");
+  LayerCtx ctx{1, 4};
+  const TensorMap in = layer_inputs(m, cfg, 1, 2, 29, 21);
+  c10::NoGradGuard ng;
+  const TensorMap want = m.forward(in, cfg, ctx, Backend::CPU);
+  for (const char* form : {"gathered", "dense", "auto"}) {
+    mixbench_test::EnvGuard env("MIXBENCH_DSA_SCORE_FORM", form);
+    const TensorMap got = m.forward(in, cfg, ctx, Backend::CPU);
+    EXPECT_TRUE(at::allclose(got.at("y"), want.at("y"), 1e-6, 1e-7)) << form;
+    EXPECT_NEAR(got.at("aux_loss").item<double>(), want.at("aux_loss").item<double>(), 1e-5) << form;
+  }
+  mixbench_test::EnvGuard bad("MIXBENCH_DSA_SCORE_FORM", "sideways");
+  try {
+    m.forward(in, cfg, ctx, Backend::CPU);
+    ADD_FAILURE() << "an unknown score form was taken";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("MIXBENCH_DSA_SCORE_FORM"), std::string::npos) << e.what();
   }
 }
 
