@@ -36,11 +36,12 @@ std::vector<std::string> sparse_methods() {
 }
 
 // Every model whose decode became static here: the sparse layers, the hybrids of them, the looped
-// models with a fixed loop count.
+// models with a fixed loop count, and the residual-stream variants (hc, mhc, attnres: a token's
+// streams or sources are its own).
 const std::vector<std::string>& static_models() {
   static const std::vector<std::string> names = {
       "moba", "dsa", "qsa", "nsa", "seer", "moba_hybrid", "qsa_hybrid", "deeploop", "fixed_recursive", "lt2_gdn",
-      "lt2_hybrid_full_gdn", "lt2_hybrid_gdn_dsa", "loopformer_fixed2", "ouro", "ut_act"};
+      "lt2_hybrid_full_gdn", "lt2_hybrid_gdn_dsa", "loopformer_fixed2", "ouro", "ut_act", "hc", "mhc", "attnres"};
   return names;
 }
 
@@ -301,7 +302,7 @@ TEST(SparseDecode, StaticStepWorkFollowsThePositionNotTheCapacity) {
   }
 }
 
-TEST(StaticDecodeModels, SparseHybridAndLoopModelsMatchForwardAndEager) {
+TEST(StaticDecodeModels, SparseLoopAndStreamModelsMatchForwardAndEager) {
   c10::NoGradGuard ng;
   for (const auto& name : static_models()) {
     const MethodSpec& m = Registry::get().method(name);

@@ -80,6 +80,9 @@ class AttnResStream final : public ResidualStream {
  public:
   AttnResStream(int64_t block_size, AttnResFault fault) : S_(block_size), fault_(fault) {}
   std::string name() const override { return "attnres"; }
+  // the sources are the token's own earlier sublayer outputs (nothing across positions, nothing
+  // read on the host)
+  bool static_decode() const override { return true; }
 
   std::vector<ParamDef> params(const ModelDims& d, const ExecPlan& plan) const override {
     attnres_groups(2 * plan.n_steps(), S_);

@@ -100,6 +100,8 @@ double combine_elementwise_flops(int64_t n, int64_t d) { return 3.0 * n * d + n 
 class MultiStream : public ResidualStream {
  public:
   explicit MultiStream(int64_t n) : n_(n) {}
+  // a token's streams and maps are its own (nothing across positions, nothing read on the host)
+  bool static_decode() const override { return true; }
 
   // Fast path: the streams and their combinations in the coefficients' dtype (at least FP32; a
   // sublayer reads its input rounded to the compute dtype once), so that neither n-term
