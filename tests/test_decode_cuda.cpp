@@ -28,7 +28,8 @@ namespace {
 
 // MIXBENCH_DECODE_METHODS=a,b (e.g. under compute-sanitizer): the methods of the captured-step check
 std::vector<std::string> decode_methods() {
-  std::vector<std::string> all = {"dense_full", "dense", "gqa", "gdn", "kda", "deltanet", "retnet", "gdn_hybrid_swa"};
+  std::vector<std::string> all = {"dense_full", "dense", "gqa", "gdn", "kda", "deltanet", "retnet", "gdn_hybrid_swa",
+                                  "hc", "mhc", "attnres"};
   const char* env = std::getenv("MIXBENCH_DECODE_METHODS");
   if (!env) return all;
   std::vector<std::string> out;
