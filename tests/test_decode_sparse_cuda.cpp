@@ -19,6 +19,7 @@
 #include "harness/backbone.h"
 #include "harness/decode_graph.h"
 #include "harness/registry.h"
+#include "mixers/attention/attention.h"
 #include "mixers/sparse/sparse.h"
 #include "mixers/sparse/sparse_decode.h"
 #include "tests/layer_case_inputs.h"
@@ -249,6 +250,54 @@ TEST(SparseDecodeCuda, CapturedModelStepsMatchEagerSteps) {
         EXPECT_LE(rel_rms(want[2], g->logits()), tol) << where << " after a second prefill";
       }
     }
+}
+
+// Attention over listed cache slots (the sparse methods' decode: dsa's selected keys, moba's
+// blocks): the split-KV kernel over the list against the gathered LibTorch path in fp64 on the CPU,
+// lists shared by a row's KV heads or one per KV head, GQA groups, empty and invalid entries, the
+// same bits on every repeat of the launch (its arrival counters reused).
+TEST(SparseDecodeCuda, ListedKeysKernelMatchesTheGatheredPath) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  c10::NoGradGuard ng;
+  at::manual_seed(23);
+  struct Shape {
+    int64_t B, H, Hkv, D, cap, n, S;
+  };
+  for (auto dt : {at::kFloat, at::kBFloat16})
+    for (const Shape& sh : {Shape{2, 6, 6, 128, 300, 64, 1}, Shape{3, 8, 2, 64, 100, 40, 2}, Shape{1, 4, 1, 256, 50, 50, 1},
+                            Shape{2, 12, 6, 128, 2048, 256, 6}}) {
+      const auto opts = at::TensorOptions().device(at::kCUDA).dtype(dt);
+      const at::Tensor q = at::randn({sh.B, sh.H, sh.D}, opts), K = at::randn({sh.B, sh.cap, sh.Hkv, sh.D}, opts),
+                       V = at::randn({sh.B, sh.cap, sh.Hkv, sh.D}, opts);
+      // distinct slots per list, a quarter of the entries −1 or marked invalid, the first always valid
+      at::Tensor keys = at::empty({sh.B, sh.S, sh.n}, at::kLong);
+      for (int64_t b = 0; b < sh.B; ++b)
+        for (int64_t s = 0; s < sh.S; ++s) keys[b][s].copy_(at::randperm(sh.cap, at::kLong).slice(0, 0, sh.n));
+      const at::Tensor r = at::rand({sh.B, sh.S, sh.n});
+      keys.masked_fill_(r < 0.12, -1);
+      at::Tensor valid = (r >= 0.25).logical_or(r < 0.12);
+      keys.select(2, 0).clamp_min_(0);
+      valid.select(2, 0).fill_(true);
+      valid = valid.logical_and(keys >= 0);
+      const std::string where = fmt::format("{} B{} H{} Hkv{} D{} cap{} n{} S{}", c10::toString(dt), sh.B, sh.H, sh.Hkv,
+                                            sh.D, sh.cap, sh.n, sh.S);
+      const double scale = 1.0 / std::sqrt(double(sh.D));
+      const at::Tensor want = sparse_decode::attend_keys(q.cpu().to(at::kDouble), K.cpu().to(at::kDouble),
+                                                         V.cpu().to(at::kDouble), keys, valid, scale);
+      const at::Tensor kd = keys.to(at::kCUDA), vd = valid.to(at::kCUDA);
+      const at::Tensor got = attention_decode_listed(q, K, V, kd, vd, scale);
+      ASSERT_TRUE(got.defined()) << where << ": the kernel did not take the shapes";
+      EXPECT_LE(rel_rms(want, got.cpu().to(at::kDouble)), dt == at::kFloat ? 1e-5 : 1e-2) << where;
+      // through attend_keys on the GPU: the same launch
+      EXPECT_TRUE(at::equal(got, sparse_decode::attend_keys(q, K, V, kd, vd, scale))) << where;
+      for (int rep = 0; rep < 3; ++rep)
+        EXPECT_TRUE(at::equal(got, attention_decode_listed(q, K, V, kd, vd, scale))) << where << " rep " << rep;
+    }
+  // one list per query head is not the kernel's: the caller's LibTorch path
+  const auto o = at::TensorOptions().device(at::kCUDA);
+  const at::Tensor q = at::randn({1, 4, 64}, o), K = at::randn({1, 16, 2, 64}, o);
+  const at::Tensor keys = at::zeros({1, 4, 3}, o.dtype(at::kLong));
+  EXPECT_FALSE(attention_decode_listed(q, K, K, keys, keys >= 0, 0.1).defined());
 }
 
 }  // namespace

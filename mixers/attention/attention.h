@@ -31,6 +31,13 @@ at::Tensor attention_decode_qkv_reference(const at::Tensor& p, const at::Tensor&
 // The LibTorch path of attention_decode_static (what the kernel is checked against).
 at::Tensor attention_decode_static_reference(const at::Tensor& q, const at::Tensor& K, const at::Tensor& V,
                                              const at::Tensor& pos_dev, double scale, double logit_scale_a);
+// Attention of one token per row over the listed slots of a cache: q [B,H,D], K, V [B,cap,Hkv,D],
+// keys [B,S,n] int64 with S = 1 (one list for the row) or Hkv (one per KV head), valid [B,S,n] bool
+// (an invalid or negative entry names no slot). On CUDA, where the split-KV kernel takes the shapes
+// and dtypes (head_dim 64/128/256, fp32/bf16/fp16, contiguous caches), one launch (its keys split
+// over the grid); returns an undefined tensor where it does not apply (the caller's LibTorch path).
+at::Tensor attention_decode_listed(const at::Tensor& q, const at::Tensor& K, const at::Tensor& V, const at::Tensor& keys,
+                                   const at::Tensor& valid, double scale);
 // q_t ×= log_a(t + a) (no-op for a <= 0)
 at::Tensor apply_logit_scale(const at::Tensor& q, double a);
 

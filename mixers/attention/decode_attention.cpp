@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <limits>
 
 #include "harness/decode_knobs.h"
 #include "harness/errors.h"
@@ -83,6 +84,45 @@ at::Tensor attention_decode_static(const at::Tensor& q, const at::Tensor& K, con
   }
 #endif
   return attention_decode_static_reference(q, K, V, pos_dev, scale, logit_scale_a);
+}
+
+at::Tensor attention_decode_listed(const at::Tensor& q, const at::Tensor& K, const at::Tensor& V, const at::Tensor& keys,
+                                   const at::Tensor& valid, double scale) {
+#if defined(MIXBENCH_WITH_CUDA)
+  const auto st = q.scalar_type();
+  if (!(q.is_cuda() && q.dim() == 3 && K.dim() == 4 && V.sizes() == K.sizes() && keys.dim() == 3 &&
+        attn_decode_cuda::supported_head_dim(int(q.size(-1))) && (st == at::kFloat || st == at::kBFloat16 || st == at::kHalf) &&
+        K.scalar_type() == st && V.scalar_type() == st && K.is_contiguous() && V.is_contiguous() && K.device() == q.device() &&
+        keys.scalar_type() == at::kLong && keys.device() == q.device() && valid.sizes() == keys.sizes() &&
+        K.size(0) == q.size(0) && K.size(3) == q.size(2) && K.size(2) >= 1 && q.size(1) % K.size(2) == 0 &&
+        keys.size(0) == q.size(0) && (keys.size(1) == 1 || keys.size(1) == K.size(2)) && keys.size(2) >= 1 &&
+        keys.size(2) <= std::numeric_limits<int>::max()))
+    return at::Tensor();
+  OpScope scope("mixbench::attention_decode_listed");  // one launch on a GPU
+  const int B = int(q.size(0)), H = int(q.size(1)), D = int(q.size(2)), cap = int(K.size(1)), Hkv = int(K.size(2));
+  const int n = int(keys.size(2)), rows = int(keys.size(1));
+  const at::Tensor listed = keys.masked_fill(valid.logical_not(), -1).contiguous();
+  const at::Tensor qc = q.contiguous();
+  at::Tensor o = at::empty_like(qc);
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int min_slots = int(decode_split_min_slots());
+  const int splits = attn_decode_cuda::choose_splits(B, Hkv, n, sms, min_slots);
+  at::Tensor ws = at::empty({attn_decode_cuda::workspace_floats(B, H, D, splits)}, q.options().dtype(at::kFloat));
+  const auto dt = st == at::kFloat ? attn_decode_cuda::Dtype::F32 : st == at::kBFloat16 ? attn_decode_cuda::Dtype::BF16
+                                                                                      : attn_decode_cuda::Dtype::F16;
+  const int64_t slots = attn_decode_cuda::counter_slots(B, H);
+  const at::Tensor counters = layers::device_constant(fmt::format("attn_decode_counters/{}", slots),
+                                                      q.options().dtype(at::kInt), [&] { return at::zeros({slots}, at::kInt); });
+  attn_decode_cuda::decode_listed(dt, qc.data_ptr(), K.data_ptr(), V.data_ptr(), o.data_ptr(), nullptr,
+                                  listed.data_ptr<int64_t>(), n, rows, B, H, Hkv, D, cap, float(scale), 0.0,
+                                  ws.data_ptr<float>(), splits, min_slots,
+                                  reinterpret_cast<unsigned*>(counters.data_ptr<int32_t>()),
+                                  c10::cuda::getCurrentCUDAStream(q.device().index()).stream());
+  return o;
+#else
+  (void)q, (void)K, (void)V, (void)keys, (void)valid, (void)scale;
+  return at::Tensor();
+#endif
 }
 
 namespace {

@@ -63,19 +63,23 @@ __device__ __forceinline__ float block_sum(float x, float* red) {
 }
 
 // ws layout per (split, b, h): [m, l, acc[D]].
-template <class T, int D, int kMaxGroup>
+// Indexed: the slots are keys[b, s, j] for j < nk (s = 0 when the selection is shared by the KV
+// heads, hk when each has its own; a negative entry is no slot), not the first n of the cache.
+template <class T, int D, int kMaxGroup, bool Indexed>
 __global__ void __launch_bounds__(kWarps * 32) split_kernel(const T* __restrict__ q, const T* __restrict__ K,
                                                           const T* __restrict__ V, const int64_t* __restrict__ pos_dev,
                                                           int H, int Hkv, int cap, float scale, double logit_a,
                                                           float* __restrict__ ws, int splits, int min_slots, T* __restrict__ o,
-                                                          unsigned* __restrict__ counters) {
+                                                          unsigned* __restrict__ counters, const int64_t* __restrict__ keys,
+                                                          int nk, int key_rows) {
   cuda_launch::pdl_wait();
   constexpr int EPL = D / 32;
   const int split = blockIdx.x, bk = blockIdx.y, b = bk / Hkv, hk = bk % Hkv;
   const int G = H / Hkv, g0 = blockIdx.z * kMaxGroup, ng = min(kMaxGroup, G - g0);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t pos = *pos_dev;
-  const int n = int(pos + 1 < int64_t(cap) ? pos + 1 : int64_t(cap));
+  const int64_t pos = Indexed && !(logit_a > 0) ? 0 : *pos_dev;  // a key list without a logit scale needs no position
+  const int n = Indexed ? nk : int(pos + 1 < int64_t(cap) ? pos + 1 : int64_t(cap));
+  const int64_t* key_row = Indexed ? keys + (int64_t(b) * key_rows + (key_rows == 1 ? 0 : hk)) * nk : nullptr;
   // The splits this launch fills: as many as give the live context min_slots slots each, up to the
   // grid's (sized for the full cache). The blocks past them take no slot; they only count their arrival.
   const int live = max(1, min(splits, (n + min_slots - 1) / min_slots));
@@ -109,12 +113,16 @@ __global__ void __launch_bounds__(kWarps * 32) split_kernel(const T* __restrict_
   const T* Vb = V + int64_t(b) * cap * row_stride + int64_t(hk) * D + lane * EPL;
   for (int j0 = lo + warp * kUnroll; j0 < hi; j0 += kWarps * kUnroll) {
     float kr[kUnroll][EPL], vr[kUnroll][EPL];
+    bool ok[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int j = j0 + u;
-      if (j < hi) {
-        load_row<T, EPL>(Kb + int64_t(j) * row_stride, kr[u]);
-        load_row<T, EPL>(Vb + int64_t(j) * row_stride, vr[u]);
+      int64_t slot = j;
+      if (Indexed && j < hi) slot = key_row[j];
+      ok[u] = j < hi && (!Indexed || (slot >= 0 && slot < cap));
+      if (ok[u]) {
+        load_row<T, EPL>(Kb + slot * row_stride, kr[u]);
+        load_row<T, EPL>(Vb + slot * row_stride, vr[u]);
       }
     }
 #pragma unroll
@@ -128,9 +136,12 @@ __global__ void __launch_bounds__(kWarps * 32) split_kernel(const T* __restrict_
 #pragma unroll
         for (int e = 0; e < EPL; ++e) d += qr[g][e] * kr[u][e];
         d = warp_sum(d);
-        s[u] = (j0 + u < hi) ? d : -INFINITY;
+        s[u] = ok[u] ? d : -INFINITY;
         mx = fmaxf(mx, s[u]);
       }
+      // no slot so far (only with an index list, whose entries may all be empty): nothing to add,
+      // and exp(−inf − (−inf)) would be NaN
+      if (Indexed && mx == -INFINITY) continue;
       const float alpha = __expf(m[g] - mx);  // m = -inf the first time: alpha = 0
       l[g] *= alpha;
 #pragma unroll
@@ -140,7 +151,7 @@ __global__ void __launch_bounds__(kWarps * 32) split_kernel(const T* __restrict_
         const float p = __expf(s[u] - mx);  // exp(-inf) = 0 past the range
         l[g] += p;
 #pragma unroll
-        for (int e = 0; e < EPL; ++e) acc[g][e] += p * (j0 + u < hi ? vr[u][e] : 0.f);
+        for (int e = 0; e < EPL; ++e) acc[g][e] += p * (ok[u] ? vr[u][e] : 0.f);
       }
       m[g] = mx;
     }
@@ -231,34 +242,49 @@ __global__ void __launch_bounds__(kWarps * 32) split_kernel(const T* __restrict_
   }
 }
 
+// The slots an index list names (IndexedKeys::keys null: the cache's first min(pos + 1, cap)).
+struct IndexedKeys {
+  const int64_t* keys = nullptr;
+  int n = 0, rows = 1;
+};
+
 template <class T, int D, int GM>
 void launch_split(const void* q, const void* K, const void* V, void* o, const int64_t* pos_dev, int B, int H, int Hkv,
-                  int cap, float scale, double logit_a, float* ws, int splits, int min_slots, unsigned* counters, cudaStream_t stream) {
+                  int cap, float scale, double logit_a, float* ws, int splits, int min_slots, unsigned* counters,
+                  IndexedKeys ik, cudaStream_t stream) {
   const int G = H / Hkv;
   dim3 grid(unsigned(splits), unsigned(B * Hkv), unsigned((G + GM - 1) / GM));
-  cuda_launch::launch_dependent("split-KV attention", split_kernel<T, D, GM>, grid, kWarps * 32, 0, stream,
-                                static_cast<const T*>(q), static_cast<const T*>(K), static_cast<const T*>(V), pos_dev, H,
-                                Hkv, cap, scale, logit_a, ws, splits, min_slots, static_cast<T*>(o), counters);
+  if (ik.keys)
+    cuda_launch::launch_dependent("split-KV attention over listed keys", split_kernel<T, D, GM, true>, grid, kWarps * 32, 0,
+                                  stream, static_cast<const T*>(q), static_cast<const T*>(K), static_cast<const T*>(V),
+                                  pos_dev, H, Hkv, cap, scale, logit_a, ws, splits, min_slots, static_cast<T*>(o), counters,
+                                  ik.keys, ik.n, ik.rows);
+  else
+    cuda_launch::launch_dependent("split-KV attention", split_kernel<T, D, GM, false>, grid, kWarps * 32, 0, stream,
+                                  static_cast<const T*>(q), static_cast<const T*>(K), static_cast<const T*>(V), pos_dev, H,
+                                  Hkv, cap, scale, logit_a, ws, splits, min_slots, static_cast<T*>(o), counters,
+                                  static_cast<const int64_t*>(nullptr), 0, 1);
 }
 
 template <class T, int D>
 void launch(const void* q, const void* K, const void* V, void* o, const int64_t* pos_dev, int B, int H, int Hkv, int cap,
-            float scale, double logit_a, float* ws, int splits, int min_slots, unsigned* counters, cudaStream_t stream) {
+            float scale, double logit_a, float* ws, int splits, int min_slots, unsigned* counters, IndexedKeys ik, cudaStream_t stream) {
   // the query heads of one KV head in registers: as many as the group has, up to kGroupCap
   const int G = H / Hkv;
-  if (G == 1) launch_split<T, D, 1>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, min_slots, counters, stream);
-  else if (G == 2) launch_split<T, D, 2>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, min_slots, counters, stream);
-  else if (G <= 4) launch_split<T, D, 4>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, min_slots, counters, stream);
-  else launch_split<T, D, kGroupCap>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, min_slots, counters, stream);
+  if (G == 1) launch_split<T, D, 1>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, min_slots, counters, ik, stream);
+  else if (G == 2) launch_split<T, D, 2>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, min_slots, counters, ik, stream);
+  else if (G <= 4) launch_split<T, D, 4>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, min_slots, counters, ik, stream);
+  else launch_split<T, D, kGroupCap>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, min_slots, counters, ik, stream);
 }
 
 template <class T>
 void dispatch_d(int D, const void* q, const void* K, const void* V, void* o, const int64_t* pos_dev, int B, int H, int Hkv,
-                int cap, float scale, double logit_a, float* ws, int splits, int min_slots, unsigned* counters, cudaStream_t stream) {
+                int cap, float scale, double logit_a, float* ws, int splits, int min_slots, unsigned* counters,
+                IndexedKeys ik, cudaStream_t stream) {
   switch (D) {
-    case 64: return launch<T, 64>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, min_slots, counters, stream);
-    case 128: return launch<T, 128>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, min_slots, counters, stream);
-    case 256: return launch<T, 256>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, min_slots, counters, stream);
+    case 64: return launch<T, 64>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, min_slots, counters, ik, stream);
+    case 128: return launch<T, 128>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, min_slots, counters, ik, stream);
+    case 256: return launch<T, 256>(q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, ws, splits, min_slots, counters, ik, stream);
     default: throw std::invalid_argument("decode attention kernel: head_dim must be 64, 128 or 256");
   }
 }
@@ -280,9 +306,10 @@ int64_t workspace_floats(int B, int H, int D, int splits) { return int64_t(split
 
 int64_t counter_slots(int B, int H) { return int64_t(B) * H; }
 
-void decode(Dtype dt, const void* q, const void* K, const void* V, void* o, const int64_t* pos_dev, int B, int H, int Hkv,
-            int D, int cap, float scale, double logit_a, float* workspace, int splits, int min_slots, unsigned* counters,
-            cudaStream_t stream) {
+namespace {
+void decode_any(Dtype dt, const void* q, const void* K, const void* V, void* o, const int64_t* pos_dev, int B, int H, int Hkv,
+                int D, int cap, float scale, double logit_a, float* workspace, int splits, int min_slots,
+                unsigned* counters, IndexedKeys ik, cudaStream_t stream) {
   if (B == 0 || H == 0) return;
   if (Hkv <= 0 || H % Hkv != 0) throw std::invalid_argument("decode attention kernel: H must be a multiple of Hkv");
   if (!counters || splits < 1) throw std::invalid_argument("decode attention kernel: it needs its counters and a split");
@@ -290,13 +317,34 @@ void decode(Dtype dt, const void* q, const void* K, const void* V, void* o, cons
   if (min_slots < 1) throw std::invalid_argument("decode attention kernel: a split takes at least one slot");
   switch (dt) {
     case Dtype::F32:
-      return dispatch_d<float>(D, q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, workspace, splits, min_slots, counters, stream);
+      return dispatch_d<float>(D, q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, workspace, splits, min_slots, counters,
+                               ik, stream);
     case Dtype::BF16:
-      return dispatch_d<__nv_bfloat16>(D, q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, workspace, splits, min_slots, counters,
-                                       stream);
+      return dispatch_d<__nv_bfloat16>(D, q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, workspace, splits, min_slots,
+                                       counters, ik, stream);
     case Dtype::F16:
-      return dispatch_d<__half>(D, q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, workspace, splits, min_slots, counters, stream);
+      return dispatch_d<__half>(D, q, K, V, o, pos_dev, B, H, Hkv, cap, scale, logit_a, workspace, splits, min_slots, counters,
+                                ik, stream);
   }
+}
+}  // namespace
+
+void decode(Dtype dt, const void* q, const void* K, const void* V, void* o, const int64_t* pos_dev, int B, int H, int Hkv,
+            int D, int cap, float scale, double logit_a, float* workspace, int splits, int min_slots, unsigned* counters,
+            cudaStream_t stream) {
+  decode_any(dt, q, K, V, o, pos_dev, B, H, Hkv, D, cap, scale, logit_a, workspace, splits, min_slots, counters, IndexedKeys{},
+             stream);
+}
+
+void decode_listed(Dtype dt, const void* q, const void* K, const void* V, void* o, const int64_t* pos_dev,
+                   const int64_t* keys, int n_keys, int key_rows, int B, int H, int Hkv, int D, int cap, float scale,
+                   double logit_a, float* workspace, int splits, int min_slots, unsigned* counters, cudaStream_t stream) {
+  if (!keys || n_keys < 1) throw std::invalid_argument("decode attention kernel: a key list of at least one entry");
+  if (key_rows != 1 && key_rows != Hkv)
+    throw std::invalid_argument("decode attention kernel: one key list per row, or one per KV head");
+  if (logit_a > 0 && !pos_dev) throw std::invalid_argument("decode attention kernel: the logit scale reads the position");
+  decode_any(dt, q, K, V, o, pos_dev, B, H, Hkv, D, cap, scale, logit_a, workspace, splits, min_slots, counters,
+             IndexedKeys{keys, n_keys, key_rows}, stream);
 }
 
 }  // namespace mixbench::attn_decode_cuda

@@ -33,4 +33,12 @@ void decode(Dtype dt, const void* q, const void* K, const void* V, void* o, cons
             int D, int cap, float scale, double logit_a, float* workspace, int splits, int min_slots, unsigned* counters,
             cudaStream_t stream);
 
+// The same over listed slots: keys [B, key_rows, n_keys] int64 (key_rows 1: one list for every KV
+// head of the row; Hkv: one per KV head), a negative entry or one ≥ cap naming no slot; the listed
+// slots split over `splits` (choose_splits over n_keys). A list with no slot gives NaN, as a softmax
+// over no key does. pos_dev is read only for the logit scale (logit_a > 0; may be null otherwise).
+void decode_listed(Dtype dt, const void* q, const void* K, const void* V, void* o, const int64_t* pos_dev,
+                   const int64_t* keys, int n_keys, int key_rows, int B, int H, int Hkv, int D, int cap, float scale,
+                   double logit_a, float* workspace, int splits, int min_slots, unsigned* counters, cudaStream_t stream);
+
 }  // namespace mixbench::attn_decode_cuda

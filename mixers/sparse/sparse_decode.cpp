@@ -7,6 +7,7 @@
 
 #include "harness/errors.h"
 #include "harness/op_scope.h"
+#include "mixers/attention/attention.h"
 #include "mixers/common/layers.h"
 
 #if defined(MIXBENCH_WITH_CUDA)
@@ -126,6 +127,10 @@ at::Tensor attend_keys(const at::Tensor& q, const at::Tensor& K, const at::Tenso
     throw std::logic_error(fmt::format("attend_keys: {} selection rows for {} heads and {} KV heads", S, H, Hkv));
   // selection rows per KV head: 1 (shared by the group's query heads) or G (one per query head)
   const int64_t Gs = S == H ? G : 1;
+  if (S != H || G == 1) {  // one list per row or per KV head: the split-KV kernel over the listed slots
+    const at::Tensor o = attention_decode_listed(q, K, V, keys, valid, scale);
+    if (o.defined()) return o;
+  }
   const at::Tensor idx = keys.clamp(0, L - 1).expand({B, S == 1 ? Hkv : S, n}).reshape({B, Hkv, Gs * n});
   const at::Tensor ok = valid.expand({B, S == 1 ? Hkv : S, n}).reshape({B, Hkv, Gs, 1, n});
   const at::Tensor gi = idx.unsqueeze(-1).expand({B, Hkv, Gs * n, dh});

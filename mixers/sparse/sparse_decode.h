@@ -85,7 +85,8 @@ Keys block_keys(const at::Tensor& sel, int64_t block, const at::Tensor& pos);
 // One query per row attending to selected keys of the buffers: q [B,H,dh], K and V [B,L,Hkv,dh],
 // keys [B,S,n] (S = 1: shared by all heads; Hkv: per KV head; H: per query head, KV head h / (H/Hkv))
 // with `valid` [B,S,n] (at least one key valid per row) -> o [B,H,dh]. Softmax over the valid keys,
-// in fp32 for half-precision inputs (cast back).
+// in fp32 for half-precision inputs (cast back). On a GPU, for S = 1 or Hkv, one launch of the
+// split-KV kernel over the listed slots (attention_decode_listed); otherwise LibTorch gathers.
 at::Tensor attend_keys(const at::Tensor& q, const at::Tensor& K, const at::Tensor& V, const at::Tensor& keys,
                        const at::Tensor& valid, double scale);
 
