@@ -28,6 +28,8 @@ san() { # name tool test methods
 }
 san memcheck_splitkv memcheck 'DecodeCuda.SplitKv*' dense
 san racecheck_splitkv racecheck 'DecodeCuda.SplitKv*' dense
+san memcheck_listed memcheck 'SparseDecodeCuda.ListedKeys*' dense
+san racecheck_listed racecheck 'SparseDecodeCuda.ListedKeys*' dense
 san memcheck_steps_dense memcheck 'DecodeCuda.CapturedSteps*' dense
 san memcheck_steps_gdn memcheck 'DecodeCuda.CapturedSteps*' gdn
 san racecheck_steps_gdn racecheck 'DecodeCuda.CapturedSteps*' gdn
