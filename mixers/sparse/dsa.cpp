@@ -129,6 +129,13 @@ IndexerIn indexer_inputs(const TensorMap& in, const Config& c, const at::Tensor&
   return o;
 }
 
+}  // namespace
+
+bool dsa_dense_target(int64_t T, int64_t H, int64_t Hkv, int64_t dh, int64_t K) { return T * H < K * Hkv * dh; }
+bool dsa_dense_student(int64_t T, int64_t HI, int64_t DI, int64_t K) { return HI * T < K * DI; }
+
+namespace {
+
 // The rows of a [B·T, ...] view that a selection sel [B,n,K] of keys 0..T−1 names (an empty slot, −1,
 // names its batch's row 0).
 at::Tensor selected_rows(const at::Tensor& sel, int64_t T) {
@@ -141,9 +148,9 @@ at::Tensor selected_rows(const at::Tensor& sel, int64_t T) {
 // autograd form keeps [B,T,K,d_I]: 8.6 GB per layer at gpu-d12's 32 rows × 2048 tokens, K = 256, in
 // fp32). The products are the autograd form's. qi [B,T,H_I,d_I], ki [B,T,d_I], wi [B,T,H_I] (with
 // gradients), idx [B,T,K] (−1: an empty slot), p [B,T,K] (no gradient, 0 on empty slots).
-// Or (dense, the form short contexts take) the block's scores against every key up to its last,
-// [B,n,H_I,q1], the selected columns gathered from them, and in the backward the columns' gradients
-// scattered back into such rows for two GEMMs.
+// Or (dense, the form short contexts take) the block's scores against every key, [B,n,H_I,T], the
+// selected columns gathered from them, and in the backward the columns' gradients scattered back
+// into such rows for two GEMMs.
 struct StudentKl : public torch::autograd::Function<StudentKl> {
   struct Block {
     at::Tensor sel, valid, flat, kig, s, I;  // the block's selection, keys, scores, student logits
@@ -151,7 +158,7 @@ struct StudentKl : public torch::autograd::Function<StudentKl> {
   };
   static bool dense_form(const at::Tensor& qi, int64_t K, DsaScoreForm form) {
     if (form != DsaScoreForm::Auto) return form == DsaScoreForm::DenseScores;
-    return qi.size(2) * qi.size(1) < K * qi.size(3);  // a row of scores below the gathered keys
+    return dsa_dense_student(qi.size(1), qi.size(2), qi.size(3), K);
   }
   static int64_t rows_per_block(const at::Tensor& qi, int64_t K, int64_t budget_bytes, bool dense) {
     const int64_t B = qi.size(0), T = qi.size(1), HI = qi.size(2), DI = qi.size(3);
@@ -167,7 +174,7 @@ struct StudentKl : public torch::autograd::Function<StudentKl> {
     b.valid = b.sel >= 0;
     if (dense) {
       b.cols = b.sel.clamp_min(0).unsqueeze(2).expand({B, n, HI, K});
-      b.s = at::matmul(qi.slice(1, q0, q1), ki.slice(1, 0, q1).transpose(-1, -2).unsqueeze(1)).gather(-1, b.cols);
+      b.s = at::matmul(qi.slice(1, q0, q1), ki.transpose(-1, -2).unsqueeze(1)).gather(-1, b.cols);  // every key
     } else {
       b.flat = selected_rows(b.sel, T);
       b.kig = ki.reshape({B * T, DI}).index_select(0, b.flat).view({B, n, K, DI});
@@ -218,11 +225,10 @@ struct StudentKl : public torch::autograd::Function<StudentKl> {
       const at::Tensor ds = (wb.unsqueeze(-1) * gI.unsqueeze(-2)).masked_fill_(b.s <= 0, 0.0);  // [B,n,HI,K]
       if (dense) {
         // the columns' gradients in the block's rows of scores (distinct keys per row; an empty slot's is 0)
-        const at::Tensor full = at::zeros({B, n, HI, q1}, ds.options()).scatter_add_(-1, b.cols, ds);
-        const at::Tensor kb = ki.slice(1, 0, q1);                                                  // [B,q1,DI]
-        dqi.slice(1, q0, q1).copy_(at::matmul(full, kb.unsqueeze(1)));                             // [B,n,HI,DI]
-        dki.view({B, T, DI}).slice(1, 0, q1).add_(
-            at::matmul(full.reshape({B, n * HI, q1}).transpose(1, 2), qb.reshape({B, n * HI, DI})));  // [B,q1,DI]
+        const at::Tensor full = at::zeros({B, n, HI, T}, ds.options()).scatter_add_(-1, b.cols, ds);
+        dqi.slice(1, q0, q1).copy_(at::matmul(full, ki.unsqueeze(1)));                             // [B,n,HI,DI]
+        dki.view({B, T, DI}).add_(
+            at::matmul(full.reshape({B, n * HI, T}).transpose(1, 2), qb.reshape({B, n * HI, DI})));  // [B,T,DI]
       } else {
         dqi.slice(1, q0, q1).copy_(at::matmul(ds, b.kig));                                         // [B,n,HI,DI]
         dki.index_add_(0, b.flat, at::matmul(ds.transpose(-1, -2), qb).reshape({-1, DI}));        // [B·n·K, DI]
@@ -337,8 +343,10 @@ double indexer_pairs(int64_t T) {
 //   matmul params N = attention's N_l + H_I·d_I·d + d_I·d + H_I·d
 //   fwd = 2N + 2·(H_I·d_I + H_I)·P      (indexer scores over the full history, head-weighted sum)
 //       + 4·H·dh·K                      (sparse attention, every slot computed)
-//       + 2·H·dh·K                      (teacher: main logits over the selected keys, recomputed)
-//       + 2·(H_I·d_I + H_I)·K           (student: indexer scores of the selected keys, with grad)
+//       + 2·H·dh·K_t                    (teacher: main logits over K_t keys, recomputed: the selected
+//                                        ones, or every key in the dense form, K_t = T)
+//       + 2·H_I·d_I·K_s + 2·H_I·K       (student: indexer scores over K_s keys (K, or T in the dense
+//                                        form), the head-weighted sum over the selected ones)
 //   nanochat training core = 12·H·dh·K + 2·(H_I·d_I + H_I)·T (indexer forward only, no causal
 //       halving) + 2·H·dh·K + 6·(H_I·d_I + H_I)·K (teacher forward; student forward and backward)
 //   decode at context c = 2N + 2·(H_I·d_I + H_I)·c + 4·H·dh·min(k, c)
@@ -364,15 +372,20 @@ LayerCost account(const Config& c, const LayerCtx& ctx, const CostQuery& q) {
   lc.params.matmul = N;
   lc.params.scalars = 2 * DI;
   const double hd = double(d.H * d.dh), ix = double(HI * DI + HI);
-  lc.fwd_flops = 2.0 * double(N) + 2.0 * ix * indexer_pairs(q.T) + 4.0 * hd * double(K) + 2.0 * hd * double(K) +
-                 2.0 * ix * double(K);
+  // the KL's two sides in the form the layer takes at this length (dsa_dense_target / _student:
+  // every key's score, then the selected columns, or the selected keys' alone)
+  const double teacher_keys = double(dsa_dense_target(q.T, d.H, d.Hkv, d.dh, K) ? q.T : K);
+  const double student_keys = double(dsa_dense_student(q.T, HI, DI, K) ? q.T : K);
+  lc.fwd_flops = 2.0 * double(N) + 2.0 * ix * indexer_pairs(q.T) + 4.0 * hd * double(K) + 2.0 * hd * teacher_keys +
+                 2.0 * double(HI * DI) * student_keys + 2.0 * double(HI) * double(K);
   lc.nanochat_core_flops = 12.0 * hd * double(K) + 2.0 * ix * double(q.T) + 2.0 * hd * double(K) + 6.0 * ix * double(K);
   lc.decode_flops = 2.0 * double(N) + 2.0 * ix * double(q.context) + 4.0 * hd * double(std::min(topk, q.context));
   lc.cache_bytes_per_token = double(2 * d.Hkv * d.dh + DI) * double(q.dtype_bytes);
   lc.act_bytes = double(q.dtype_bytes) * double(d.D + 2 * d.H * d.dh + 4 * d.Hkv * d.dh + d.H * d.dh + HI * DI + DI) +
                  4.0 * double(d.H);
-  lc.formula = fmt::format("DSA top-{} (H_I={}, d_I={}, rope {}): fwd 2N + 2·(H_I·d_I+H_I)·(P(T)+K) + 6·H·dh·K, K = min({},T)",
-                           topk, HI, DI, R, topk);
+  lc.formula = fmt::format("DSA top-{} (H_I={}, d_I={}, rope {}): fwd 2N + 2·(H_I·d_I+H_I)·P(T) + 4·H·dh·K + 2·H·dh·K_t + "
+                           "2·H_I·d_I·K_s + 2·H_I·K, K = min({},T), K_t = {}, K_s = {} (the KL's score forms)",
+                           topk, HI, DI, R, topk, teacher_keys, student_keys);
   return lc;
 }
 
@@ -449,11 +462,12 @@ at::Tensor dsa_selected_attention_mean(const at::Tensor& q, const at::Tensor& k,
   at::Tensor out = at::empty({B, T, K}, q.options().dtype(half ? at::kFloat : q.scalar_type()));
   const at::Tensor qd = q.detach();
   const int64_t esize = int64_t(k.element_size());
-  if (form == DsaScoreForm::Auto) form = T * H * 4 < K * Hkv * dh * esize ? DsaScoreForm::DenseScores : DsaScoreForm::Gathered;
+  if (form == DsaScoreForm::Auto) form = dsa_dense_target(T, H, Hkv, dh, K) ? DsaScoreForm::DenseScores : DsaScoreForm::Gathered;
   const double neg_inf = -std::numeric_limits<double>::infinity();
   if (form == DsaScoreForm::DenseScores) {
-    // per query: its row of scores against the keys up to the block's last (in the inputs' dtype and
-    // in fp32), the gathered selection and its softmax
+    // per query: its row of scores against every key (in the inputs' dtype and in fp32; every key,
+    // not only those up to the block's last, so that the work per token is H·dh·T whatever the
+    // blocks: what the accountant bills), the gathered selection and its softmax
     const int64_t per_row = std::max<int64_t>(1, B * H * (T * (esize + 4) + K * 12));
     const int64_t block = std::clamp<int64_t>(budget_bytes / per_row, 1, T);
     const at::Tensor kt = k.detach().permute({0, 2, 3, 1}).unsqueeze(2);  // [B,Hkv,1,dh,T]
@@ -461,7 +475,7 @@ at::Tensor dsa_selected_attention_mean(const at::Tensor& q, const at::Tensor& k,
       const int64_t q1 = std::min(T, q0 + block), n = q1 - q0;
       const at::Tensor sel = idx.slice(1, q0, q1);                                            // [B,n,K]
       const at::Tensor qb = qd.slice(1, q0, q1).reshape({B, n, Hkv, G, dh}).permute({0, 2, 3, 1, 4});  // [B,Hkv,G,n,dh]
-      const at::Tensor s = at::matmul(qb, kt.narrow(-1, 0, q1)) * scale;                     // [B,Hkv,G,n,q1]
+      const at::Tensor s = at::matmul(qb, kt) * scale;                                        // [B,Hkv,G,n,T]
       const at::Tensor cols = sel.clamp_min(0).view({B, 1, 1, n, K}).expand({B, Hkv, G, n, K});
       at::Tensor lg = s.gather(-1, cols).masked_fill((sel < 0).view({B, 1, 1, n, K}), neg_inf);  // [B,Hkv,G,n,K]
       out.slice(1, q0, q1).copy_(at::softmax(half ? lg.to(at::kFloat) : lg, -1).sum({1, 2}).div_(double(H)));
