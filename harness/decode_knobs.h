@@ -20,6 +20,13 @@ bool decode_pdl_enabled();
 // or 256. Fewer slots per split: more blocks in flight over a short cache, more partials to merge.
 int64_t decode_split_min_slots();
 
+// MIXBENCH_DECODE_SPLIT_BY: what the split-KV attention's split count fills the GPU with: "kv"
+// (unset: about eight blocks per multiprocessor over the B·Hkv rows of KV heads, each block taking
+// every query head of its group) or "query" (the same over the B·H query heads: fewer, longer
+// splits for grouped heads, fewer partials for the in-launch merge). Returns the heads to count:
+// false for kv, true for query.
+bool decode_split_by_query_heads();
+
 // MIXBENCH_DECODE_ARGMAX_KERNEL: whether a captured decode step's greedy token comes from the one-launch
 // kernel of greedy_tokens_into (harness/decode_ops.h): unset or 1 yes, 0 no (at::argmax and a copy).
 bool decode_argmax_kernel_enabled();

@@ -198,6 +198,13 @@ int64_t decode_split_min_slots() {
   throw InputError(fmt::format("MIXBENCH_DECODE_SPLIT_MIN must be 16, 32, 64, 128 or 256 cache slots, not '{}'", env));
 }
 
+bool decode_split_by_query_heads() {
+  const char* env = std::getenv("MIXBENCH_DECODE_SPLIT_BY");
+  if (!env || std::string(env) == "kv") return false;
+  if (std::string(env) == "query") return true;
+  throw InputError(fmt::format("MIXBENCH_DECODE_SPLIT_BY must be kv or query, not '{}'", env));
+}
+
 bool decode_argmax_kernel_enabled() {
   const char* env = std::getenv("MIXBENCH_DECODE_ARGMAX_KERNEL");
   if (!env || std::string(env) == "1") return true;

@@ -266,6 +266,8 @@ Unit decode_unit(const MethodSpec& method, const SweepOptions& opt) {
                   {"programmatic_launches", decode_pdl_enabled()},
                   // the split-KV attention's shortest split (MIXBENCH_DECODE_SPLIT_MIN)
                   {"split_min_slots", decode_split_min_slots()},
+                  // what the split count fills the GPU with (MIXBENCH_DECODE_SPLIT_BY)
+                  {"split_by", decode_split_by_query_heads() ? "query" : "kv"},
                   // the greedy token from the one-launch kernel (MIXBENCH_DECODE_ARGMAX_KERNEL) or at::argmax
                   {"argmax_kernel", decode_argmax_kernel_enabled()}};
         };

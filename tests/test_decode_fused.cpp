@@ -114,6 +114,7 @@ TEST(DecodeFused, CpuStandInsAreTheUnfusedOpsBitForBit) {
 
 // MIXBENCH_DECODE_GEMV_ROWS: the most rows the GEMV kernels take (0 when unset); anything but a whole
 // number 0..8 is refused with its value named. MIXBENCH_DECODE_PDL: 1 or unset on, 0 off, else refused.
+// MIXBENCH_DECODE_SPLIT_BY: kv (unset) or query, else refused.
 TEST(DecodeFused, KnobsFromTheEnvironment) {
   {
     mixbench_test::EnvGuard env("MIXBENCH_DECODE_PDL", "0");
@@ -157,6 +158,26 @@ TEST(DecodeFused, KnobsFromTheEnvironment) {
       ADD_FAILURE() << "accepted '" << bad << "'";
     } catch (const InputError& e) {
       EXPECT_NE(std::string(e.what()).find(fmt::format("MIXBENCH_DECODE_SPLIT_MIN must be 16, 32, 64, 128 or 256 cache slots, not '{}'", bad)),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  if (!std::getenv("MIXBENCH_DECODE_SPLIT_BY")) EXPECT_FALSE(decode_split_by_query_heads());
+  {
+    mixbench_test::EnvGuard env("MIXBENCH_DECODE_SPLIT_BY", "query");
+    EXPECT_TRUE(decode_split_by_query_heads());
+  }
+  {
+    mixbench_test::EnvGuard env("MIXBENCH_DECODE_SPLIT_BY", "kv");
+    EXPECT_FALSE(decode_split_by_query_heads());
+  }
+  for (const char* bad : {"", "q", "heads"}) {
+    mixbench_test::EnvGuard env("MIXBENCH_DECODE_SPLIT_BY", bad);
+    try {
+      decode_split_by_query_heads();
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(fmt::format("MIXBENCH_DECODE_SPLIT_BY must be kv or query, not '{}'", bad)),
                 std::string::npos)
           << e.what();
     }

@@ -66,7 +66,7 @@ at::Tensor attention_decode_static(const at::Tensor& q, const at::Tensor& K, con
     at::Tensor o = at::empty_like(qc);
     const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
     const int min_slots = int(decode_split_min_slots());
-    const int splits = attn_decode_cuda::choose_splits(B, Hkv, cap, sms, min_slots);
+    const int splits = attn_decode_cuda::choose_splits(B, decode_split_by_query_heads() ? H : Hkv, cap, sms, min_slots);
     at::Tensor ws = at::empty({attn_decode_cuda::workspace_floats(B, H, D, splits)}, q.options().dtype(at::kFloat));
     const auto dt = q.scalar_type() == at::kFloat      ? attn_decode_cuda::Dtype::F32
                     : q.scalar_type() == at::kBFloat16 ? attn_decode_cuda::Dtype::BF16
@@ -106,7 +106,7 @@ at::Tensor attention_decode_listed(const at::Tensor& q, const at::Tensor& K, con
   at::Tensor o = at::empty_like(qc);
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const int min_slots = int(decode_split_min_slots());
-  const int splits = attn_decode_cuda::choose_splits(B, Hkv, n, sms, min_slots);
+  const int splits = attn_decode_cuda::choose_splits(B, decode_split_by_query_heads() ? H : Hkv, n, sms, min_slots);
   at::Tensor ws = at::empty({attn_decode_cuda::workspace_floats(B, H, D, splits)}, q.options().dtype(at::kFloat));
   const auto dt = st == at::kFloat ? attn_decode_cuda::Dtype::F32 : st == at::kBFloat16 ? attn_decode_cuda::Dtype::BF16
                                                                                       : attn_decode_cuda::Dtype::F16;
