@@ -183,12 +183,16 @@ int64_t decode_gemv_max_rows() {
   return v[0] - '0';
 }
 
-bool decode_pdl_enabled() {
-  const char* env = std::getenv("MIXBENCH_DECODE_PDL");
-  if (!env || std::string(env) == "1") return true;
-  if (std::string(env) == "0") return false;
-  throw InputError(fmt::format("MIXBENCH_DECODE_PDL must be 0 or 1, not '{}'", env));
+// An environment switch spelt `off` or `on` (unset: dflt); anything else is an InputError naming it.
+static bool env_switch(const char* name, const char* off, const char* on, bool dflt) {
+  const char* env = std::getenv(name);
+  if (!env) return dflt;
+  if (std::string(env) == on) return true;
+  if (std::string(env) == off) return false;
+  throw InputError(fmt::format("{} must be {} or {}, not '{}'", name, off, on, env));
 }
+
+bool decode_pdl_enabled() { return env_switch("MIXBENCH_DECODE_PDL", "0", "1", true); }
 
 int64_t decode_split_min_slots() {
   const char* env = std::getenv("MIXBENCH_DECODE_SPLIT_MIN");
@@ -198,19 +202,9 @@ int64_t decode_split_min_slots() {
   throw InputError(fmt::format("MIXBENCH_DECODE_SPLIT_MIN must be 16, 32, 64, 128 or 256 cache slots, not '{}'", env));
 }
 
-bool decode_split_by_query_heads() {
-  const char* env = std::getenv("MIXBENCH_DECODE_SPLIT_BY");
-  if (!env || std::string(env) == "kv") return false;
-  if (std::string(env) == "query") return true;
-  throw InputError(fmt::format("MIXBENCH_DECODE_SPLIT_BY must be kv or query, not '{}'", env));
-}
+bool decode_split_by_query_heads() { return env_switch("MIXBENCH_DECODE_SPLIT_BY", "kv", "query", false); }
 
-bool decode_argmax_kernel_enabled() {
-  const char* env = std::getenv("MIXBENCH_DECODE_ARGMAX_KERNEL");
-  if (!env || std::string(env) == "1") return true;
-  if (std::string(env) == "0") return false;
-  throw InputError(fmt::format("MIXBENCH_DECODE_ARGMAX_KERNEL must be 0 or 1, not '{}'", env));
-}
+bool decode_argmax_kernel_enabled() { return env_switch("MIXBENCH_DECODE_ARGMAX_KERNEL", "0", "1", true); }
 
 static void check_linear_inputs(const char* op, const at::Tensor& x, const at::Tensor& W) {
   if (W.dim() != 2 || x.dim() < 1 || x.size(-1) != W.size(1))

@@ -112,6 +112,21 @@ TEST(DecodeFused, CpuStandInsAreTheUnfusedOpsBitForBit) {
   EXPECT_EQ(pos.item<int64_t>(), 8);
 }
 
+// Every value in `bad` of the environment variable `name` makes `read` throw an InputError whose
+// message holds `message` with the value in place of {}.
+template <class F>
+void expect_refused(const char* name, std::initializer_list<const char*> bad, F read, const std::string& message) {
+  for (const char* v : bad) {
+    mixbench_test::EnvGuard env(name, v);
+    try {
+      read();
+      ADD_FAILURE() << name << " accepted '" << v << "'";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(fmt::format(fmt::runtime(message), v)), std::string::npos) << e.what();
+    }
+  }
+}
+
 // MIXBENCH_DECODE_GEMV_ROWS: the most rows the GEMV kernels take (0 when unset); anything but a whole
 // number 0..8 is refused with its value named. MIXBENCH_DECODE_PDL: 1 or unset on, 0 off, else refused.
 // MIXBENCH_DECODE_SPLIT_BY: kv (unset) or query, else refused.
@@ -124,16 +139,7 @@ TEST(DecodeFused, KnobsFromTheEnvironment) {
     mixbench_test::EnvGuard env("MIXBENCH_DECODE_PDL", "1");
     EXPECT_TRUE(decode_pdl_enabled());
   }
-  for (const char* bad : {"yes", "", "2"}) {
-    mixbench_test::EnvGuard env("MIXBENCH_DECODE_PDL", bad);
-    try {
-      decode_pdl_enabled();
-      ADD_FAILURE() << "accepted '" << bad << "'";
-    } catch (const InputError& e) {
-      EXPECT_NE(std::string(e.what()).find(fmt::format("MIXBENCH_DECODE_PDL must be 0 or 1, not '{}'", bad)), std::string::npos)
-          << e.what();
-    }
-  }
+  expect_refused("MIXBENCH_DECODE_PDL", {"yes", "", "2"}, decode_pdl_enabled, "MIXBENCH_DECODE_PDL must be 0 or 1, not '{}'");
   {
     mixbench_test::EnvGuard env("MIXBENCH_DECODE_GEMV_ROWS", "0");
     EXPECT_EQ(decode_gemv_max_rows(), 0);
@@ -151,17 +157,8 @@ TEST(DecodeFused, KnobsFromTheEnvironment) {
     mixbench_test::EnvGuard env("MIXBENCH_DECODE_SPLIT_MIN", "64");
     EXPECT_EQ(decode_split_min_slots(), 64);
   }
-  for (const char* bad : {"0", "8", "48", "512", "", "sixteen"}) {
-    mixbench_test::EnvGuard env("MIXBENCH_DECODE_SPLIT_MIN", bad);
-    try {
-      decode_split_min_slots();
-      ADD_FAILURE() << "accepted '" << bad << "'";
-    } catch (const InputError& e) {
-      EXPECT_NE(std::string(e.what()).find(fmt::format("MIXBENCH_DECODE_SPLIT_MIN must be 16, 32, 64, 128 or 256 cache slots, not '{}'", bad)),
-                std::string::npos)
-          << e.what();
-    }
-  }
+  expect_refused("MIXBENCH_DECODE_SPLIT_MIN", {"0", "8", "48", "512", "", "sixteen"}, decode_split_min_slots,
+                 "MIXBENCH_DECODE_SPLIT_MIN must be 16, 32, 64, 128 or 256 cache slots, not '{}'");
   if (!std::getenv("MIXBENCH_DECODE_SPLIT_BY")) EXPECT_FALSE(decode_split_by_query_heads());
   {
     mixbench_test::EnvGuard env("MIXBENCH_DECODE_SPLIT_BY", "query");
@@ -171,28 +168,12 @@ TEST(DecodeFused, KnobsFromTheEnvironment) {
     mixbench_test::EnvGuard env("MIXBENCH_DECODE_SPLIT_BY", "kv");
     EXPECT_FALSE(decode_split_by_query_heads());
   }
-  for (const char* bad : {"", "q", "heads"}) {
-    mixbench_test::EnvGuard env("MIXBENCH_DECODE_SPLIT_BY", bad);
-    try {
-      decode_split_by_query_heads();
-      ADD_FAILURE() << "accepted '" << bad << "'";
-    } catch (const InputError& e) {
-      EXPECT_NE(std::string(e.what()).find(fmt::format("MIXBENCH_DECODE_SPLIT_BY must be kv or query, not '{}'", bad)),
-                std::string::npos)
-          << e.what();
-    }
-  }
-  for (const char* bad : {"9", "-1", "2.5", "", "eight", "08"}) {
-    mixbench_test::EnvGuard env("MIXBENCH_DECODE_GEMV_ROWS", bad);
-    try {
-      decode_gemv_max_rows();
-      ADD_FAILURE() << "accepted '" << bad << "'";
-    } catch (const InputError& e) {
-      EXPECT_NE(std::string(e.what()).find(fmt::format("MIXBENCH_DECODE_GEMV_ROWS must be a whole number of rows in 0..8, not '{}'", bad)),
-                std::string::npos)
-          << e.what();
-    }
-  }
+  expect_refused("MIXBENCH_DECODE_SPLIT_BY", {"", "q", "heads"}, decode_split_by_query_heads,
+                 "MIXBENCH_DECODE_SPLIT_BY must be kv or query, not '{}'");
+  expect_refused("MIXBENCH_DECODE_ARGMAX_KERNEL", {"on", "", "2"}, decode_argmax_kernel_enabled,
+                 "MIXBENCH_DECODE_ARGMAX_KERNEL must be 0 or 1, not '{}'");
+  expect_refused("MIXBENCH_DECODE_GEMV_ROWS", {"9", "-1", "2.5", "", "eight", "08"}, decode_gemv_max_rows,
+                 "MIXBENCH_DECODE_GEMV_ROWS must be a whole number of rows in 0..8, not '{}'");
 }
 
 #if defined(MIXBENCH_WITH_CUDA)

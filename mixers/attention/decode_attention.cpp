@@ -52,6 +52,37 @@ at::Tensor attention_decode_static_reference(const at::Tensor& q, const at::Tens
   return o.reshape({B, H, D}).to(q.scalar_type());
 }
 
+#if defined(MIXBENCH_WITH_CUDA)
+namespace {
+// What a split-KV launch over `slots` slots (the cache's capacity, or a key list's length) needs
+// beside its inputs: the split count, its fp32 workspace, the arrival counters of its in-launch merge
+// (one zeroed buffer per device and size, kept: each launch leaves it zero; made at the first, eager,
+// step, before any capture), the kernel's dtype and the stream.
+struct SplitKvLaunch {
+  int splits = 1, min_slots = 16;
+  at::Tensor ws, counters;
+  attn_decode_cuda::Dtype dt = attn_decode_cuda::Dtype::F32;
+  cudaStream_t stream = nullptr;
+  unsigned* counter_ptr() const { return reinterpret_cast<unsigned*>(counters.data_ptr<int32_t>()); }
+};
+SplitKvLaunch split_kv_launch(const at::Tensor& q, int B, int H, int Hkv, int D, int slots) {
+  SplitKvLaunch l;
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  l.min_slots = int(decode_split_min_slots());
+  l.splits = attn_decode_cuda::choose_splits(B, decode_split_by_query_heads() ? H : Hkv, slots, sms, l.min_slots);
+  l.ws = at::empty({attn_decode_cuda::workspace_floats(B, H, D, l.splits)}, q.options().dtype(at::kFloat));
+  l.dt = q.scalar_type() == at::kFloat      ? attn_decode_cuda::Dtype::F32
+         : q.scalar_type() == at::kBFloat16 ? attn_decode_cuda::Dtype::BF16
+                                            : attn_decode_cuda::Dtype::F16;
+  const int64_t n = attn_decode_cuda::counter_slots(B, H);
+  l.counters = layers::device_constant(fmt::format("attn_decode_counters/{}", n), q.options().dtype(at::kInt),
+                                       [&] { return at::zeros({n}, at::kInt); });
+  l.stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+  return l;
+}
+}  // namespace
+#endif
+
 at::Tensor attention_decode_static(const at::Tensor& q, const at::Tensor& K, const at::Tensor& V, const at::Tensor& pos_dev,
                                    double scale, double logit_scale_a) {
   OpScope scope("mixbench::attention_decode_static");  // split-KV: one launch on a GPU (the splits merge in it)
@@ -64,22 +95,10 @@ at::Tensor attention_decode_static(const at::Tensor& q, const at::Tensor& K, con
     const int B = int(q.size(0)), H = int(q.size(1)), D = int(q.size(2)), cap = int(K.size(1)), Hkv = int(K.size(2));
     const at::Tensor qc = q.contiguous();
     at::Tensor o = at::empty_like(qc);
-    const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-    const int min_slots = int(decode_split_min_slots());
-    const int splits = attn_decode_cuda::choose_splits(B, decode_split_by_query_heads() ? H : Hkv, cap, sms, min_slots);
-    at::Tensor ws = at::empty({attn_decode_cuda::workspace_floats(B, H, D, splits)}, q.options().dtype(at::kFloat));
-    const auto dt = q.scalar_type() == at::kFloat      ? attn_decode_cuda::Dtype::F32
-                    : q.scalar_type() == at::kBFloat16 ? attn_decode_cuda::Dtype::BF16
-                                                       : attn_decode_cuda::Dtype::F16;
-    // the arrival counters of the kernel's merge: one zeroed buffer per device and size, kept (each
-    // launch leaves it zero; made at the first, eager, step, before any capture)
-    const int64_t slots = attn_decode_cuda::counter_slots(B, H);
-    const at::Tensor counters = layers::device_constant(fmt::format("attn_decode_counters/{}", slots),
-                                                        q.options().dtype(at::kInt), [&] { return at::zeros({slots}, at::kInt); });
-    attn_decode_cuda::decode(dt, qc.data_ptr(), K.data_ptr(), V.data_ptr(), o.data_ptr(), pos_dev.data_ptr<int64_t>(), B, H,
-                             Hkv, D, cap, float(scale), logit_scale_a, ws.data_ptr<float>(), splits, min_slots,
-                             reinterpret_cast<unsigned*>(counters.data_ptr<int32_t>()),
-                             c10::cuda::getCurrentCUDAStream(q.device().index()).stream());
+    const SplitKvLaunch l = split_kv_launch(q, B, H, Hkv, D, cap);
+    attn_decode_cuda::decode(l.dt, qc.data_ptr(), K.data_ptr(), V.data_ptr(), o.data_ptr(), pos_dev.data_ptr<int64_t>(), B, H,
+                             Hkv, D, cap, float(scale), logit_scale_a, l.ws.data_ptr<float>(), l.splits, l.min_slots,
+                             l.counter_ptr(), l.stream);
     return o;
   }
 #endif
@@ -104,20 +123,10 @@ at::Tensor attention_decode_listed(const at::Tensor& q, const at::Tensor& K, con
   const at::Tensor listed = keys.masked_fill(valid.logical_not(), -1).contiguous();
   const at::Tensor qc = q.contiguous();
   at::Tensor o = at::empty_like(qc);
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const int min_slots = int(decode_split_min_slots());
-  const int splits = attn_decode_cuda::choose_splits(B, decode_split_by_query_heads() ? H : Hkv, n, sms, min_slots);
-  at::Tensor ws = at::empty({attn_decode_cuda::workspace_floats(B, H, D, splits)}, q.options().dtype(at::kFloat));
-  const auto dt = st == at::kFloat ? attn_decode_cuda::Dtype::F32 : st == at::kBFloat16 ? attn_decode_cuda::Dtype::BF16
-                                                                                      : attn_decode_cuda::Dtype::F16;
-  const int64_t slots = attn_decode_cuda::counter_slots(B, H);
-  const at::Tensor counters = layers::device_constant(fmt::format("attn_decode_counters/{}", slots),
-                                                      q.options().dtype(at::kInt), [&] { return at::zeros({slots}, at::kInt); });
-  attn_decode_cuda::decode_listed(dt, qc.data_ptr(), K.data_ptr(), V.data_ptr(), o.data_ptr(), nullptr,
+  const SplitKvLaunch l = split_kv_launch(q, B, H, Hkv, D, n);
+  attn_decode_cuda::decode_listed(l.dt, qc.data_ptr(), K.data_ptr(), V.data_ptr(), o.data_ptr(), nullptr,
                                   listed.data_ptr<int64_t>(), n, rows, B, H, Hkv, D, cap, float(scale), 0.0,
-                                  ws.data_ptr<float>(), splits, min_slots,
-                                  reinterpret_cast<unsigned*>(counters.data_ptr<int32_t>()),
-                                  c10::cuda::getCurrentCUDAStream(q.device().index()).stream());
+                                  l.ws.data_ptr<float>(), l.splits, l.min_slots, l.counter_ptr(), l.stream);
   return o;
 #else
   (void)q, (void)K, (void)V, (void)keys, (void)valid, (void)scale;
