@@ -18,6 +18,7 @@
 #include "reports/leaderboard.h"
 #include "reports/plot.h"
 #include "suites/leaderboard.h"
+#include "tests/leaderboard_rows.h"
 #include "tests/test_util.h"
 
 using namespace mixbench;
@@ -25,19 +26,9 @@ using Json = nlohmann::json;
 using mixbench_test::count_of;
 
 namespace {
-// A per-seed train result as run_leaderboard collects it.
+// A per-seed train result as run_leaderboard collects it (4 steps).
 Json run_row(const std::string& method, uint64_t seed, double bpb, double tps, double flops_per_token) {
-  return {{"status", "ok"},
-          {"method", method},
-          {"seed", seed},
-          {"val_bpb", bpb},
-          {"tokens_per_s", tps},
-          {"seconds", 2.0},
-          {"steps", 4},
-          {"tokens", 256},
-          {"loss_curve", {5.0, 4.0, 3.5, 3.25}},
-          {"train_flops_per_token_nanochat", flops_per_token},
-          {"params", {{"total", 1000}, {"matmul", 800}}}};
+  return mixbench_test::leaderboard_run_row(method, seed, bpb, tps, flops_per_token, 4);
 }
 
 // The part of `page` from the <svg> of class `cls` to its </svg>.

@@ -24,6 +24,7 @@
 #include "suites/leaderboard.h"
 #include "suites/train.h"
 #include "suites/train_data.h"
+#include "tests/leaderboard_rows.h"
 #include "tests/test_util.h"
 
 namespace fs = std::filesystem;
@@ -39,22 +40,12 @@ const fs::path& lb_tmp() {
 
 using mixbench_test::count_of;
 
-// A per-seed train result as run_leaderboard collects it.
+// A per-seed train result as run_leaderboard collects it (2 steps), with its probes and calibration.
 Json run_row(const std::string& method, uint64_t seed, double bpb, double tps) {
-  return {{"status", "ok"},
-          {"method", method},
-          {"seed", seed},
-          {"val_bpb", bpb},
-          {"tokens_per_s", tps},
-          {"seconds", 2.0},
-          {"steps", 2},
-          {"tokens", 128},
-          {"loss_curve", {5.0, 4.0}},
-          {"train_flops_per_token_nanochat", 1.5e6},
-          {"params", {{"total", 1000}, {"matmul", 800}}},
-          {"probes", {{"mqar", {{"accuracy", bpb / 10}, {"exact", 0.0}, {"chance", 0.1}}}}},
-          {"calibration",
-           {{"n_layer", 2}, {"d_model", 64}, {"mlp_hidden", 256}, {"residual", 0.0}, {"within_2pct", true}}}};
+  Json r = mixbench_test::leaderboard_run_row(method, seed, bpb, tps, 1.5e6, 2);
+  r["probes"] = {{"mqar", {{"accuracy", bpb / 10}, {"exact", 0.0}, {"chance", 0.1}}}};
+  r["calibration"] = {{"n_layer", 2}, {"d_model", 64}, {"mlp_hidden", 256}, {"residual", 0.0}, {"within_2pct", true}};
+  return r;
 }
 }  // namespace
 
