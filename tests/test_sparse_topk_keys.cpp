@@ -67,12 +67,15 @@ TEST(SparseTopkKeys, IndexerBlockStaysWithinItsBudget) {
   // B·n·T·(4·H_I + 40) bytes per block
   EXPECT_EQ(dsa_indexer_block(1, 32768, 64, int64_t(256) << 20), (int64_t(256) << 20) / (32768LL * 296));
   EXPECT_EQ(dsa_indexer_block(1, 32768, 64, int64_t(256) << 20), 27);
-  EXPECT_EQ(dsa_indexer_block(1, 2048, 3, int64_t(256) << 20), 2048);       // the whole sequence in one block
+  EXPECT_EQ(dsa_indexer_block(1, 2048, 3, int64_t(256) << 20), kDsaIndexerQueryBlock);  // capped: the causal waste
+  EXPECT_EQ(dsa_indexer_block(2, 100, 3, int64_t(256) << 20), 100);          // the whole sequence in one block
   EXPECT_EQ(dsa_indexer_block(8, 1 << 20, 64, int64_t(256) << 20), 1);      // never below one query
   for (auto [B, T, HI] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 65536, 3}, {4, 8192, 8}, {2, 300, 1}}) {
     const int64_t n = dsa_indexer_block(B, T, HI, int64_t(256) << 20);
     EXPECT_LE(B * n * T * (4 * HI + 40), int64_t(256) << 20);
-    EXPECT_TRUE(n == T || B * (n + 1) * T * (4 * HI + 40) > (int64_t(256) << 20)) << "not the largest block";
+    EXPECT_LE(n, kDsaIndexerQueryBlock);
+    EXPECT_TRUE(n == std::min(T, kDsaIndexerQueryBlock) || B * (n + 1) * T * (4 * HI + 40) > (int64_t(256) << 20))
+        << "not the largest block";
   }
 }
 

@@ -49,7 +49,6 @@ namespace {
 using namespace sparse_layer;
 
 constexpr double kIndexerLnEps = 1e-6;
-constexpr int64_t kIndexerQueryBlock = 256;  // dsa_indexer's CPU path scores 256-query blocks
 
 // The indexer's heads, head dim and rotary dims: the config's, or the size rule (header) for 0 / -1.
 struct IndexerDims {
@@ -328,12 +327,12 @@ TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const L
   return {{"y", at::linear(o.view({B, 1, d.H * d.dh}), in.at("c_proj"))}};
 }
 
-// Indexer (query, key) pairs per token the dsa_indexer CPU path scores: each block of 256
+// Indexer (query, key) pairs per token dsa_indexer scores: each block of kDsaIndexerQueryBlock
 // queries against every key up to the block's end.
 double indexer_pairs(int64_t T) {
   double pairs = 0;
-  for (int64_t q0 = 0; q0 < T; q0 += kIndexerQueryBlock) {
-    const int64_t q1 = std::min(T, q0 + kIndexerQueryBlock);
+  for (int64_t q0 = 0; q0 < T; q0 += kDsaIndexerQueryBlock) {
+    const int64_t q1 = std::min(T, q0 + kDsaIndexerQueryBlock);
     pairs += double(q1 - q0) * double(q1);
   }
   return pairs / double(T);

@@ -199,7 +199,7 @@ at::Tensor dsa_indexer_cpu(const at::Tensor& q_idx, const at::Tensor& k_idx, con
 
 int64_t dsa_indexer_block(int64_t B, int64_t T, int64_t HI, int64_t budget_bytes) {
   const int64_t per_query = std::max<int64_t>(1, B * T * (4 * HI + 40));
-  return std::clamp<int64_t>(budget_bytes / per_query, 1, std::max<int64_t>(1, T));
+  return std::clamp<int64_t>(budget_bytes / per_query, 1, std::clamp<int64_t>(T, 1, kDsaIndexerQueryBlock));
 }
 
 at::Tensor dsa_indexer_topk(const at::Tensor& q_idx, const at::Tensor& k_idx, const at::Tensor& w_idx, int64_t topk,

@@ -81,9 +81,11 @@ at::Tensor block_topk_own(const at::Tensor& scores, const at::Tensor& own, int64
 // every input that is not fp64, on any device. The same contract as dsa_indexer_cpu.
 at::Tensor dsa_indexer_topk(const at::Tensor& q_idx, const at::Tensor& k_idx, const at::Tensor& w_idx, int64_t topk,
                             double scale, bool relu, int64_t budget_bytes = int64_t(256) << 20);
-// Queries per block of dsa_indexer_topk: the most (1 … T) whose per-block tensors — similarities
-// [B,n,H_I,T] fp32, scores, int64 keys and the top-k's work space, about B·n·T·(4·H_I + 40) bytes —
-// fit in budget_bytes.
+// Queries per block of dsa_indexer_topk: the most (1 … min(T, kDsaIndexerQueryBlock)) whose per-block
+// tensors — similarities [B,n,H_I,T] fp32, scores, int64 keys and the top-k's work space, about
+// B·n·T·(4·H_I + 40) bytes — fit in budget_bytes. The cap keeps the causal waste small (each block
+// scores every key up to its last query): the accountant bills blocks of kDsaIndexerQueryBlock.
+inline constexpr int64_t kDsaIndexerQueryBlock = 256;
 int64_t dsa_indexer_block(int64_t B, int64_t T, int64_t HI, int64_t budget_bytes);
 // DSA's KL target: per query, the attention's probabilities over its selected keys averaged over the
 // heads. q [B,T,H,dh], k [B,T,Hkv,dh] (H a multiple of Hkv), idx [B,T,K] (−1: an empty slot; keys ≤
