@@ -3,6 +3,8 @@
 #pragma once
 #include <cstdint>
 
+#include <nlohmann/json.hpp>
+
 namespace mixbench {
 
 // MIXBENCH_DECODE_GEMV_ROWS: the most rows the GEMV kernels (linear_relu_square,
@@ -30,5 +32,10 @@ bool decode_split_by_query_heads();
 // MIXBENCH_DECODE_ARGMAX_KERNEL: whether a captured decode step's greedy token comes from the one-launch
 // kernel of greedy_tokens_into (harness/decode_ops.h): unset or 1 yes, 0 no (at::argmax and a copy).
 bool decode_argmax_kernel_enabled();
+
+// The settings above as a captured decode point's report fields (the sweep's cache object, see
+// reports/report.schema.json): gemv_max_rows, programmatic_launches, split_min_slots, split_by,
+// argmax_kernel.
+nlohmann::json decode_knobs_json();
 
 }  // namespace mixbench

@@ -206,6 +206,14 @@ bool decode_split_by_query_heads() { return env_switch("MIXBENCH_DECODE_SPLIT_BY
 
 bool decode_argmax_kernel_enabled() { return env_switch("MIXBENCH_DECODE_ARGMAX_KERNEL", "0", "1", true); }
 
+nlohmann::json decode_knobs_json() {
+  return {{"gemv_max_rows", decode_gemv_max_rows()},
+          {"programmatic_launches", decode_pdl_enabled()},
+          {"split_min_slots", decode_split_min_slots()},
+          {"split_by", decode_split_by_query_heads() ? "query" : "kv"},
+          {"argmax_kernel", decode_argmax_kernel_enabled()}};
+}
+
 static void check_linear_inputs(const char* op, const at::Tensor& x, const at::Tensor& W) {
   if (W.dim() != 2 || x.dim() < 1 || x.size(-1) != W.size(1))
     throw InputError(fmt::format("{} takes x [..., K] and W [N, K] (got x {}, W {})", op, c10::str(x.sizes()),

@@ -254,22 +254,14 @@ Unit decode_unit(const MethodSpec& method, const SweepOptions& opt) {
           cs->graph->step();
         };
         pt.measured = [cs, after_prefill, c, capacity]() -> Json {
-          return {{"bytes_after_prefill", after_prefill}, {"context_after_prefill", c},
-                  {"bytes_at_end", cs->cache->bytes()}, {"context_at_end", cs->cache->pos},
-                  {"static_capacity", capacity}, {"cuda_graph", true},
-                  // what one step launches: the captured graph's kernel nodes (and all its nodes)
-                  {"graph_kernels_per_step", cs->graph->nodes().kernels},
-                  {"graph_nodes_per_step", cs->graph->nodes().launches() + cs->graph->nodes().other},
-                  // the most rows the decode GEMV kernels took (MIXBENCH_DECODE_GEMV_ROWS)
-                  {"gemv_max_rows", decode_gemv_max_rows()},
-                  // the step's own kernels as programmatic dependent launches (MIXBENCH_DECODE_PDL)
-                  {"programmatic_launches", decode_pdl_enabled()},
-                  // the split-KV attention's shortest split (MIXBENCH_DECODE_SPLIT_MIN)
-                  {"split_min_slots", decode_split_min_slots()},
-                  // what the split count fills the GPU with (MIXBENCH_DECODE_SPLIT_BY)
-                  {"split_by", decode_split_by_query_heads() ? "query" : "kv"},
-                  // the greedy token from the one-launch kernel (MIXBENCH_DECODE_ARGMAX_KERNEL) or at::argmax
-                  {"argmax_kernel", decode_argmax_kernel_enabled()}};
+          Json m = {{"bytes_after_prefill", after_prefill}, {"context_after_prefill", c},
+                    {"bytes_at_end", cs->cache->bytes()}, {"context_at_end", cs->cache->pos},
+                    {"static_capacity", capacity}, {"cuda_graph", true},
+                    // what one step launches: the captured graph's kernel nodes (and all its nodes)
+                    {"graph_kernels_per_step", cs->graph->nodes().kernels},
+                    {"graph_nodes_per_step", cs->graph->nodes().launches() + cs->graph->nodes().other}};
+          m.update(decode_knobs_json());  // the decode kernels' settings the step was captured with
+          return m;
         };
         return pt;
       }

@@ -20,6 +20,7 @@
 #include "harness/args.h"
 #include "harness/cli/cli.h"
 #include "harness/cli/sweep_args.h"
+#include "harness/decode_knobs.h"
 #include "harness/errors.h"
 #include "harness/io.h"
 #include "harness/nvtx.h"
@@ -436,6 +437,17 @@ TEST(Sweep, DecodeReportsCacheGrowthFromTheAccountant) {
   EXPECT_FALSE(validate_json(bad, report_schema()).empty());
   bad = r;
   bad["copy_bandwidth"]["bytes_per_s"] = -1.0;
+  EXPECT_FALSE(validate_json(bad, report_schema()).empty());
+  // a captured point (CUDA) records the decode kernels' settings beside its cache: the schema takes
+  // every field decode_knobs_json writes and refuses values outside them
+  Json captured = r;
+  captured["results"][0]["cache"].update(decode_knobs_json());
+  captured["results"][0]["cache"]["cuda_graph"] = true;
+  captured["results"][0]["cache"].erase("cuda_graph_note");
+  EXPECT_EQ(validate_json(captured, report_schema()), std::vector<std::string>{});
+  EXPECT_EQ(captured["results"][0]["cache"].size(), r["results"][0]["cache"].size() - 1 + 5);
+  bad = captured;
+  bad["results"][0]["cache"]["split_by"] = "heads";
   EXPECT_FALSE(validate_json(bad, report_schema()).empty());
   EXPECT_EQ(cli({"sweep", "--mode", "decode", "--methods", "gqa", "--level", "layer", "--quiet"}), 2);
 }
