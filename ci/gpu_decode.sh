@@ -51,7 +51,8 @@ sw eager_targets --methods dense_full,gdn --batch 1,8 --lengths 1k,8k --graph of
 # the same points with the defaults and with the decode knobs changed (harness/decode_knobs.h):
 # ordinary launches instead of programmatic ones, ATen's argmax and a copy instead of the greedy
 # kernel, the GEMV kernels instead of cuBLAS (with and without programmatic launches), shorter
-# attention splits, splits counted over the query heads (grouped-query attention)
+# attention splits, splits counted over the query heads or over the KV heads alone (grouped-query
+# attention; the default takes the larger of the KV rows and one batch's query heads)
 sw knob_default --methods dense_full,gdn,mla --batch 1,8 --lengths 1k,32k
 MIXBENCH_DECODE_PDL=0 sw knob_pdl_off --methods dense_full,gdn,mla --batch 1,8 --lengths 1k,32k
 MIXBENCH_DECODE_ARGMAX_KERNEL=0 sw knob_argmax_aten --methods dense_full,gdn --batch 1,8 --lengths 1k
@@ -59,6 +60,8 @@ MIXBENCH_DECODE_GEMV_ROWS=8 sw knob_gemv_on --methods dense_full,gdn,mla --batch
 MIXBENCH_DECODE_GEMV_ROWS=8 MIXBENCH_DECODE_PDL=0 sw knob_gemv_on_pdl_off --methods dense_full,gdn --batch 1,8 --lengths 1k
 MIXBENCH_DECODE_SPLIT_MIN=64 sw knob_split64 --methods dense_full --batch 1,8 --lengths 1k,32k
 MIXBENCH_DECODE_SPLIT_BY=query sw knob_split_by_query --methods gqa,mqa,dense_full --batch 1,8 --lengths 8k,32k
+MIXBENCH_DECODE_SPLIT_BY=kv sw knob_split_by_kv --methods gqa,mqa --batch 1,2,4,8 --lengths 8k,32k
+sw knob_split_auto --methods gqa,mqa --batch 1,2,4,8 --lengths 8k,32k
 sw decode_attention --methods dense_full,gdn,gdn_hybrid,dense,gqa,mqa --batch 1,2,4,8 --lengths 1k,4k,16k,64k,128k
 sw decode_linear --methods lightning,retnet,deltanet,kda,gla,elu_norm --batch 1,8 --lengths 1k,16k,128k
 sw decode_hybrids --methods gdn_hybrid_swa,hypenet,deltanet_hybrid,mla,kda_hybrid --batch 1,8 --lengths 1k,16k,128k

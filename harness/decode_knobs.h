@@ -2,6 +2,7 @@
 // what it was captured with). A value outside the accepted ones throws InputError naming it.
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -22,12 +23,16 @@ bool decode_pdl_enabled();
 // or 256. Fewer slots per split: more blocks in flight over a short cache, more partials to merge.
 int64_t decode_split_min_slots();
 
-// MIXBENCH_DECODE_SPLIT_BY: what the split-KV attention's split count fills the GPU with: "kv"
-// (unset: about eight blocks per multiprocessor over the B·Hkv rows of KV heads, each block taking
-// every query head of its group) or "query" (the same over the B·H query heads: fewer, longer
-// splits for grouped heads, fewer partials for the in-launch merge). Returns the heads to count:
-// false for kv, true for query.
-bool decode_split_by_query_heads();
+// MIXBENCH_DECODE_SPLIT_BY: the rows (heads × batch) the split-KV attention's split count divides
+// about eight blocks per multiprocessor among: "kv" (B·Hkv rows of KV heads, each block taking every
+// query head of its group), "query" (B·H rows: fewer, longer splits for grouped heads, fewer partials
+// for the in-launch merge) or "auto" (unset: max(B·Hkv, H)). On an H200 at d12 (H = 6), bf16:
+// B = 1 wants query (gqa, Hkv = 3: 0.67 against 0.82 ms at 8K; mqa: 0.98 against 1.61 ms), B = 8
+// kv for mqa (2.90 against 4.42 ms at 32K) and about either for gqa (1.29 and 1.24 ms at 8K);
+// auto takes the query heads while the KV rows are fewer than one batch's query heads.
+std::string decode_split_by();
+// The rows decode_split_by() counts for B sequences of H query and Hkv KV heads.
+int64_t decode_split_rows(int64_t B, int64_t H, int64_t Hkv);
 
 // MIXBENCH_DECODE_ARGMAX_KERNEL: whether a captured decode step's greedy token comes from the one-launch
 // kernel of greedy_tokens_into (harness/decode_ops.h): unset or 1 yes, 0 no (at::argmax and a copy).

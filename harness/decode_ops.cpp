@@ -202,7 +202,20 @@ int64_t decode_split_min_slots() {
   throw InputError(fmt::format("MIXBENCH_DECODE_SPLIT_MIN must be 16, 32, 64, 128 or 256 cache slots, not '{}'", env));
 }
 
-bool decode_split_by_query_heads() { return env_switch("MIXBENCH_DECODE_SPLIT_BY", "kv", "query", false); }
+std::string decode_split_by() {
+  const char* env = std::getenv("MIXBENCH_DECODE_SPLIT_BY");
+  if (!env) return "auto";
+  for (const char* v : {"auto", "kv", "query"})
+    if (std::string(env) == v) return v;
+  throw InputError(fmt::format("MIXBENCH_DECODE_SPLIT_BY must be auto, kv or query, not '{}'", env));
+}
+
+int64_t decode_split_rows(int64_t B, int64_t H, int64_t Hkv) {
+  const std::string by = decode_split_by();
+  if (by == "kv") return B * Hkv;
+  if (by == "query") return B * H;
+  return std::max(B * Hkv, H);
+}
 
 bool decode_argmax_kernel_enabled() { return env_switch("MIXBENCH_DECODE_ARGMAX_KERNEL", "0", "1", true); }
 
@@ -210,7 +223,7 @@ nlohmann::json decode_knobs_json() {
   return {{"gemv_max_rows", decode_gemv_max_rows()},
           {"programmatic_launches", decode_pdl_enabled()},
           {"split_min_slots", decode_split_min_slots()},
-          {"split_by", decode_split_by_query_heads() ? "query" : "kv"},
+          {"split_by", decode_split_by()},
           {"argmax_kernel", decode_argmax_kernel_enabled()}};
 }
 

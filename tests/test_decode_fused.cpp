@@ -129,7 +129,7 @@ void expect_refused(const char* name, std::initializer_list<const char*> bad, F 
 
 // MIXBENCH_DECODE_GEMV_ROWS: the most rows the GEMV kernels take (0 when unset); anything but a whole
 // number 0..8 is refused with its value named. MIXBENCH_DECODE_PDL: 1 or unset on, 0 off, else refused.
-// MIXBENCH_DECODE_SPLIT_BY: kv (unset) or query, else refused.
+// MIXBENCH_DECODE_SPLIT_BY: auto (unset), kv or query, else refused.
 TEST(DecodeFused, KnobsFromTheEnvironment) {
   {
     mixbench_test::EnvGuard env("MIXBENCH_DECODE_PDL", "0");
@@ -159,17 +159,27 @@ TEST(DecodeFused, KnobsFromTheEnvironment) {
   }
   expect_refused("MIXBENCH_DECODE_SPLIT_MIN", {"0", "8", "48", "512", "", "sixteen"}, decode_split_min_slots,
                  "MIXBENCH_DECODE_SPLIT_MIN must be 16, 32, 64, 128 or 256 cache slots, not '{}'");
-  if (!std::getenv("MIXBENCH_DECODE_SPLIT_BY")) EXPECT_FALSE(decode_split_by_query_heads());
+  if (!std::getenv("MIXBENCH_DECODE_SPLIT_BY")) {
+    EXPECT_EQ(decode_split_by(), "auto");
+    // auto: the KV rows, but never fewer than one batch's query heads
+    EXPECT_EQ(decode_split_rows(1, 6, 1), 6);   // mqa, B = 1: the query heads
+    EXPECT_EQ(decode_split_rows(1, 6, 3), 6);   // gqa
+    EXPECT_EQ(decode_split_rows(8, 6, 1), 8);   // mqa, B = 8: the KV rows
+    EXPECT_EQ(decode_split_rows(8, 6, 3), 24);
+    EXPECT_EQ(decode_split_rows(2, 6, 6), 12);  // no grouping: every rule gives B·H
+  }
   {
     mixbench_test::EnvGuard env("MIXBENCH_DECODE_SPLIT_BY", "query");
-    EXPECT_TRUE(decode_split_by_query_heads());
+    EXPECT_EQ(decode_split_by(), "query");
+    EXPECT_EQ(decode_split_rows(8, 6, 1), 48);
   }
   {
     mixbench_test::EnvGuard env("MIXBENCH_DECODE_SPLIT_BY", "kv");
-    EXPECT_FALSE(decode_split_by_query_heads());
+    EXPECT_EQ(decode_split_by(), "kv");
+    EXPECT_EQ(decode_split_rows(1, 6, 1), 1);
   }
-  expect_refused("MIXBENCH_DECODE_SPLIT_BY", {"", "q", "heads"}, decode_split_by_query_heads,
-                 "MIXBENCH_DECODE_SPLIT_BY must be kv or query, not '{}'");
+  expect_refused("MIXBENCH_DECODE_SPLIT_BY", {"", "q", "heads"}, [] { return decode_split_rows(1, 2, 1); },
+                 "MIXBENCH_DECODE_SPLIT_BY must be auto, kv or query, not '{}'");
   expect_refused("MIXBENCH_DECODE_ARGMAX_KERNEL", {"on", "", "2"}, decode_argmax_kernel_enabled,
                  "MIXBENCH_DECODE_ARGMAX_KERNEL must be 0 or 1, not '{}'");
   expect_refused("MIXBENCH_DECODE_GEMV_ROWS", {"9", "-1", "2.5", "", "eight", "08"}, decode_gemv_max_rows,

@@ -69,7 +69,7 @@ SplitKvLaunch split_kv_launch(const at::Tensor& q, int B, int H, int Hkv, int D,
   SplitKvLaunch l;
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   l.min_slots = int(decode_split_min_slots());
-  l.splits = attn_decode_cuda::choose_splits(B, decode_split_by_query_heads() ? H : Hkv, slots, sms, l.min_slots);
+  l.splits = attn_decode_cuda::choose_splits(int(decode_split_rows(B, H, Hkv)), 1, slots, sms, l.min_slots);
   l.ws = at::empty({attn_decode_cuda::workspace_floats(B, H, D, l.splits)}, q.options().dtype(at::kFloat));
   l.dt = q.scalar_type() == at::kFloat      ? attn_decode_cuda::Dtype::F32
          : q.scalar_type() == at::kBFloat16 ? attn_decode_cuda::Dtype::BF16
