@@ -271,6 +271,18 @@ TEST(SparseMethods, DsaScoreFormSettingGivesTheSameLayer) {
   }
 }
 
+// Auto's forms at gpu-d12's dims (H = Hkv = 6, dh = 128, K = 256; indexer H_I = 3, d_I = 128): the
+// dense scores at 2K (a row of H·T scores a sixteenth of the gathered keys), the gathered keys from
+// 8K (a quarter), where the dense forms trained 1.7× slower on an H200.
+TEST(SparseMethods, DsaAutoScoreFormSwitchesBetween2kAnd8k) {
+  EXPECT_TRUE(dsa_dense_target(2048, 6, 6, 128, 256));
+  EXPECT_TRUE(dsa_dense_target(8191, 6, 6, 128, 256));
+  EXPECT_FALSE(dsa_dense_target(8192, 6, 6, 128, 256));
+  EXPECT_FALSE(dsa_dense_target(32768, 6, 6, 128, 256));
+  EXPECT_TRUE(dsa_dense_student(2048, 3, 128, 256));
+  EXPECT_FALSE(dsa_dense_student(8192, 3, 128, 256));
+}
+
 TEST(SparseMethods, BlockSparseRejectsBadIndices) {
   const OpSpec& s = Registry::get().op("block_sparse_attention");
   Config p = s.params.parse("H=2,Hkv=1,D=8,block_size=4,topk=2");

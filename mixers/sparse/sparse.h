@@ -95,7 +95,7 @@ int64_t dsa_indexer_block(int64_t B, int64_t T, int64_t HI, int64_t budget_bytes
 //   Gathered     each query's selected keys copied out ([n,K,Hkv,dh] a block) and multiplied;
 //   DenseScores  the block's queries against every key up to the block's last (one GEMM, [H,n,≤T]
 //                scores), the selected columns then gathered from them;
-//   Auto         DenseScores where a query's row of scores (H·T values) is shorter than its
+//   Auto         DenseScores where a query's row of scores (H·T values) is under a quarter of its
 //                gathered keys (K·Hkv·dh values), dsa_dense_target: short contexts, where copying K
 //                keys per query moves many times the cache.
 // The dense form scores every key (not only those up to a block's last query), so that its work per
@@ -115,7 +115,7 @@ at::Tensor dsa_selected_attention_mean(const at::Tensor& q, const at::Tensor& k,
 // The forms as dsa_selected_attention_mean's: the selected keys gathered per query, or the block's
 // scores against every visible key and the selected columns (the backward scattering the columns'
 // gradients into the block's rows of scores); Auto takes the second where a query's row of scores
-// (H_I·T values) is smaller than its gathered keys (K·d_I): dsa_dense_student.
+// (H_I·T values) is under a quarter of its gathered keys (K·d_I): dsa_dense_student.
 at::Tensor dsa_student_kl(const at::Tensor& qi, const at::Tensor& ki, const at::Tensor& wi, const at::Tensor& idx,
                           const at::Tensor& p, int64_t budget_bytes = int64_t(256) << 20,
                           DsaScoreForm form = DsaScoreForm::Auto);
