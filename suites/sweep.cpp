@@ -369,6 +369,9 @@ Json run_sweep(const SweepOptions& opt, SweepSummary& sum, const SweepProgress& 
         if (r["status"] == "oom") break;  // the frontier for this batch size; on to the next one
       }
     }
+    // the unit's model, caches and captured step go before the next unit builds its own
+    if (u.finish) u.finish();
+    free_device_cache(opt.device);
   }
   return results;
 }

@@ -1,11 +1,13 @@
 #include "suites/sweep_units.h"
 #include "suites/sweep_ranges.h"
 
+#include <atomic>
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
 
+#include <atomic>
 #include <memory>
 #include <optional>
 
@@ -73,6 +75,26 @@ double stream_flop_share(const MethodSpec& method, const Config& cfg, int64_t T,
 }
 
 // Model level: the nanochat backbone with the method in every layer.
+namespace {
+std::atomic<int64_t> g_models_held{0}, g_models_held_peak{0};
+void note_model_built() {
+  const int64_t h = ++g_models_held;
+  int64_t p = g_models_held_peak.load();
+  while (h > p && !g_models_held_peak.compare_exchange_weak(p, h)) {
+  }
+}
+// Drops `model` (if held) and counts it.
+void drop_model(std::optional<Model>& model) {
+  if (!model) return;
+  model.reset();
+  --g_models_held;
+}
+}  // namespace
+
+int64_t models_held() { return g_models_held.load(); }
+int64_t models_held_peak() { return g_models_held_peak.load(); }
+void reset_models_held_peak() { g_models_held_peak = g_models_held.load(); }
+
 Unit model_unit(const MethodSpec& method, const SweepOptions& opt) {
   struct State {
     std::optional<Model> model;
@@ -119,6 +141,7 @@ Unit model_unit(const MethodSpec& method, const SweepOptions& opt) {
     for (const auto& [n, p] : m.params) moved.set(n, p.to(device_of(opt.device), dt).detach());
     m.params = std::move(moved);
     st->model = std::move(m);
+    note_model_built();
   };
   u.prepare = [&method, opt, st, train, eb](int64_t B, int64_t T) {
     Config cfg = sweep_method_config(method, opt, T);
@@ -164,6 +187,7 @@ Unit model_unit(const MethodSpec& method, const SweepOptions& opt) {
   u.release = [st] {
     if (st->model) drop_grads(st->model->params);
   };
+  u.finish = [st] { drop_model(st->model); };
   return u;
 }
 
@@ -218,6 +242,7 @@ Unit decode_unit(const MethodSpec& method, const SweepOptions& opt) {
     for (const auto& [n, p] : m.params) moved.set(n, p.to(device_of(opt.device), dt).detach());
     m.params = std::move(moved);
     cs->model = std::move(m);
+    note_model_built();
   };
   u.prepare = [&method, opt, cs](int64_t B, int64_t c) {
     c10::NoGradGuard ng;
@@ -286,8 +311,9 @@ Unit decode_unit(const MethodSpec& method, const SweepOptions& opt) {
   u.release = [cs] {
     cs->graph.reset();
     cs->cache.reset();
-    cs->model.reset();
+    drop_model(cs->model);
   };
+  u.finish = u.release;
   return u;
 }
 
@@ -381,6 +407,7 @@ Unit layer_unit(const MethodSpec& method, const SweepOptions& opt) {
     return pt;
   };
   u.release = [st] { drop_grads(st->params); };
+  u.finish = [st] { st->params = TensorMap(); };
   return u;
 }
 
@@ -452,6 +479,7 @@ Unit op_unit(const std::string& method_name, const OpSpec& op, const SweepOption
     return pt;
   };
   u.setup = [](int64_t) {};
+  u.finish = [] {};
   u.release = [] {};
   return u;
 }

@@ -50,7 +50,15 @@ struct Unit {
   std::function<void(int64_t T)> setup;                  // builds parameters once; may throw OOM
   std::function<Point(int64_t B, int64_t T)> prepare;  // allocates inputs; may throw OOM
   std::function<void()> release;                         // drop gradients etc. after an OOM
+  std::function<void()> finish;  // after the unit's last point: drop its model, caches and graph
 };
+
+// Models the sweep's units hold at once (built by setup, dropped by finish, or by release after
+// an OOM), and the most they held since the last reset: one when every unit frees its model
+// before the next is built.
+int64_t models_held();
+int64_t models_held_peak();
+void reset_models_held_peak();
 
 // Model level: the nanochat backbone with the method in every layer (prefill or train).
 Unit model_unit(const MethodSpec& method, const SweepOptions& opt);

@@ -274,10 +274,14 @@ TEST(Sweep, EveryMethodTrainsAtEveryLevel) {
   };
   for (const char* level : {"model", "layer", "op"}) {
     fs::path out = sweep_tmp() / fmt::format("train_{}.json", level);
+    sweep_detail::reset_models_held_peak();
     ASSERT_EQ(cli({"sweep", "--mode", "train", "--methods", join(fits), "--level", level, "--lengths", "64,128",
                    "--batch", "1", "--reps", "1", "--warmup", "0", "--quiet", "--out", out.string()}),
               0)
         << level;
+    // one model at a time: each method's goes before the next is built
+    EXPECT_EQ(sweep_detail::models_held_peak(), std::string(level) == "model" ? 1 : 0) << level;
+    EXPECT_EQ(sweep_detail::models_held(), 0) << level;
     if (!deeper.empty()) {
       fs::path out3 = sweep_tmp() / fmt::format("train3_{}.json", level);
       ASSERT_EQ(cli({"sweep", "--mode", "train", "--methods", join(deeper), "--level", level, "--lengths", "64",
@@ -348,10 +352,14 @@ TEST(Sweep, MemoryLimitRecordsOomAndContinuesWithNextBatch) {
 
 TEST(Sweep, DecodeReportsCacheGrowthFromTheAccountant) {
   fs::path out = sweep_tmp() / "decode.json";
+  sweep_detail::reset_models_held_peak();
   ASSERT_EQ(cli({"sweep", "--mode", "decode", "--methods", "dense_full,gqa,gdn,lightning", "--preset", "cpu-tiny",
                  "--lengths", "64,128", "--batch", "1,2", "--reps", "2", "--warmup", "1", "--quiet", "--out",
                  out.string()}),
             0);
+  // each method's model (and its caches) goes before the next one's is built
+  EXPECT_EQ(sweep_detail::models_held_peak(), 1);
+  EXPECT_EQ(sweep_detail::models_held(), 0);
   Json r = load(out);
   expect_valid(r);
   EXPECT_EQ(r["config"]["mode"], "decode");
