@@ -143,7 +143,8 @@ std::vector<double> spread(const std::vector<double>& c, const std::vector<doubl
 
 std::vector<ScatterLabel> place_scatter_labels(const std::vector<std::pair<double, double>>& points,
                                                const std::vector<std::pair<double, double>>& sizes, const LabelBox& area,
-                                               double marker, const std::vector<LabelBox>& obstacles) {
+                                               double marker, const std::vector<LabelBox>& obstacles,
+                                               const LabelBox& canvas) {
   if (points.size() != sizes.size())
     throw InputError(fmt::format("label placement needs one size per point ({} points, {} sizes)", points.size(), sizes.size()));
   const size_t n = points.size();
@@ -169,7 +170,12 @@ std::vector<ScatterLabel> place_scatter_labels(const std::vector<std::pair<doubl
   // another point's marker: a point caged by leader lines could only reach out across one); otherwise
   // a price for every error bar it covers, every leader line or marker its leader crosses, and for
   // leaving the plot area.
+  auto on_canvas = [&](const LabelBox& b) {
+    return canvas.w <= 0 || (b.x >= canvas.x && b.y >= canvas.y && b.x + b.w <= canvas.x + canvas.w &&
+                             b.y + b.h <= canvas.y + canvas.h);
+  };
   auto cost_of = [&](size_t i, const LabelBox& b, const std::optional<Seg>& seg, bool strict) {
+    if (!on_canvas(b)) return double(INFINITY);
     for (const LabelBox& q : placed)
       if (b.intersects(q)) return double(INFINITY);
     for (const LabelBox& m : marks)
@@ -516,7 +522,8 @@ std::string scatter(std::vector<Dot> dots, const std::string& xlabel, const std:
                                   cut_hi && cut_lo ? "↕" : cut_hi ? "▲" : "▼", d.method, d.lo, d.hi,
                                   cut_hi && cut_lo ? "top and the bottom" : cut_hi ? "top" : "bottom"));
   }
-  std::string svg = svg_open(560, 400 + 13 * std::max(0.0, double(notes.size()) - 1), " class=\"" + cls + "\"");
+  const double svg_h = 400 + 13 * std::max(0.0, double(notes.size()) - 1);
+  std::string svg = svg_open(560, svg_h, " class=\"" + cls + "\"");
   svg += axes(p, xlabel, ylabel, title);
   if (pareto) {
     std::vector<const Dot*> front;
@@ -532,7 +539,7 @@ std::string scatter(std::vector<Dot> dots, const std::string& xlabel, const std:
                          pts);
   }
   svg += bars_svg;
-  const std::vector<ScatterLabel> labels = place_scatter_labels(at, sizes, {p.x0, p.y0, p.w, p.h}, 5, bars);
+  const std::vector<ScatterLabel> labels = place_scatter_labels(at, sizes, {p.x0, p.y0, p.w, p.h}, 5, bars, {0, 0, 560, svg_h});
   for (size_t i = 0; i < dots.size(); ++i)
     if (labels[i].leader)
       svg += fmt::format("<line class=\"leader\" x1=\"{:.2f}\" y1=\"{:.2f}\" x2=\"{:.2f}\" y2=\"{:.2f}\" stroke=\"#888\" "

@@ -57,7 +57,8 @@ AxisTicks nice_ticks(double lo, double hi, int max_ticks = 6);
 // line (when it is not beside its point) crossing no label, nor within 60 units another leader
 // line, and where it can, neither an obstacle (error bars) nor a marker; several orders of placing
 // them are tried. No two labels intersect, and no label covers a point's marker (a square of
-// ±marker), whatever the points.
+// ±marker), whatever the points. With a `canvas` (the SVG's box; width 0: none), no label leaves
+// it where any spot inside it is free: a label may leave the plot area, not the picture.
 struct ScatterLabel {
   LabelBox box;
   bool leader = false;  // a leader line from the point to (lx, ly), on the box's edge
@@ -65,6 +66,7 @@ struct ScatterLabel {
 };
 std::vector<ScatterLabel> place_scatter_labels(const std::vector<std::pair<double, double>>& points,
                                                const std::vector<std::pair<double, double>>& sizes, const LabelBox& area,
-                                               double marker = 5, const std::vector<LabelBox>& obstacles = {});
+                                               double marker = 5, const std::vector<LabelBox>& obstacles = {},
+                                               const LabelBox& canvas = {});
 
 }  // namespace mixbench

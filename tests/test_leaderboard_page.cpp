@@ -261,6 +261,18 @@ TEST(LeaderboardHtml, ColumnLabelsAreStackedInOrderNearTheirPoints) {
     }
   }
   EXPECT_THROW(place_scatter_labels(pts, {}, area), InputError);
+  // a long label on a point at the plot's right edge, its left crowded by others: it may leave the
+  // plot area but stays in the picture (560 wide), going left, above or below instead
+  const std::vector<std::pair<double, double>> edge{{515, 200}, {470, 200}, {430, 200}};
+  std::vector<std::pair<double, double>> edge_sizes(3, {text_width("residual_standard", 10), 12});
+  for (const LabelBox& canvas : {LabelBox{0, 0, 560, 400}, LabelBox{}}) {
+    const std::vector<ScatterLabel> e = place_scatter_labels(edge, edge_sizes, area, 5, {}, canvas);
+    if (canvas.w > 0)
+      for (size_t i = 0; i < e.size(); ++i)
+        EXPECT_LE(e[i].box.x + e[i].box.w, 560.0) << i;
+    else
+      EXPECT_GT(e[0].box.x + e[0].box.w, 560.0) << "without a canvas the nearest spot is right of the point";
+  }
 }
 
 // ------------------------------------------------------------------ axes
