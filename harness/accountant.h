@@ -2,6 +2,7 @@
 // harness/model_account.cpp adds the nanochat backbone and sums over layers.
 #pragma once
 #include <cstdint>
+#include <cmath>
 #include <string>
 
 namespace mixbench {
@@ -34,6 +35,10 @@ struct LayerCost {
   double act_bytes = 0;               // activation bytes/token saved for backward
   double cache_bytes_per_token = 0;   // KV-cache growth per token (decode)
   double state_bytes = 0;             // fixed recurrent state per sequence (decode)
+  // Bytes of its cache one decode step at context q.context reads per sequence, where the layer
+  // reads less than all of it (sparse attention: the selected keys, the index); NaN: all of it,
+  // cache_bytes_per_token·c + state_bytes.
+  double decode_read_bytes = NAN;
   std::string formula;
 };
 

@@ -599,6 +599,9 @@ ModelCost account_model(const MethodSpec& method, const Config& cfg, const CostQ
     mc.act_bytes += w * lc.act_bytes;
     mc.cache_bytes_per_token += lc.cache_bytes_per_token;
     mc.state_bytes += lc.state_bytes;
+    mc.decode_read_bytes += std::isnan(lc.decode_read_bytes)
+                                ? lc.cache_bytes_per_token * double(q.context) + lc.state_bytes
+                                : lc.decode_read_bytes;
     mc.layers.push_back(std::move(lc));
     mc.steps.push_back(st);
   }

@@ -156,6 +156,7 @@ struct ModelCost {
   double act_bytes = 0;             // activation bytes per token (training)
   double cache_bytes_per_token = 0; // KV cache growth per token (all layers)
   double state_bytes = 0;           // fixed state per sequence (all layers)
+  double decode_read_bytes = 0;     // cache bytes one decode step reads per sequence at context q.context (all layers)
   std::vector<LayerCost> layers;  // per plan step (a block applied k times appears k times; auxiliary routes' too)
   std::vector<PlanStep> steps;    // the plan step of each entry of `layers`
 };

@@ -306,7 +306,7 @@ Json run_sweep(const SweepOptions& opt, SweepSummary& sum, const SweepProgress& 
             r["latency_per_token_s"] = med;
             // the share of the device's copy bandwidth the step's reads achieve (probed once per run)
             r["roofline"] = roofline_json(pred.step_weight_bytes, pred.step_embedding_row_bytes,
-                                          acct["cache_bytes"].get<double>(), med,
+                                          acct.value("cache_read_bytes", acct["cache_bytes"].get<double>()), med,
                                           copy_bandwidth(opt.device).bytes_per_s);
           }
           if (measured) r["cache"] = measured();

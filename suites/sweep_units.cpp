@@ -227,7 +227,8 @@ Unit decode_unit(const MethodSpec& method, const SweepOptions& opt) {
                           {"cache_bytes", cache},
                           {"cache_bytes_formula", "(kv_cache_bytes/token·c + state_bytes)·B"},
                           {"kv_cache_bytes_per_token", mc.cache_bytes_per_token},
-                          {"state_bytes", mc.state_bytes}};
+                          {"state_bytes", mc.state_bytes},
+                          {"cache_read_bytes", mc.decode_read_bytes * double(B)}};
     p.shape = {{"B", B}, {"T", c}, {"context", c}, {"n_layer", d.n_layer}, {"d_model", d.d_model},
                {"n_head", d.n_head}, {"head_dim", d.head_dim}, {"vocab", d.vocab}};
     p.config = cfg.to_json();

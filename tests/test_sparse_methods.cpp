@@ -283,6 +283,32 @@ TEST(SparseMethods, DsaAutoScoreFormSwitchesBetween2kAnd8k) {
   EXPECT_FALSE(dsa_dense_student(8192, 3, 128, 256));
 }
 
+// What a decode step reads of its cache (the decode roofline's cache bytes): all of it for dense
+// attention; for dsa every indexer key and the selected keys' K and V; for the block-sparse
+// methods less than all of it at long contexts, all of it where the selection covers the context.
+TEST(SparseMethods, DecodeReadsTheSelectionNotTheWholeCache) {
+  auto cost = [](const char* name, const std::string& cfg, int64_t c) {
+    const MethodSpec& m = Registry::get().method(name);
+    return account_model(m, m.config.parse(cfg), CostQuery{c, c, 2});
+  };
+  auto whole = [](const ModelCost& mc, int64_t c) { return mc.cache_bytes_per_token * double(c) + mc.state_bytes; };
+  const ModelCost dense = cost("dense_full", "", 32768);
+  EXPECT_DOUBLE_EQ(dense.decode_read_bytes, whole(dense, 32768));
+  // dsa, 2 layers, d_I = 8, top-8: per layer d_I·c + 2·Hkv·dh·min(8, c) elements of 2 bytes
+  const std::string small = "n_layer=2,d_model=64,head_dim=16,seq_len=64,vocab=64,dsa_topk=8,idx_heads=3,idx_dim=8,idx_rope_dim=4";
+  for (int64_t c : {4, 8, 100, 4096}) {
+    const ModelCost mc = cost("dsa", small, c);
+    const double index = 2.0 * 8 * 2, kv = mc.cache_bytes_per_token - index;  // per token, both layers
+    EXPECT_DOUBLE_EQ(mc.decode_read_bytes, index * double(c) + kv * double(std::min<int64_t>(8, c))) << c;
+    if (c <= 8) EXPECT_DOUBLE_EQ(mc.decode_read_bytes, whole(mc, c)) << c;
+  }
+  for (const char* name : {"dsa", "moba", "nsa", "qsa", "seer", "moba_hybrid", "qsa_hybrid", "lt2_hybrid_gdn_dsa"}) {
+    const ModelCost mc = cost(name, "", 32768);
+    EXPECT_GT(mc.decode_read_bytes, 0) << name;
+    EXPECT_LT(mc.decode_read_bytes, 0.5 * whole(mc, 32768)) << name;
+  }
+}
+
 TEST(SparseMethods, BlockSparseRejectsBadIndices) {
   const OpSpec& s = Registry::get().op("block_sparse_attention");
   Config p = s.params.parse("H=2,Hkv=1,D=8,block_size=4,topk=2");

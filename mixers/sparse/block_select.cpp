@@ -295,7 +295,8 @@ TensorMap qsa_decode(const TensorMap& in, TensorMap& cache, const Config& c, con
 //   nanochat training core = 12·H·dh·min((n+1)·bs, T) + 2·H_I·d_I·NC·3 (indexer fwd + bwd)
 //       + 2·H·dh·T (teacher, forward only)
 //   decode at context c = 2N + 2·H_I·d_I·⌊c/bs⌋ + 4·H·dh·min((topk+1)·bs, c)
-//   cache per token = main KV (2·Hkv·dh) + pooled indexer keys (HK·d_I/bs) elements
+//   cache per token = main KV (2·Hkv·dh) + pooled indexer keys (HK·d_I/bs) elements; a decode step
+//       reads HK·d_I·⌊c/bs⌋ + 2·Hkv·dh·min((topk+1)·bs, c) of them
 LayerCost qsa_account(const Config& c, const LayerCtx& ctx, const CostQuery& q) {
   Dims d = dims(c);
   QsaDims Q = qsa_dims(c);
@@ -313,6 +314,9 @@ LayerCost qsa_account(const Config& c, const LayerCtx& ctx, const CostQuery& q) 
   lc.decode_flops = 2.0 * double(N) + 2.0 * double(Q.HI * Q.DI) * double(q.context / Q.bs) +
                     4.0 * hd * double(std::min((Q.topk + 1) * Q.bs, q.context));
   lc.cache_bytes_per_token = (2.0 * double(d.Hkv * d.dh) + double(Q.HK * Q.DI) / double(Q.bs)) * double(q.dtype_bytes);
+  lc.decode_read_bytes = (double(Q.HK * Q.DI) * double(q.context / Q.bs) +
+                          2.0 * double(d.Hkv * d.dh) * double(std::min((Q.topk + 1) * Q.bs, q.context))) *
+                         double(q.dtype_bytes);
   lc.act_bytes = double(q.dtype_bytes) * double(d.D + 2 * d.H * d.dh + 4 * d.Hkv * d.dh + d.H * d.dh + Q.HI * Q.DI) +
                  4.0 * double(d.H);
   lc.formula = fmt::format("QSA block {} top-{} (+own): fwd 2N + 2·H_I·d_I·⌊T/{}⌋ + 4·H·dh·{}·{} + 2·H·dh·T (teacher)", Q.bs,
@@ -513,7 +517,8 @@ TensorMap nsa_decode(const TensorMap& in, TensorMap& cache, const Config& c, con
 //   uncounted: H·NC (group sums of the block scores)
 //   nanochat training core = 3·(4·Hkv·dh²·f + 4·H·dh·NC + 4·H·dh·min((n+1)·bs, T) + 4·H·dh·V(T,w))
 //   decode at context c = 2N + 4·Hkv·dh² + 4·H·dh·(⌊c/bs⌋ + min((topk+1)·bs, c) + min(w, c))
-//   cache per token = raw KV (2·Hkv·dh) + compressed KV (2·Hkv·dh/bs) elements
+//   cache per token = raw KV (2·Hkv·dh) + compressed KV (2·Hkv·dh/bs) elements; a decode step reads
+//       2·Hkv·dh·(⌊c/bs⌋ + min((topk+1)·bs, c) + min(w, c)) of them (the window's keys counted again)
 LayerCost nsa_account(const Config& c, const LayerCtx& ctx, const CostQuery& q) {
   Dims d = dims(c);
   const int64_t bs = c.i("nsa_block"), topk = c.i("nsa_topk"), w = c.i("nsa_window");
@@ -532,6 +537,9 @@ LayerCost nsa_account(const Config& c, const LayerCtx& ctx, const CostQuery& q) 
   lc.decode_flops = 2.0 * double(N) + 4.0 * double(d.Hkv) * dh * dh +
                     4.0 * hd * double(q.context / bs + std::min((topk + 1) * bs, q.context) + std::min(w, q.context));
   lc.cache_bytes_per_token = (2.0 * double(d.Hkv * d.dh) * (1.0 + 1.0 / double(bs))) * double(q.dtype_bytes);
+  lc.decode_read_bytes = 2.0 * double(d.Hkv * d.dh) *
+                         double(q.context / bs + std::min((topk + 1) * bs, q.context) + std::min(w, q.context)) *
+                         double(q.dtype_bytes);
   lc.act_bytes = double(q.dtype_bytes) * double(d.D + 2 * d.H * d.dh + 4 * d.Hkv * d.dh + 4 * d.H * d.dh + 3 * d.H) +
                  12.0 * double(d.H);
   lc.formula = fmt::format("NSA block {} top-{} (+own), window {}: fwd 2N + 4·Hkv·dh²·f + 4·H·dh·(⌊T/{}⌋ + {}·{} + V(T,{}))",
@@ -708,7 +716,8 @@ TensorMap seer_decode(const TensorMap& in, TensorMap& cache, const Config& c, co
 //       are not billed (the same matmuls as the rotated gate)
 //   nanochat training core = 12·H·dh·min((n+1)·bs, T) + 3·(6·Hkv·d_g·dh·f/bs + 2·H·d_g·NC) + 2·H·dh·T
 //   decode at context c = 2N + 2·H·d_g·⌊c/bs⌋ + 4·H·dh·min((topk+1)·bs, c)
-//   cache per token = main KV (2·Hkv·dh) + gate keys (Hkv·d_g/bs) elements
+//   cache per token = main KV (2·Hkv·dh) + gate keys (Hkv·d_g/bs) elements; a decode step reads
+//       Hkv·d_g·⌊c/bs⌋ + 2·Hkv·dh·min((topk+1)·bs, c) of them
 LayerCost seer_account(const Config& c, const LayerCtx& ctx, const CostQuery& q) {
   Dims d = dims(c);
   const int64_t bs = c.i("seer_block"), topk = c.i("seer_topk"), dg = c.i("seer_gate_dim");
@@ -726,6 +735,9 @@ LayerCost seer_account(const Config& c, const LayerCtx& ctx, const CostQuery& q)
   lc.decode_flops = 2.0 * double(N) + 2.0 * double(d.H * dg) * double(q.context / bs) +
                     4.0 * hd * double(std::min((topk + 1) * bs, q.context));
   lc.cache_bytes_per_token = (2.0 * double(d.Hkv * d.dh) + double(d.Hkv * dg) / double(bs)) * double(q.dtype_bytes);
+  lc.decode_read_bytes = (double(d.Hkv * dg) * double(q.context / bs) +
+                          2.0 * double(d.Hkv * d.dh) * double(std::min((topk + 1) * bs, q.context))) *
+                         double(q.dtype_bytes);
   lc.act_bytes = double(q.dtype_bytes) * double(d.D + 2 * d.H * d.dh + 4 * d.Hkv * d.dh + d.H * d.dh + d.H * dg) +
                  4.0 * double(d.H);
   lc.formula = fmt::format("Seer block {} top-{} (+own), d_g {}: fwd 2N + gate + 4·H·dh·{}·{} + 2·H·dh·T (teacher)", bs, topk,

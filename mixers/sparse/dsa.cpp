@@ -351,7 +351,8 @@ double indexer_pairs(int64_t T) {
 //   nanochat training core = 12·H·dh·K + 2·(H_I·d_I + H_I)·T (indexer forward only, no causal
 //       halving) + 2·H·dh·K + 6·(H_I·d_I + H_I)·K (teacher forward; student forward and backward)
 //   decode at context c = 2N + 2·(H_I·d_I + H_I)·c + 4·H·dh·min(k, c)
-//   cache per token = main KV (2·Hkv·dh) + the indexer key (d_I) elements
+//   cache per token = main KV (2·Hkv·dh) + the indexer key (d_I) elements; a decode step reads
+//       d_I·c + 2·Hkv·dh·min(k, c) of them
 //   indexer's training FLOPs (its share of the layer's 6N + core) = 6·N_I + 2·(H_I·d_I + H_I)·T
 //       + 6·(H_I·d_I + H_I)·K, N_I = H_I·d_I·d + d_I·d + H_I·d its matmul params
 // The indexer's part of the layer's training FLOPs per token (see account).
@@ -382,6 +383,8 @@ LayerCost account(const Config& c, const LayerCtx& ctx, const CostQuery& q) {
   lc.nanochat_core_flops = 12.0 * hd * double(K) + 2.0 * ix * double(q.T) + 2.0 * hd * double(K) + 6.0 * ix * double(K);
   lc.decode_flops = 2.0 * double(N) + 2.0 * ix * double(q.context) + 4.0 * hd * double(std::min(topk, q.context));
   lc.cache_bytes_per_token = double(2 * d.Hkv * d.dh + DI) * double(q.dtype_bytes);
+  // a decode step reads every indexer key and the selected keys' K and V
+  lc.decode_read_bytes = double(DI * q.context + 2 * d.Hkv * d.dh * std::min(topk, q.context)) * double(q.dtype_bytes);
   lc.act_bytes = double(q.dtype_bytes) * double(d.D + 2 * d.H * d.dh + 4 * d.Hkv * d.dh + d.H * d.dh + HI * DI + DI) +
                  4.0 * double(d.H);
   lc.formula = fmt::format("DSA top-{} (H_I={}, d_I={}, rope {}): fwd 2N + 2·(H_I·d_I+H_I)·P(T) + 4·H·dh·K + 2·H·dh·K_t + "

@@ -132,7 +132,9 @@ TensorMap decode(const TensorMap& in, TensorMap& cache, const Config& c, const L
 //     2·N_l + Hkv·dh·bs (the own block's mean recomputed from its bs cached key rows)
 //     + 2·H·dh·NBc (gate against the block means up to the own block)
 //     + 4·H·dh·nc·bs (every slot of the selected blocks gathered and computed)
-//   KV cache as dense attention: 2·Hkv·dh elements per token (block means are recomputable)
+//   KV cache as dense attention: 2·Hkv·dh elements per token (block means are recomputable); a
+//     decode step reads Hkv·dh·(bs + NBc + 2·min(nc·bs, c)) of them and of the means (its own
+//     block's keys, the means, the selected blocks' K and V)
 LayerCost account(const Config& c, const LayerCtx& ctx, const CostQuery& q) {
   Dims d = dims(c);
   const int64_t bs = c.i("moba_block"), topk = c.i("moba_topk");
@@ -148,6 +150,8 @@ LayerCost account(const Config& c, const LayerCtx& ctx, const CostQuery& q) {
   lc.nanochat_core_flops = 12.0 * hd * double(std::min(n * bs, q.T)) + 2.0 * hd * double(NB);
   lc.decode_flops = 2.0 * double(N) + kd * double(bs) + 2.0 * hd * double(NBc) + 4.0 * hd * double(nc * bs);
   lc.cache_bytes_per_token = 2.0 * double(d.Hkv * d.dh) * double(q.dtype_bytes);
+  lc.decode_read_bytes = double(d.Hkv * d.dh) *
+                         double(bs + NBc + 2 * std::min(nc * bs, q.context)) * double(q.dtype_bytes);
   lc.act_bytes = double(q.dtype_bytes) * double(d.D + 2 * d.H * d.dh + 4 * d.Hkv * d.dh + d.H * d.dh) + 4.0 * double(d.H);
   lc.formula = fmt::format("MoBA block {} top-{} blocks: fwd 2N + 2·H·dh·ceil(T/{}) + Hkv·dh·ceil(T/{})·{}/T (block means) "
                            "+ 4·H·dh·{}·{}",
