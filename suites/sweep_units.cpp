@@ -1,7 +1,6 @@
 #include "suites/sweep_units.h"
 #include "suites/sweep_ranges.h"
 
-#include <atomic>
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
@@ -74,7 +73,6 @@ double stream_flop_share(const MethodSpec& method, const Config& cfg, int64_t T,
   return f / account_model(method, cfg, q).fwd_flops;
 }
 
-// Model level: the nanochat backbone with the method in every layer.
 namespace {
 std::atomic<int64_t> g_models_held{0}, g_models_held_peak{0};
 void note_model_built() {
@@ -95,6 +93,7 @@ int64_t models_held() { return g_models_held.load(); }
 int64_t models_held_peak() { return g_models_held_peak.load(); }
 void reset_models_held_peak() { g_models_held_peak = g_models_held.load(); }
 
+// Model level: the nanochat backbone with the method in every layer.
 Unit model_unit(const MethodSpec& method, const SweepOptions& opt) {
   struct State {
     std::optional<Model> model;
