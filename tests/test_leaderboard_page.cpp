@@ -261,18 +261,18 @@ TEST(LeaderboardHtml, ColumnLabelsAreStackedInOrderNearTheirPoints) {
     }
   }
   EXPECT_THROW(place_scatter_labels(pts, {}, area), InputError);
-  // a long label on a point at the plot's right edge, its left crowded by others: it may leave the
-  // plot area but stays in the picture (560 wide), going left, above or below instead
-  const std::vector<std::pair<double, double>> edge{{515, 200}, {470, 200}, {430, 200}};
-  std::vector<std::pair<double, double>> edge_sizes(3, {text_width("residual_standard", 10), 12});
-  for (const LabelBox& canvas : {LabelBox{0, 0, 560, 400}, LabelBox{}}) {
-    const std::vector<ScatterLabel> e = place_scatter_labels(edge, edge_sizes, area, 5, {}, canvas);
-    if (canvas.w > 0)
-      for (size_t i = 0; i < e.size(); ++i)
-        EXPECT_LE(e[i].box.x + e[i].box.w, 560.0) << i;
-    else
-      EXPECT_GT(e[0].box.x + e[0].box.w, 560.0) << "without a canvas the nearest spot is right of the point";
-  }
+  // a long label on a point near the picture's right edge, in a plot area too small for any label:
+  // every spot leaves the area, and the nearest (right of the point) would leave the picture (560
+  // wide) too; with the canvas given the label goes left, above or below instead
+  const std::vector<std::pair<double, double>> edge{{515, 200}};
+  const std::vector<std::pair<double, double>> edge_size{{text_width("residual_standard", 10), 12}};
+  const LabelBox tiny{505, 190, 20, 20};
+  const std::vector<ScatterLabel> free_ = place_scatter_labels(edge, edge_size, tiny, 5, {});
+  EXPECT_GT(free_[0].box.x + free_[0].box.w, 560.0) << "without a canvas the nearest spot is right of the point";
+  const std::vector<ScatterLabel> kept = place_scatter_labels(edge, edge_size, tiny, 5, {}, {0, 0, 560, 400});
+  EXPECT_LE(kept[0].box.x + kept[0].box.w, 560.0);
+  EXPECT_GE(kept[0].box.x, 0.0);
+  EXPECT_FALSE(kept[0].box.intersects({510, 195, 10, 10})) << "not on its marker";
 }
 
 // ------------------------------------------------------------------ axes
